@@ -1,0 +1,32 @@
+# Quick start: `make doctor`, `make test`. Both create .venv/ on first use.
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.hostsync-installed
+SGLANG_PIN := sglang==0.5.23
+# Triton kernels run on the CPU through the interpreter; it must be set before import.
+export TRITON_INTERPRET := 1
+
+.PHONY: venv doctor test gpu clean
+
+venv: $(STAMP)
+
+$(STAMP): requirements/ci-lock.txt setup.py
+	test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --no-deps -r requirements/ci-lock.txt
+	$(VPY) -m pip install -q --no-deps $(SGLANG_PIN)
+	$(VPY) -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+doctor: $(STAMP)
+	$(VPY) -m sglang_hostsync_plugin doctor
+
+test: $(STAMP)
+	$(VPY) -m pytest -q tests
+
+# On a CUDA machine (see scripts/gpu_run.sh for the device run).
+gpu:
+	bash scripts/gpu_run.sh
+
+clean:
+	rm -rf $(VENV) *.egg-info

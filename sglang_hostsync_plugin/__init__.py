@@ -1,0 +1,37 @@
+"""sglang-hostsync-plugin: no per-step host syncs in SGLang speculative decoding.
+
+Entry point ``[sglang.srt.plugins] hostsync = sglang_hostsync_plugin:register``.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+
+def _registered(target: str, hook) -> bool:
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    return any(h is hook for _, h, _ in HookRegistry._hooks.get(target, ()))
+
+
+def register() -> None:
+    """Called by SGLang's ``load_plugins()`` in the launcher and every process.
+
+    Idempotent. While the plugin is disabled it registers only the CLI shim.
+    """
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from . import cli, config, runtime
+
+    if _registered(cli.ADD_CLI_ARGS, cli.add_cli_args_hook):
+        return
+    HookRegistry.register(cli.ADD_CLI_ARGS, cli.add_cli_args_hook, HookType.AFTER)
+    HookRegistry.register(cli.PREPARE_SERVER_ARGS, cli.prepare_server_args_hook, HookType.AROUND)
+    try:
+        enabled = config.plugin_enabled()
+    except config.HostsyncConfigError as exc:
+        # A malformed switch must not start the server silently without the plugin.
+        runtime.activate(error=exc)
+        return
+    if enabled:
+        runtime.activate()

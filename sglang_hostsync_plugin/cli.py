@@ -1,0 +1,52 @@
+"""The CLI shim: ``--enable-hostsync-plugin`` for ``python -m sglang.launch_server``
+and ``sglang serve``. SGLang 0.5.23 has no registry for plugin flags, so the parser
+and the argument preparation are hooked. These two hooks are the only ones the
+plugin registers while it is disabled."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from . import config
+
+logger = logging.getLogger("sglang.srt.plugins.hostsync")
+
+FLAG = "--enable-hostsync-plugin"
+ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"
+PREPARE_SERVER_ARGS = "sglang.srt.server_args.prepare_server_args"
+
+
+class _EnableAction(argparse.Action):
+    """Sets the env switch at parse time, so spawned processes inherit it."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=False, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        os.environ[config.ENV_ENABLE] = "1"
+        setattr(namespace, self.dest, True)
+
+
+def add_cli_args_hook(result, parser, *args, **kwargs):
+    if FLAG not in parser._option_string_actions:
+        parser.add_argument(
+            FLAG,
+            action=_EnableAction,
+            help="Enable sglang-hostsync-plugin (no per-step host syncs in speculative "
+            f"decoding). Same as {config.ENV_ENABLE}=1; pick slots with {config.ENV_SLOTS}.",
+        )
+    return None
+
+
+def prepare_server_args_hook(original, argv, *args, **kwargs):
+    server_args = original(argv, *args, **kwargs)
+    if config.plugin_enabled():
+        from . import runtime
+
+        selection = runtime.validate()
+        logger.info(
+            "hostsync: enabled; slots: %s", ", ".join(selection.names) or "none"
+        )
+    return server_args

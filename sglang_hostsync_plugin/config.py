@@ -1,0 +1,128 @@
+"""Environment switches and the ``SGLANG_HOSTSYNC_SLOTS`` grammar.
+
+Everything the plugin reads from the environment is named here. The launcher turns
+``--enable-hostsync-plugin`` into ``SGLANG_ENABLE_HOSTSYNC_PLUGIN=1`` so every
+spawned SGLang process (scheduler, TP/DP workers) sees the same configuration.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from .slot import Slot
+
+ENV_ENABLE = "SGLANG_ENABLE_HOSTSYNC_PLUGIN"
+ENV_SLOTS = "SGLANG_HOSTSYNC_SLOTS"
+# 1 (default): a slot that cannot be applied stops startup. 0: it is reported and
+# disabled as a whole, and the server starts without it.
+ENV_STRICT = "SGLANG_HOSTSYNC_STRICT"
+# 1: run on an SGLang other than the pinned one (warning + per-slot shape checks).
+ENV_ALLOW_UNSUPPORTED = "SGLANG_HOSTSYNC_ALLOW_UNSUPPORTED_SGLANG"
+
+PRESETS = ("default", "all", "none")
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+class HostsyncConfigError(ValueError):
+    """Bad plugin configuration; raised before any model is loaded."""
+
+
+def env_bool(name: str, default: bool, env: Mapping[str, str] | None = None) -> bool:
+    env = os.environ if env is None else env
+    raw = env.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise HostsyncConfigError(
+        f"{name}={raw!r} is not a boolean; use one of 1/0, true/false, yes/no, on/off."
+    )
+
+
+def plugin_enabled(env: Mapping[str, str] | None = None) -> bool:
+    return env_bool(ENV_ENABLE, False, env)
+
+
+def strict_mode(env: Mapping[str, str] | None = None) -> bool:
+    return env_bool(ENV_STRICT, True, env)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The resolved slot set, in catalogue order."""
+
+    spec: str
+    names: tuple[str, ...]
+
+
+def parse_slot_spec(spec: str, catalogue: Mapping[str, Slot]) -> Selection:
+    """Resolve ``SGLANG_HOSTSYNC_SLOTS``.
+
+    Comma list of presets (``default``, ``all``, ``none``) and slot names; ``-x``
+    removes preset or slot ``x``. The result does not depend on token order:
+    everything named is added, then everything negated is removed. With no positive
+    token the base is ``default`` (so ``-event_ring`` means ``default,-event_ring``).
+    A selected slot whose required slot is not selected, or two selected slots
+    that conflict, is an error; nothing is enabled behind the user's back.
+    """
+    order = list(catalogue)
+    presets = {
+        "default": {n for n, s in catalogue.items() if s.default},
+        "all": set(order),
+        "none": set(),
+    }
+    added: set[str] = set()
+    removed: set[str] = set()
+    positive = False
+    for raw in spec.split(","):
+        token = raw.strip().lower()
+        if not token:
+            continue
+        negate = token.startswith("-")
+        # Slot names are snake_case; accept kebab-case like SGLANG_SPEC_TP_SYNC does.
+        name = (token[1:] if negate else token).strip().replace("-", "_")
+        if name in presets:
+            members = presets[name]
+        elif name in catalogue:
+            members = {name}
+        else:
+            raise HostsyncConfigError(
+                f"{ENV_SLOTS}: unknown token {raw.strip()!r}. "
+                f"Presets: {', '.join(PRESETS)}. Slots: {', '.join(order)}."
+            )
+        if negate:
+            removed |= members
+        else:
+            positive = True
+            added |= members
+    if not positive:
+        added = set(presets["default"])
+    chosen = added - removed
+    for name in sorted(chosen, key=order.index):
+        slot = catalogue[name]
+        for dep in slot.requires:
+            if dep not in chosen:
+                raise HostsyncConfigError(
+                    f"{ENV_SLOTS}: slot {name!r} requires slot {dep!r}, which is not "
+                    f"selected. Add {dep!r} or remove {name!r}."
+                )
+        for other in slot.conflicts:
+            if other in chosen:
+                raise HostsyncConfigError(
+                    f"{ENV_SLOTS}: slots {name!r} and {other!r} conflict; select one."
+                )
+    return Selection(spec=spec, names=tuple(n for n in order if n in chosen))
+
+
+def selected_slots(
+    catalogue: Mapping[str, Slot], env: Mapping[str, str] | None = None
+) -> Selection:
+    env = os.environ if env is None else env
+    return parse_slot_spec(env.get(ENV_SLOTS, "default"), catalogue)

@@ -1,0 +1,70 @@
+"""What a slot is: its identity, its hook targets (as data) and its checks.
+
+Slots describe themselves; `installer` applies them, `registry` collects them,
+`report` prints them. Nothing in here touches SGLang.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+class SlotKind(str, enum.Enum):
+    OWNED = "owned"  # the plugin's own code
+    UPSTREAM_SWITCH = "upstream-switch"  # sets one of SGLang's own env switches
+    UPSTREAM_BUILTIN = "upstream-builtin"  # verified only, never re-implemented
+    TOOL = "tool"  # measurement, not an optimization
+
+
+class TargetKind(str, enum.Enum):
+    FUNCTION = "function"  # AROUND hook on a module function or method
+    CLASS = "class"  # mixin composed into one REPLACE subclass per upstream class
+
+
+@dataclass(frozen=True)
+class HookTarget:
+    """One place in SGLang a slot changes.
+
+    FUNCTION: ``hook(original, *args, **kwargs)`` wraps ``path`` (AROUND).
+    CLASS: ``mixin`` is composed with the other enabled slots' mixins for ``path``
+    into one subclass installed with a class REPLACE hook (isinstance keeps working).
+    ``params``: the parameter names the upstream callable must have (for a CLASS
+    target: ``{method: params}`` for every method the mixin overrides).
+    ``source_sha``: sha256 of the upstream source we were written against (first
+    16 hex); a mismatch means the upstream code changed shape.
+    """
+
+    path: str
+    kind: TargetKind
+    hook: Callable | None = None
+    mixin: type | None = None
+    params: tuple[str, ...] | dict[str, tuple[str, ...]] = ()
+    source_sha: str | dict[str, str] | None = None
+
+    def __post_init__(self):
+        if self.kind is TargetKind.FUNCTION and self.hook is None:
+            raise ValueError(f"function target {self.path} needs a hook")
+        if self.kind is TargetKind.CLASS and self.mixin is None:
+            raise ValueError(f"class target {self.path} needs a mixin")
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A named optimization users switch on or off on its own."""
+
+    name: str
+    kind: SlotKind
+    origin: str  # where the mechanism comes from, e.g. "sglang#47677"
+    summary: str
+    default: bool
+    targets: tuple[HookTarget, ...] = ()
+    requires: tuple[str, ...] = ()
+    conflicts: tuple[str, ...] = ()
+    # Returns None when the slot applies to the installed SGLang, else the reason
+    # it must be refused (checked before any of its hooks is registered).
+    precheck: Callable[[], str | None] | None = None
+    # Slots shipped by other packages name their distribution here.
+    provider: str = "sglang-hostsync-plugin"
+    docs: str = field(default="", compare=False)

@@ -1,0 +1,70 @@
+"""Event-guarded two-slot staging of small int64 host rows into device memory.
+
+Shared by the DP-meta slots: all rows of one step go into one persistent pinned
+``[2, rows, width]`` host buffer (written through its numpy view) and reach the
+device in ONE H2D into a matching device buffer. No allocation per step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _normalize(device) -> torch.device:
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+class TwoSlotStager:
+    def __init__(self, rows: int):
+        self.rows = rows
+        self.width: int | None = None
+        self.device: torch.device | None = None
+        self.host = self.host_np = self.dev = None
+        self.events: list | None = None
+        self.recorded = [False, False]
+        self.slot = 0
+        # Diagnostics for tests and the benchmark: allocations and real waits.
+        self.allocations = 0
+        self.blocking_waits = 0
+
+    def _allocate(self, width: int, device: torch.device) -> None:
+        from sglang.srt.utils.common import is_pin_memory_available
+
+        pin = device.type != "cpu" and is_pin_memory_available(device)
+        self.host = torch.zeros((2, self.rows, width), dtype=torch.int64, pin_memory=pin)
+        self.host_np = self.host.numpy()
+        self.dev = torch.zeros((2, self.rows, width), dtype=torch.int64, device=device)
+        self.events = [torch.cuda.Event(), torch.cuda.Event()] if device.type == "cuda" else None
+        self.recorded = [False, False]
+        self.width, self.device, self.slot = width, device, 0
+        self.allocations += 1
+
+    def stage(self, device, *rows) -> torch.Tensor:
+        """Stage ``rows`` (equal-length int sequences); return the ``[rows, width]``
+        device view of the slot just written."""
+        device = _normalize(device)
+        width = len(rows[0])
+        if self.dev is None or width != self.width or device != self.device:
+            self._allocate(width, device)
+        slot = self.slot
+        self.slot ^= 1
+        if self.recorded[slot]:
+            event = self.events[slot]
+            # The H2D that last read this pinned slot was issued two stages ago and
+            # has almost always finished; only then may the host rewrite it.
+            if not event.query():
+                self.blocking_waits += 1
+                event.synchronize()
+        for i, values in enumerate(rows):
+            self.host_np[slot, i] = values
+        dst = self.dev[slot]
+        # Device slot reuse is stream-ordered: the readers of the stage that last
+        # wrote it were enqueued on this stream before this copy.
+        dst.copy_(self.host[slot], non_blocking=self.events is not None)
+        if self.events is not None:
+            self.events[slot].record()
+            self.recorded[slot] = True
+        return dst

@@ -1,0 +1,89 @@
+"""SGLANG_HOSTSYNC_SLOTS grammar, env switches and the version guard (pure)."""
+
+import pytest
+
+from sglang_hostsync_plugin import config, registry, version
+from sglang_hostsync_plugin.config import HostsyncConfigError, parse_slot_spec
+from sglang_hostsync_plugin.slot import Slot, SlotKind
+
+
+def _slot(name, default=True, requires=(), conflicts=()):
+    return Slot(name=name, kind=SlotKind.OWNED, origin="test", summary="", default=default,
+                requires=requires, conflicts=conflicts)
+
+
+CAT = {s.name: s for s in [
+    _slot("a"), _slot("b"), _slot("c", default=False), _slot("d", default=False, requires=("c",)),
+    _slot("e", default=False, conflicts=("a",)),
+]}
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("", ("a", "b")),
+    ("default", ("a", "b")),
+    ("all,-e", ("a", "b", "c", "d")),
+    ("none", ()),
+    ("c", ("c",)),
+    ("-a", ("b",)),                       # negation alone starts from default
+    ("default,-a", ("b",)),
+    ("-a,default", ("b",)),               # order-independent
+    ("b,a", ("a", "b")),                  # catalogue order, not token order
+    ("none,c,d", ("c", "d")),
+    ("default,c,d", ("a", "b", "c", "d")),
+    (" A , b ", ("a", "b")),              # case and spaces
+    ("all,-all", ()),
+    ("all,-default,-e", ("c", "d")),
+])
+def test_grammar(spec, expected):
+    assert parse_slot_spec(spec, CAT).names == expected
+
+
+def test_unknown_token_names_it_and_lists_valid_slots():
+    with pytest.raises(HostsyncConfigError) as exc:
+        parse_slot_spec("default,bogus", CAT)
+    msg = str(exc.value)
+    assert "'bogus'" in msg and "Slots: a, b, c, d, e" in msg and "default, all, none" in msg
+    with pytest.raises(HostsyncConfigError, match="'-nope'"):
+        parse_slot_spec("-nope", CAT)
+
+
+def test_missing_dependency_names_both():
+    with pytest.raises(HostsyncConfigError, match="slot 'd' requires slot 'c'"):
+        parse_slot_spec("d", CAT)
+    with pytest.raises(HostsyncConfigError, match="'d' requires slot 'c'"):
+        parse_slot_spec("all,-c,-e", CAT)
+
+
+def test_conflict_names_both():
+    with pytest.raises(HostsyncConfigError, match="'a' and 'e' conflict|'e' and 'a' conflict"):
+        parse_slot_spec("a,e", CAT)
+
+
+def test_real_catalogue_default_and_kebab_case():
+    cat = registry.catalogue()
+    assert "dspark_dp_meta" in cat
+    assert parse_slot_spec("dspark-dp-meta", cat).names == ("dspark_dp_meta",)
+    assert parse_slot_spec("default", cat).names == tuple(n for n, s in cat.items() if s.default)
+
+
+@pytest.mark.parametrize("raw, value", [("1", True), ("true", True), ("ON", True), ("0", False), ("", False), ("no", False)])
+def test_env_bool(raw, value):
+    assert config.plugin_enabled({config.ENV_ENABLE: raw}) is value
+
+
+def test_env_bool_rejects_garbage():
+    with pytest.raises(HostsyncConfigError, match="SGLANG_ENABLE_HOSTSYNC_PLUGIN='maybe'"):
+        config.plugin_enabled({config.ENV_ENABLE: "maybe"})
+    assert config.plugin_enabled({}) is False
+    assert config.strict_mode({}) is True
+
+
+def test_version_guard():
+    assert version.check_sglang_version("0.5.23", env={}) is None
+    with pytest.raises(HostsyncConfigError) as exc:
+        version.check_sglang_version("0.5.22", env={})
+    assert "sglang==0.5.23" in str(exc.value) and "sglang 0.5.22 is installed" in str(exc.value)
+    warning = version.check_sglang_version("0.5.22", env={config.ENV_ALLOW_UNSUPPORTED: "1"})
+    assert "0.5.22" in warning and "0.5.23" in warning
+    with pytest.raises(HostsyncConfigError, match="no sglang is installed"):
+        version.check_sglang_version(None, env={config.ENV_ALLOW_UNSUPPORTED: "1"})

@@ -1,0 +1,230 @@
+"""The plugin inside real SGLang 0.5.23: parser, load_plugins(), HookRegistry.
+
+Every test that applies hooks runs in a fresh interpreter (HookRegistry patches
+are process-global and rebind module globals)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from helpers import REPO, clean_env, out, run_python
+
+PRINT_HOOKS = """
+from sglang.srt.plugins.hook_registry import HookRegistry
+def ours():
+    return sorted(t for t, hooks in HookRegistry._hooks.items()
+                  if any((getattr(h, "__module__", "") or "").startswith("sglang_hostsync_plugin")
+                         or hasattr(h, "hostsync_slots") for _, h, _ in hooks))
+"""
+
+
+def test_flag_in_launch_server_help():
+    proc = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--help"],
+                          capture_output=True, text=True, env=clean_env(), timeout=300, cwd=REPO)
+    assert proc.returncode == 0, out(proc)
+    assert "--enable-hostsync-plugin" in proc.stdout, out(proc)
+
+
+def test_disabled_registers_only_cli_shim_and_flag_sets_env():
+    proc = run_python(PRINT_HOOKS + """
+    import json, os
+    import sglang_hostsync_plugin
+    from sglang.srt.plugins import load_plugins
+    load_plugins()
+    disabled = ours()
+    n = len(HookRegistry._hooks["sglang.srt.server_args.ServerArgs.add_cli_args"])
+    sglang_hostsync_plugin.register()   # idempotent
+    again = len(HookRegistry._hooks["sglang.srt.server_args.ServerArgs.add_cli_args"])
+    before = os.environ.get("SGLANG_ENABLE_HOSTSYNC_PLUGIN")
+    from sglang.srt.server_args import prepare_server_args
+    args = prepare_server_args(["--model-path", "dummy", "--enable-hostsync-plugin"])
+    print("RESULT" + json.dumps({"disabled": disabled, "n": n, "again": again, "before": before,
+        "after": os.environ.get("SGLANG_ENABLE_HOSTSYNC_PLUGIN"), "type": type(args).__name__}))
+    """.replace("\n    ", "\n"))
+    assert proc.returncode == 0, out(proc)
+    res = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert res["disabled"] == ["sglang.srt.server_args.ServerArgs.add_cli_args",
+                               "sglang.srt.server_args.prepare_server_args"]
+    assert res["n"] == res["again"] == 1
+    assert res["before"] is None and res["after"] == "1" and res["type"] == "ServerArgs"
+    assert "hostsync: enabled; slots: dspark_dp_meta" in proc.stderr + proc.stdout
+
+
+def test_bad_slot_token_fails_argument_preparation():
+    proc = run_python("""
+    from sglang.srt.plugins import load_plugins
+    load_plugins()
+    from sglang.srt.server_args import prepare_server_args
+    prepare_server_args(["--model-path", "dummy", "--enable-hostsync-plugin"])
+    """, SGLANG_HOSTSYNC_SLOTS="default,bogus_slot")
+    assert proc.returncode != 0, out(proc)
+    assert "HostsyncConfigError" in proc.stderr and "'bogus_slot'" in proc.stderr, out(proc)
+    assert "Slots: dspark_dp_meta" in proc.stderr, out(proc)
+
+
+def test_enabled_applies_verifies_and_logs_status_block():
+    proc = run_python(PRINT_HOOKS + """
+    import json, logging
+    logging.basicConfig(level=logging.INFO)
+    from sglang.srt.plugins import load_plugins
+    load_plugins()
+    from sglang_hostsync_plugin import runtime, installer
+    rt = runtime.current()
+    runtime.startup_check(rt)
+    from sglang.srt.speculative.dspark_components import dspark_draft
+    import sglang.srt.speculative.dspark_components.dspark_worker_v2 as worker
+    cls = dspark_draft.DraftBlockProposer
+    print("RESULT" + json.dumps({
+        "hooks": ours(),
+        "status": {n: [s.state, s.reason] for n, s in rt.state.statuses.items()},
+        "cls": cls.__name__, "slots": list(cls.hostsync_slots),
+        "bases": [b.__name__ for b in cls.__mro__[:3]],
+        "nnp": dspark_draft._make_num_token_non_padded(4, "cpu"),
+        "worker_sees": worker.DraftBlockProposer is cls,
+        "sched": installer.hook_in_place(runtime.SCHEDULER_INIT, runtime._scheduler_gate),
+    }))
+    """.replace("\n    ", "\n"), SGLANG_ENABLE_HOSTSYNC_PLUGIN="1")
+    assert proc.returncode == 0, out(proc)
+    res = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert res["status"] == {"dspark_dp_meta": ["applied", ""]}
+    assert res["cls"] == "HostsyncDraftBlockProposer" and res["slots"] == ["dspark_dp_meta"]
+    assert res["bases"] == ["HostsyncDraftBlockProposer", "DSparkDpMetaProposer", "DraftBlockProposer"]
+    assert res["nnp"] is None and res["sched"] is True
+    assert res["worker_sees"] is True  # the worker module's import was rebound too
+    assert set(res["hooks"]) >= {
+        "sglang.srt.speculative.dspark_components.dspark_draft.DraftBlockProposer",
+        "sglang.srt.speculative.dspark_components.dspark_draft._make_num_token_non_padded",
+        "sglang.srt.managers.scheduler.Scheduler.__init__",
+    }
+    log = proc.stderr
+    assert "hostsync: sglang 0.5.23, SGLANG_HOSTSYNC_SLOTS='default', strict=True" in log, out(proc)
+    assert "dspark_dp_meta               applied" in log, out(proc)
+
+
+BOGUS_DIST = {
+    "bogus_slots.py": '''
+from sglang_hostsync_plugin.hookspecs import hookimpl
+from sglang_hostsync_plugin.slot import HookTarget, Slot, SlotKind, TargetKind
+
+CALLS = []
+
+def mark(original, *args, **kwargs):
+    CALLS.append(args)
+    return original(*args, **kwargs)
+
+REAL = "sglang.srt.speculative.spec_info.spec_scale_global_num_tokens"
+
+@hookimpl
+def hostsync_slots():
+    return [
+        # Its second target does not exist: refused before any hook is registered.
+        Slot(name="bogus_missing", kind=SlotKind.OWNED, origin="test", summary="", default=False,
+             targets=(HookTarget(REAL, TargetKind.FUNCTION, hook=mark),
+                      HookTarget("sglang.srt.no_such_module.no_such_fn", TargetKind.FUNCTION, hook=mark))),
+        # Resolves and registers, but SGLang cannot apply an AROUND hook to a class:
+        # only the post-load verification can see it.
+        Slot(name="bogus_unapplied", kind=SlotKind.OWNED, origin="test", summary="", default=False,
+             targets=(HookTarget(REAL, TargetKind.FUNCTION, hook=mark),
+                      HookTarget("sglang.srt.speculative.spec_info.SpeculativeAlgorithm",
+                                 TargetKind.FUNCTION, hook=mark))),
+    ]
+''',
+    "bogus_slots-0.1.dist-info/METADATA": "Metadata-Version: 2.1\nName: bogus-slots\nVersion: 0.1\n",
+    "bogus_slots-0.1.dist-info/entry_points.txt": "[sglang_hostsync.slots]\nbogus = bogus_slots\n",
+}
+
+
+@pytest.fixture
+def bogus_path(tmp_path):
+    for rel, text in BOGUS_DIST.items():
+        p = tmp_path / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return str(tmp_path)
+
+
+LOAD_AND_CHECK = PRINT_HOOKS + """
+import json
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang_hostsync_plugin import runtime
+rt = runtime.current()
+try:
+    runtime.startup_check(rt)
+    err = None
+except Exception as exc:
+    err = f"{type(exc).__name__}: {exc}"
+import bogus_slots
+from sglang.srt.speculative import spec_info
+spec_info.spec_scale_global_num_tokens(type("S", (), {"num_tokens_per_req": 2, "num_tokens_for_logprob_per_req": 1})(), [1], [1])
+print("RESULT" + json.dumps({"err": err, "hooks": ours(), "calls": len(bogus_slots.CALLS),
+    "status": {n: [s.state, s.reason] for n, s in rt.state.statuses.items()}}))
+"""
+
+
+def test_third_party_bogus_slot_strict_mode_raises_with_target(bogus_path):
+    proc = run_python(LOAD_AND_CHECK, pythonpath=bogus_path, SGLANG_ENABLE_HOSTSYNC_PLUGIN="1",
+                      SGLANG_HOSTSYNC_SLOTS="default,bogus_missing,bogus_unapplied")
+    assert proc.returncode == 0, out(proc)
+    res = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert res["err"].startswith("HostsyncStartupError"), res
+    assert "sglang.srt.no_such_module.no_such_fn" in res["err"]
+    assert "sglang.srt.speculative.spec_info.SpeculativeAlgorithm" in res["err"]
+    st = res["status"]
+    assert st["dspark_dp_meta"] == ["applied", ""]
+    assert st["bogus_missing"][0] == "failed" and "target missing: sglang.srt.no_such_module" in st["bogus_missing"][1]
+    assert st["bogus_unapplied"][0] == "failed" and "hook not in place" in st["bogus_unapplied"][1]
+    # Nothing half-applied: the refused slot registered none of its hooks, and the
+    # unapplied one's live hook is gated off (the call went straight to SGLang).
+    assert res["calls"] == 0
+    assert "sglang.srt.no_such_module.no_such_fn" not in res["hooks"]
+
+
+def test_third_party_bogus_slot_lenient_mode_disables_it(bogus_path):
+    proc = run_python(LOAD_AND_CHECK, pythonpath=bogus_path, SGLANG_ENABLE_HOSTSYNC_PLUGIN="1",
+                      SGLANG_HOSTSYNC_SLOTS="all", SGLANG_HOSTSYNC_STRICT="0")
+    assert proc.returncode == 0, out(proc)
+    res = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert res["err"] is None and res["calls"] == 0
+    assert res["status"]["bogus_missing"][0] == "failed" and res["status"]["dspark_dp_meta"][0] == "applied"
+    assert "bogus_unapplied" in proc.stderr and "failed (hook not in place" in proc.stderr, out(proc)
+
+
+def test_doctor_table_json_and_drift(bogus_path):
+    ok = subprocess.run([sys.executable, "-m", "sglang_hostsync_plugin", "doctor"],
+                        capture_output=True, text=True, env=clean_env(), timeout=300, cwd=REPO)
+    assert ok.returncode == 0, out(ok)
+    assert "dspark_dp_meta" in ok.stdout and "would apply" in ok.stdout and "OK:" in ok.stdout
+    script = os.path.join(os.path.dirname(sys.executable), "sglang-hostsync")
+    js = subprocess.run([script, "doctor", "--json"], capture_output=True, text=True,
+                        env=clean_env(), timeout=300, cwd=REPO)
+    assert js.returncode == 0, out(js)
+    data = json.loads(js.stdout)
+    row = {r["name"]: r for r in data["slots"]}["dspark_dp_meta"]
+    assert {"name", "kind", "origin", "default", "status", "reason"} <= set(row)
+    assert row["status"] == "would apply" and row["kind"] == "owned" and row["origin"] == "sglang#47677"
+    assert data["sglang"] == "0.5.23" and data["ok"] is True
+    env = clean_env()
+    env["PYTHONPATH"] = bogus_path
+    drift = subprocess.run([sys.executable, "-m", "sglang_hostsync_plugin", "doctor", "--json"],
+                           capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
+    assert drift.returncode == 1, out(drift)
+    rows = {r["name"]: r for r in json.loads(drift.stdout)["slots"]}
+    assert rows["bogus_missing"]["status"] == "target missing"
+    bad = subprocess.run([sys.executable, "-m", "sglang_hostsync_plugin", "doctor"], capture_output=True,
+                         text=True, env=clean_env(SGLANG_HOSTSYNC_SLOTS="nope"), timeout=300, cwd=REPO)
+    assert bad.returncode == 2 and "'nope'" in bad.stderr, out(bad)
+
+
+def test_bad_enable_switch_is_loud_at_startup():
+    proc = run_python("""
+    from sglang.srt.plugins import load_plugins
+    load_plugins()
+    from sglang_hostsync_plugin import runtime
+    runtime.startup_check(runtime.current())
+    """, SGLANG_ENABLE_HOSTSYNC_PLUGIN="maybe")
+    assert proc.returncode != 0 and "SGLANG_ENABLE_HOSTSYNC_PLUGIN='maybe'" in proc.stderr, out(proc)
