@@ -103,5 +103,8 @@ def test_gate_off_is_stock(nnp_enabled):
 
 def test_stager_rows_must_match():
     s = TwoSlotStager(rows=2)
-    out = s.stage("cpu", [1, 2, 3], [4, 5, 6])
-    assert out.tolist() == [[1, 2, 3], [4, 5, 6]] and out.dtype == torch.int64
+    a, b = s.stage("cpu", [1, 2, 3], [4, 5, 6])
+    assert a.tolist() == [1, 2, 3] and b.tolist() == [4, 5, 6] and a.dtype == torch.int64
+    c, _ = s.stage("cpu", [7, 8, 9], [0, 0, 0])
+    assert a.tolist() == [1, 2, 3] and c.tolist() == [7, 8, 9]  # two slots
+    assert s.stage("cpu", [5, 5, 5], [6, 6, 6])[0].data_ptr() == a.data_ptr()

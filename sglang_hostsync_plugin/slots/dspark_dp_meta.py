@@ -24,6 +24,8 @@ module function ``_make_num_token_non_padded`` (AROUND).
 
 from __future__ import annotations
 
+from sglang.srt.speculative.spec_info import spec_scale_global_num_tokens
+
 from ..slot import HookTarget, Slot, SlotKind, TargetKind
 from ..staging import TwoSlotStager
 
@@ -43,8 +45,6 @@ class DSparkDpMetaProposer:
         return view
 
     def _fill_dp_moe_sync_metadata(self, forward_batch, batch) -> None:
-        from sglang.srt.speculative.spec_info import spec_scale_global_num_tokens
-
         forward_batch.can_run_decode_cuda_graph = batch.can_run_decode_cuda_graph
         forward_batch.is_extend_in_batch = batch.is_extend_in_batch
         forward_batch.dp_spec_prefill_coordination_applied = (
@@ -75,9 +75,10 @@ class DSparkDpMetaProposer:
         forward_batch.global_num_tokens_for_logprob_cpu = gnt_logprob
         if self._hs_stager is None:
             self._hs_stager = TwoSlotStager(rows=2)
-        staged = self._hs_stager.stage(self.draft_model_runner.device, gnt, gnt_logprob)
-        forward_batch.global_num_tokens_gpu = staged[0]
-        forward_batch.global_num_tokens_for_logprob_gpu = staged[1]
+        (
+            forward_batch.global_num_tokens_gpu,
+            forward_batch.global_num_tokens_for_logprob_gpu,
+        ) = self._hs_stager.stage(self.draft_model_runner.device, gnt, gnt_logprob)
 
 
 def make_num_token_non_padded_hook(original, num_tokens, device):
