@@ -27,3 +27,13 @@ def _no_hook_registry_leak():
     HookRegistry.reset()
     plugins._plugins_loaded = False
     assert after == ({k: v for k, v in before[0].items() if v}, before[1]), "test leaked HookRegistry state"
+
+
+@pytest.fixture
+def nnp_enabled(monkeypatch):
+    """dspark_draft.enable_num_token_non_padded() reads the parallel layout; set it per case."""
+    from sglang.srt.speculative.dspark_components import dspark_draft
+
+    flag = {"on": True}
+    monkeypatch.setattr(dspark_draft, "enable_num_token_non_padded", lambda: flag["on"])
+    return flag

@@ -93,3 +93,18 @@ def random_case(rng: random.Random):
         num_tokens=rng.choice([0, 1, 4, 4 * rng.randint(1, 64)]),
         per_req=rng.choice([1, 4, 8]), logprob_per_req=rng.choice([1, 4]),
     )
+
+
+def compare_stock_and_plugin(case, nnp_flag, plugin_cls, plugin_make_nnp, device):
+    """Run one case through SGLang's fill and the slot's; assert identical results."""
+    nnp_flag["on"] = case["nnp"]
+    snaps = []
+    for cls, make_nnp in ((dspark_draft.DraftBlockProposer, STOCK_MAKE_NNP), (plugin_cls, plugin_make_nnp)):
+        p = make_proposer(cls, device, dp_moe_sync=case["dp_moe_sync"], nnp=case["nnp"],
+                          per_req=case["per_req"], logprob_per_req=case["logprob_per_req"])
+        batch = make_batch(None if case["no_counts"] else case["gnt"],
+                           None if case["no_counts"] else case["gnt_logprob"],
+                           coordination=case["coordination"])
+        n = 0 if case["idle"] else case["num_tokens"]
+        snaps.append(snapshot(step(p, batch, n, device, make_nnp, idle=case["idle"])))
+    assert snaps[0] == snaps[1], case

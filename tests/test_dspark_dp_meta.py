@@ -5,35 +5,15 @@ import random
 import pytest
 import torch
 
-from sglang.srt.speculative.dspark_components import dspark_draft
-
-from dp_meta_cases import (STOCK_MAKE_NNP, make_batch, make_proposer, plugin_classes, random_case,
-                           snapshot, step)
+from dp_meta_cases import (compare_stock_and_plugin, make_batch, make_proposer, plugin_classes,
+                           random_case, step)
 from sglang_hostsync_plugin.staging import TwoSlotStager
 
 DEVICE = "cpu"
 
 
-@pytest.fixture
-def nnp_enabled(monkeypatch):
-    """enable_num_token_non_padded() reads the parallel layout; set it per case."""
-    flag = {"on": True}
-    monkeypatch.setattr(dspark_draft, "enable_num_token_non_padded", lambda: flag["on"])
-    return flag
-
-
-def _compare(case, nnp_enabled, plugin_cls, plugin_make_nnp, device=DEVICE):
-    nnp_enabled["on"] = case["nnp"]
-    snaps = []
-    for cls, make_nnp in ((dspark_draft.DraftBlockProposer, STOCK_MAKE_NNP), (plugin_cls, plugin_make_nnp)):
-        p = make_proposer(cls, device, dp_moe_sync=case["dp_moe_sync"], nnp=case["nnp"],
-                          per_req=case["per_req"], logprob_per_req=case["logprob_per_req"])
-        batch = make_batch(None if case["no_counts"] else case["gnt"],
-                           None if case["no_counts"] else case["gnt_logprob"],
-                           coordination=case["coordination"])
-        n = 0 if case["idle"] else case["num_tokens"]
-        snaps.append(snapshot(step(p, batch, n, device, make_nnp, idle=case["idle"])))
-    assert snaps[0] == snaps[1], case
+def _compare(case, nnp_enabled, cls, make_nnp):
+    compare_stock_and_plugin(case, nnp_enabled, cls, make_nnp, DEVICE)
 
 
 def test_random_inputs_bit_identical(nnp_enabled):

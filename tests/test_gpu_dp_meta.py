@@ -7,37 +7,19 @@ import random
 import pytest
 import torch
 
-from sglang.srt.speculative.dspark_components import dspark_draft
-
-from dp_meta_cases import (STOCK_MAKE_NNP, make_batch, make_forward_batch, make_proposer,
-                           plugin_classes, random_case, snapshot, step)
+from dp_meta_cases import (compare_stock_and_plugin, make_batch, make_forward_batch, make_proposer,
+                           plugin_classes, random_case)
 from sglang_hostsync_plugin.staging import TwoSlotStager
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 DEV = "cuda"
 
 
-@pytest.fixture
-def nnp_enabled(monkeypatch):
-    flag = {"on": True}
-    monkeypatch.setattr(dspark_draft, "enable_num_token_non_padded", lambda: flag["on"])
-    return flag
-
-
 def test_gpu_random_inputs_bit_identical(nnp_enabled):
     _, cls, make_nnp = plugin_classes()
     rng = random.Random(31468)
     for _ in range(300):
-        case = random_case(rng)
-        nnp_enabled["on"] = case["nnp"]
-        snaps = []
-        for c, mk in ((dspark_draft.DraftBlockProposer, STOCK_MAKE_NNP), (cls, make_nnp)):
-            p = make_proposer(c, DEV, dp_moe_sync=case["dp_moe_sync"], nnp=case["nnp"],
-                              per_req=case["per_req"], logprob_per_req=case["logprob_per_req"])
-            b = make_batch(None if case["no_counts"] else case["gnt"],
-                           None if case["no_counts"] else case["gnt_logprob"], coordination=case["coordination"])
-            snaps.append(snapshot(step(p, b, 0 if case["idle"] else case["num_tokens"], DEV, mk, idle=case["idle"])))
-        assert snaps[0] == snaps[1], case
+        compare_stock_and_plugin(random_case(rng), nnp_enabled, cls, make_nnp, DEV)
 
 
 def test_gpu_no_sync_and_no_allocation_in_steady_state(nnp_enabled):
