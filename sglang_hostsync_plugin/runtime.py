@@ -50,10 +50,10 @@ def _hook_registry_register(path: str, hook, kind: str) -> None:
 def validate() -> config.Selection:
     """Everything the launcher checks before any model load; raises on bad input."""
     version.check_sglang_version()
-    config.strict_mode()
+    strict = config.strict_mode()  # raises on a malformed value
     catalogue = registry.catalogue()
     selection = config.selected_slots(catalogue)
-    if config.strict_mode():
+    if strict:
         refused = [r for r in report.doctor_rows({n: catalogue[n] for n in selection.names}) if r.reason]
         if refused:
             raise HostsyncStartupError(
