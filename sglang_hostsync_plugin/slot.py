@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 class SlotKind(str, enum.Enum):
@@ -67,4 +67,3 @@ class Slot:
     precheck: Callable[[], str | None] | None = None
     # Slots shipped by other packages name their distribution here.
     provider: str = "sglang-hostsync-plugin"
-    docs: str = field(default="", compare=False)

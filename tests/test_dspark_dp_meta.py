@@ -81,7 +81,7 @@ def test_gate_off_is_stock(nnp_enabled):
     assert make_nnp(8, DEVICE).tolist() == 8  # the stock H2D path again
 
 
-def test_stager_rows_must_match():
+def test_stager_alternates_two_slots_and_reuses_them():
     s = TwoSlotStager(rows=2)
     a, b = s.stage("cpu", [1, 2, 3], [4, 5, 6])
     assert a.tolist() == [1, 2, 3] and b.tolist() == [4, 5, 6] and a.dtype == torch.int64

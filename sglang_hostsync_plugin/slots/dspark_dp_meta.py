@@ -108,5 +108,4 @@ SLOT = Slot(
             source_sha="d548057fdeed8fc7",
         ),
     ),
-    docs=__doc__,
 )
