@@ -45,7 +45,7 @@ def prepare_server_args_hook(original, argv, *args, **kwargs):
     if config.plugin_enabled():
         from . import runtime
 
-        selection = runtime.validate()
+        selection = runtime.validate(server_args)
         logger.info(
             "hostsync: enabled; slots: %s", ", ".join(selection.names) or "none"
         )

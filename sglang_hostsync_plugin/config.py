@@ -21,8 +21,6 @@ ENV_STRICT = "SGLANG_HOSTSYNC_STRICT"
 # 1: run on an SGLang other than the pinned one (warning + per-slot shape checks).
 ENV_ALLOW_UNSUPPORTED = "SGLANG_HOSTSYNC_ALLOW_UNSUPPORTED_SGLANG"
 
-PRESETS = ("default", "all", "none")
-
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -65,8 +63,8 @@ class Selection:
 def parse_slot_spec(spec: str, catalogue: Mapping[str, Slot]) -> Selection:
     """Resolve ``SGLANG_HOSTSYNC_SLOTS``.
 
-    Comma list of presets (``default``, ``all``, ``none``) and slot names; ``-x``
-    removes preset or slot ``x``. The result does not depend on token order:
+    Comma list of presets (``default``, ``all``, ``none``, and any a slot declares,
+    e.g. ``dspark_mega``) and slot names; ``-x`` removes preset or slot ``x``. The result does not depend on token order:
     everything named is added, then everything negated is removed. With no positive
     token the base is ``default`` (so ``-event_ring`` means ``default,-event_ring``).
     A selected slot whose required slot is not selected, or two selected slots
@@ -78,6 +76,9 @@ def parse_slot_spec(spec: str, catalogue: Mapping[str, Slot]) -> Selection:
         "all": set(order),
         "none": set(),
     }
+    for slot_name, slot in catalogue.items():
+        for preset in slot.presets:
+            presets.setdefault(preset, set()).add(slot_name)
     added: set[str] = set()
     removed: set[str] = set()
     positive = False
@@ -95,7 +96,7 @@ def parse_slot_spec(spec: str, catalogue: Mapping[str, Slot]) -> Selection:
         else:
             raise HostsyncConfigError(
                 f"{ENV_SLOTS}: unknown token {raw.strip()!r}. "
-                f"Presets: {', '.join(PRESETS)}. Slots: {', '.join(order)}."
+                f"Presets: {', '.join(presets)}. Slots: {', '.join(order)}."
             )
         if negate:
             removed |= members

@@ -1,31 +1,72 @@
 """``python -m sglang_hostsync_plugin doctor``: the slot table against the installed
 SGLang, no GPU needed. Exit 0 when every slot is consistent with it, 1 on drift,
-2 when the configuration itself is bad (unsupported SGLang, bad slot list)."""
+2 when the configuration itself is bad (unsupported SGLang, bad slot list, an env
+flag set against a selected slot, an unknown attention backend).
+
+Given server arguments (``--speculative-algorithm``, ``--attention-backend``, ...),
+it also says which upstream switches would be inert for them, and which attention
+backend makes FutureMap do its per-step seq_lens D2H."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from . import config, registry, report, version
+from . import backends, config, registry, report, switches, version
+from .slot import ServingFacts
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sglang-hostsync")
     sub = parser.add_subparsers(dest="command", required=True)
     doc = sub.add_parser("doctor", help="check every slot against the installed sglang")
     doc.add_argument("--json", action="store_true", help="print one JSON object")
-    args = parser.parse_args(argv)
+    srv = doc.add_argument_group("server arguments (as for sglang serve)")
+    srv.add_argument("--speculative-algorithm", default=None)
+    srv.add_argument("--attention-backend", default=None)
+    srv.add_argument("--prefill-attention-backend", default=None)
+    srv.add_argument("--decode-attention-backend", default=None)
+    srv.add_argument("--speculative-draft-attention-backend", default=None)
+    srv.add_argument("--speculative-attention-mode", default="prefill", choices=("prefill", "decode"))
+    srv.add_argument("--enable-two-batch-overlap", action="store_true")
+    srv.add_argument("--attn-dp-size", type=int, default=1)
+    srv.add_argument("--tp-size", "--tp", type=int, default=1)
+    return parser
 
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     installed = version.installed_sglang()
+    facts = None
+    if args.speculative_algorithm is not None:
+        facts = ServingFacts(
+            speculative_algorithm=args.speculative_algorithm,
+            dp_attention=args.attn_dp_size > 1,
+            two_batch_overlap=args.enable_two_batch_overlap,
+            tp_size=args.tp_size,
+            env=dict(os.environ),
+        )
+    seq_lens = None
     try:
         version.check_sglang_version(installed)  # raises unless pinned or overridden
         catalogue = registry.catalogue()
         selection = config.selected_slots(catalogue)
-    except (config.HostsyncConfigError, registry.SlotRegistryError) as exc:
-        print(f"hostsync doctor: {exc}", file=sys.stderr)
+        switches.check_contrary_env([catalogue[n] for n in selection.names], os.environ)
+        if args.attention_backend or args.decode_attention_backend:
+            seq_lens = backends.seq_lens_report(
+                attention_backend=args.attention_backend,
+                prefill_attention_backend=args.prefill_attention_backend,
+                decode_attention_backend=args.decode_attention_backend,
+                draft_attention_backend=args.speculative_draft_attention_backend,
+                speculative_algorithm=args.speculative_algorithm,
+                speculative_attention_mode=args.speculative_attention_mode,
+                two_batch_overlap=args.enable_two_batch_overlap,
+            )
+    except (config.HostsyncConfigError, registry.SlotRegistryError, KeyError, ValueError) as exc:
+        print(f"hostsync doctor: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
         return 2
-    rows = report.doctor_rows(catalogue)
+    rows = report.doctor_rows(catalogue, facts)
     ok = report.rows_ok(rows)
     if args.json:
         print(
@@ -35,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
                 supported_sglang=version.SUPPORTED_SGLANG,
                 selected=list(selection.names),
                 ok=ok,
+                seq_lens_d2h=seq_lens.as_dict() if seq_lens else None,
             )
         )
     else:
@@ -44,5 +86,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{config.ENV_SLOTS}={selection.spec!r} selects: {', '.join(selection.names) or 'none'}"
         )
         print(report.format_doctor(rows, header))
+        if facts is None:
+            print("(pass --speculative-algorithm etc. to check which upstream switches would be inert)")
+        if seq_lens is not None:
+            print(backends.format_report(seq_lens))
         print("OK: every slot is consistent with the installed sglang" if ok else "DRIFT: see the status column")
     return 0 if ok else 1

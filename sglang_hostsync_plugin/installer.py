@@ -18,7 +18,7 @@ import pkgutil
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from .slot import HookTarget, Slot, TargetKind
+from .slot import HookTarget, Slot, SlotKind, TargetKind
 
 logger = logging.getLogger("sglang.srt.plugins.hostsync")
 
@@ -26,6 +26,7 @@ APPLIED = "applied"
 SKIPPED = "skipped"
 FAILED = "failed"
 PENDING = "pending"  # registered, not yet verified
+UPSTREAM = "upstream present"  # an upstream built-in whose contract check passed
 
 
 @dataclass
@@ -188,6 +189,9 @@ def install(
         if reason:
             state.fail(slot.name, reason)
             continue
+        if slot.kind is SlotKind.UPSTREAM_BUILTIN:
+            state.statuses[slot.name] = SlotStatus(slot.name, UPSTREAM)
+            continue
         state.statuses[slot.name] = SlotStatus(slot.name, PENDING)
         state.active.add(slot.name)
         for target in slot.targets:
@@ -244,7 +248,7 @@ def verify(state: InstallState) -> None:
         if name in missing:
             state.fail(name, "hook not in place after load_plugins(): " + ", ".join(missing[name]))
         else:
-            state.statuses[name] = SlotStatus(name, APPLIED)
+            state.statuses[name] = SlotStatus(name, APPLIED, status.reason)
     state.verified = True
 
 

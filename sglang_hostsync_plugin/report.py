@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 
 from .installer import InstallState, check_target
-from .slot import Slot, SlotKind
+from .slot import ServingFacts, Slot, SlotKind
 
 WOULD_APPLY = "would apply"
 UPSTREAM_PRESENT = "upstream present"
 TARGET_MISSING = "target missing"
 REFUSED = "refused"
+INERT = "skipped"  # an upstream switch that would do nothing for these server args
 
 
 @dataclass(frozen=True)
@@ -25,12 +27,20 @@ class DoctorRow:
     reason: str
 
 
-def doctor_row(slot: Slot) -> DoctorRow:
+def doctor_row(slot: Slot, facts: ServingFacts | None = None) -> DoctorRow:
+    """The slot against the installed SGLang; with ``facts`` (server args given to
+    the doctor), an upstream switch that would do nothing is reported inert."""
     reason = slot.precheck() if slot.precheck else None
     for target in slot.targets:
         reason = reason or check_target(target)
     if reason is None:
         status = UPSTREAM_PRESENT if slot.kind is SlotKind.UPSTREAM_BUILTIN else WOULD_APPLY
+        if slot.kind is SlotKind.UPSTREAM_SWITCH:
+            inert = slot.inert(facts) if (facts is not None and slot.inert) else None
+            status, reason = (INERT, inert) if inert else (status, f"sets {slot.env_flag}=1")
+        warning = slot.env_warning(os.environ) if slot.env_warning else None
+        if warning:
+            reason = f"undone: {warning}"
     elif reason.startswith("target missing"):
         status = TARGET_MISSING
     else:
@@ -38,12 +48,12 @@ def doctor_row(slot: Slot) -> DoctorRow:
     return DoctorRow(slot.name, slot.kind.value, slot.origin, slot.default, status, reason or "")
 
 
-def doctor_rows(catalogue: Mapping[str, Slot]) -> list[DoctorRow]:
-    return [doctor_row(slot) for slot in catalogue.values()]
+def doctor_rows(catalogue: Mapping[str, Slot], facts: ServingFacts | None = None) -> list[DoctorRow]:
+    return [doctor_row(slot, facts) for slot in catalogue.values()]
 
 
 def rows_ok(rows: list[DoctorRow]) -> bool:
-    return all(r.status in (WOULD_APPLY, UPSTREAM_PRESENT) for r in rows)
+    return all(r.status in (WOULD_APPLY, UPSTREAM_PRESENT, INERT) for r in rows)
 
 
 def format_table(headers: list[str], rows: list[list[str]]) -> str:

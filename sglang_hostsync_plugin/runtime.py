@@ -3,21 +3,28 @@
 ``activate()`` runs inside SGLang's ``load_plugins()`` (so it must not raise: the
 loader only logs). It records any configuration error and installs the selected
 slots. ``startup_check()`` runs from the first hook SGLang calls after loading
-(``ServerArgs.__post_init__`` for an embedded Engine, ``Scheduler.__init__`` in
-every scheduler/TP process): it raises the recorded error, verifies the hooks,
-logs the status block and, after the scheduler has built its process groups,
-agrees on the slot set with every other rank.
+(``engine._set_envs_and_config`` in the launcher process, which every launch path
+and an embedded ``Engine`` call before spawning; ``Scheduler.__init__`` in every
+scheduler/TP process): it raises the recorded error, turns on the upstream
+switches for these server args, verifies the hooks, logs the status block and,
+after the scheduler has built its process groups, agrees on the slot set with
+every other rank.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 
-from . import config, installer, ranks, registry, report, version
+from . import config, installer, ranks, registry, report, switches, version
+from .slot import ServingFacts
 
 logger = logging.getLogger("sglang.srt.plugins.hostsync")
 
-SERVER_ARGS_POST_INIT = "sglang.srt.server_args.ServerArgs.__post_init__"
+# The launcher's "set global environments" step, after the args are resolved and
+# before any process is spawned. (ServerArgs.__post_init__ is not hookable: msgspec
+# binds it when the class is created.)
+LAUNCHER_SET_ENVS = "sglang.srt.entrypoints.engine._set_envs_and_config"
 SCHEDULER_INIT = "sglang.srt.managers.scheduler.Scheduler.__init__"
 
 
@@ -32,6 +39,7 @@ class Runtime:
         self.selection: config.Selection | None = None
         self.version_warning: str | None = None
         self.reported = False
+        self.switches_applied = False
 
 
 _runtime: Runtime | None = None
@@ -47,19 +55,42 @@ def _hook_registry_register(path: str, hook, kind: str) -> None:
     HookRegistry.register(path, hook, HookType.AROUND if kind == "around" else HookType.REPLACE)
 
 
-def validate() -> config.Selection:
-    """Everything the launcher checks before any model load; raises on bad input."""
+def _selected(selection: config.Selection):
+    catalogue = registry.catalogue()
+    return [catalogue[n] for n in selection.names]
+
+
+def _log_env_warnings(slots) -> None:
+    for slot in slots:
+        warning = slot.env_warning(os.environ) if slot.env_warning else None
+        if warning:
+            logger.warning("hostsync: %s: %s", slot.name, warning)
+
+
+def validate(server_args=None) -> config.Selection:
+    """Everything the launcher checks before any model load; raises on bad input.
+
+    With ``server_args``, also turns on the selected upstream switches' env flags
+    here, before any process is spawned."""
     version.check_sglang_version()
     strict = config.strict_mode()  # raises on a malformed value
     catalogue = registry.catalogue()
     selection = config.selected_slots(catalogue)
+    switches.check_contrary_env(_selected(selection), os.environ)
     if strict:
-        refused = [r for r in report.doctor_rows({n: catalogue[n] for n in selection.names}) if r.reason]
+        rows = report.doctor_rows({n: catalogue[n] for n in selection.names})
+        refused = [r for r in rows if not report.rows_ok([r])]
         if refused:
             raise HostsyncStartupError(
                 "hostsync: selected slots cannot be applied to this SGLang (strict mode): "
                 + "; ".join(f"{r.name}: {r.reason}" for r in refused)
             )
+    if server_args is not None:
+        facts = ServingFacts.from_server_args(server_args, os.environ)
+        for name, inert in switches.apply(_selected(selection), facts).items():
+            if inert:
+                logger.info("hostsync: %s skipped: %s", name, inert)
+    _log_env_warnings(_selected(selection))
     return selection
 
 
@@ -76,6 +107,7 @@ def activate(error: Exception | None = None) -> Runtime:
         catalogue = registry.catalogue()
         rt.selection = config.selected_slots(catalogue)
         config.strict_mode()
+        switches.check_contrary_env(_selected(rt.selection), os.environ)
     except (config.HostsyncConfigError, registry.SlotRegistryError) as exc:
         rt.error = exc
         logger.error("hostsync: %s", exc)
@@ -84,9 +116,35 @@ def activate(error: Exception | None = None) -> Runtime:
             rt.state, [catalogue[n] for n in rt.selection.names], _hook_registry_register
         )
         installer.mark_unselected(rt.state, catalogue, rt.selection.names)
-    _hook_registry_register(SERVER_ARGS_POST_INIT, _server_args_gate, "around")
+        _note_env_warnings(rt)
+    _hook_registry_register(LAUNCHER_SET_ENVS, _launcher_gate, "around")
     _hook_registry_register(SCHEDULER_INIT, _scheduler_gate, "around")
     return rt
+
+
+def _note_env_warnings(rt: Runtime) -> None:
+    for slot in _selected(rt.selection):
+        status = rt.state.statuses.get(slot.name)
+        warning = slot.env_warning(os.environ) if slot.env_warning else None
+        if warning and status is not None and status.state == installer.UPSTREAM:
+            status.reason = f"undone: {warning}"
+
+
+def apply_switches(rt: Runtime, server_args) -> None:
+    """Turn on the selected, applicable upstream switches in this process (once,
+    before SGLang's workers read them); an inert one is reported skipped."""
+    if rt.switches_applied or rt.error is not None or rt.selection is None:
+        return
+    rt.switches_applied = True
+    facts = ServingFacts.from_server_args(server_args, os.environ)
+    selected = [s for s in _selected(rt.selection) if s.name in rt.state.active]
+    for name, inert in switches.apply(selected, facts).items():
+        status = rt.state.statuses[name]
+        if inert:
+            rt.state.active.discard(name)
+            rt.state.statuses[name] = installer.SlotStatus(name, installer.SKIPPED, inert)
+        else:
+            status.reason = f"{registry.catalogue()[name].env_flag}=1"
 
 
 def startup_check(rt: Runtime) -> None:
@@ -115,14 +173,21 @@ def startup_check(rt: Runtime) -> None:
         )
 
 
-def _server_args_gate(original, self, *args, **kwargs):
+def _launcher_gate(original, server_args, *args, **kwargs):
+    if _runtime is not None and _runtime.error is not None:
+        raise _runtime.error
+    result = original(server_args, *args, **kwargs)
     if _runtime is not None:
+        apply_switches(_runtime, server_args)
         startup_check(_runtime)
-    return original(self, *args, **kwargs)
+    return result
 
 
 def _scheduler_gate(original, self, *args, **kwargs):
     if _runtime is not None:
+        if _runtime.error is None:
+            server_args = kwargs["server_args"] if "server_args" in kwargs else args[0]
+            apply_switches(_runtime, server_args)
         startup_check(_runtime)
     result = original(self, *args, **kwargs)
     if _runtime is not None:

@@ -7,8 +7,8 @@ Slots describe themselves; `installer` applies them, `registry` collects them,
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 
 class SlotKind(str, enum.Enum):
@@ -51,6 +51,37 @@ class HookTarget:
 
 
 @dataclass(frozen=True)
+class ServingFacts:
+    """What a slot may need to know about the server to tell whether it does
+    anything: the resolved server arguments it depends on, and the environment."""
+
+    speculative_algorithm: str | None = None
+    dp_attention: bool = False
+    two_batch_overlap: bool = False
+    tp_size: int = 1
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_server_args(cls, server_args, env: Mapping[str, str]) -> "ServingFacts":
+        from sglang.srt.server_args import resolving_view
+
+        view = resolving_view(server_args)
+        return cls(
+            speculative_algorithm=view.speculative_algorithm,
+            # The same test ServerArgs.resolved_dict uses for attention DP.
+            dp_attention=view.attn_dp_size > 1,
+            two_batch_overlap=bool(view.enable_two_batch_overlap),
+            tp_size=int(view.tp_size),
+            env=dict(env),
+        )
+
+    def is_dspark(self) -> bool:
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        return SpeculativeAlgorithm.from_string(self.speculative_algorithm).is_dspark()
+
+
+@dataclass(frozen=True)
 class Slot:
     """A named optimization users switch on or off on its own."""
 
@@ -67,3 +98,12 @@ class Slot:
     precheck: Callable[[], str | None] | None = None
     # Slots shipped by other packages name their distribution here.
     provider: str = "sglang-hostsync-plugin"
+    # UPSTREAM_SWITCH: the SGLang env flag (an ``envs`` field) the slot turns on.
+    env_flag: str | None = None
+    # Returns why the slot would do nothing under these facts ("inert because ..."),
+    # or None. An inert slot is reported skipped and changes nothing.
+    inert: Callable[[ServingFacts], str | None] | None = None
+    # Returns a warning when the user's environment undoes the slot, or None.
+    env_warning: Callable[[Mapping[str, str]], str | None] | None = None
+    # Named presets (besides default/all/none) that include this slot.
+    presets: tuple[str, ...] = ()

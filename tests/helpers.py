@@ -27,3 +27,34 @@ def run_python(code: str, timeout: float = 300, pythonpath: str | None = None, *
 
 def out(proc: subprocess.CompletedProcess) -> str:
     return f"--- rc={proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr[-6000:]}"
+
+
+# The catalogue as SPEC.md lists it; tests compare the registry against these.
+SWITCH_FLAGS = {
+    "fused_accept_tail": "SGLANG_DSPARK_FUSED_ACCEPT_TAIL",
+    "prepare_inputs_once": "SGLANG_OPT_DSV41_DSPARK_PREPARE_INPUTS_ONCE",
+    "mid_fold": "SGLANG_OPT_DSV41_DSPARK_MID_FOLD",
+    "defer_context_kv": "SGLANG_DSPARK_DEFER_CONTEXT_KV",
+    "fill_fast_path": "SGLANG_OPT_CUDA_GRAPH_FILL_FAST_PATH",
+    "target_verify_metadata_glue": "SGLANG_OPT_DSV41_TARGET_VERIFY_METADATA_GLUE",
+    "post_forward_graph": "SGLANG_OPT_DSV41_POST_FORWARD_CUDA_GRAPH",
+    "draft_prep_fork": "SGLANG_OPT_DSV41_DSPARK_DRAFT_PREP_FORK",
+    "post_fold": "SGLANG_OPT_DSV41_DSPARK_POST_FOLD",
+    "one_launch_commit_stage": "SGLANG_OPT_DSV41_DSPARK_ONE_LAUNCH_COMMIT_STAGE",
+    "target_metadata_early": "SGLANG_OPT_DSV41_TARGET_METADATA_EARLY",
+    "skip_prefilled_inputs": "SGLANG_OPT_DSV41_DSPARK_SKIP_PREFILLED_INPUTS",
+    "skip_glued_replay_view": "SGLANG_OPT_SKIP_GLUED_REPLAY_VIEW",
+    "sim_draw_ahead": "SGLANG_OPT_DSV41_DSPARK_SIM_DRAW_AHEAD",
+    "blockwise_rejection": "SGLANG_OPT_DSV41_BLOCKWISE_REJECTION",
+    "sampling_accept_graph": "SGLANG_OPT_DSV41_SAMPLING_ACCEPT_GRAPH",
+    "mxfp4_finalized_shape": "SGLANG_OPT_MXFP4_DEFERRED_FINALIZED_SHAPE",
+}
+# Rules read from SGLang 0.5.23 (see slots/upstream_switches.py for the functions).
+SWITCH_REQUIRES = {
+    "target_metadata_early": "target_verify_metadata_glue",
+    "one_launch_commit_stage": "defer_context_kv",
+}
+BUILTINS = (
+    "fused_compact_rebuild", "host_envelope_bound", "hybrid_needs_cpu_seq_lens",
+    "draft_sampler_in_graph", "filter_batch_host_keep_list", "trtllm_mla_host_max",
+)

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from helpers import REPO, clean_env, out, run_python
+from helpers import BUILTINS, REPO, SWITCH_FLAGS, clean_env, out, run_python
 
 PRINT_HOOKS = """
 from sglang.srt.plugins.hook_registry import HookRegistry
@@ -89,7 +89,12 @@ def test_enabled_applies_verifies_and_logs_status_block():
     """.replace("\n    ", "\n"), SGLANG_ENABLE_HOSTSYNC_PLUGIN="1")
     assert proc.returncode == 0, out(proc)
     res = json.loads(proc.stdout.split("RESULT", 1)[1])
-    assert res["status"] == {"dspark_dp_meta": ["applied", ""]}
+    status = res["status"]
+    assert status.pop("dspark_dp_meta") == ["applied", ""]
+    assert status.pop("eagle_fixed_shape_tail") == ["applied", ""]
+    # default: the #31468 built-ins verified, the #45450 switches opt-in.
+    assert status == {**{n: ["upstream present", ""] for n in BUILTINS},
+                      **{n: ["skipped", "not selected"] for n in SWITCH_FLAGS}}
     assert res["cls"] == "HostsyncDraftBlockProposer" and res["slots"] == ["dspark_dp_meta"]
     assert res["bases"] == ["HostsyncDraftBlockProposer", "DSparkDpMetaProposer", "DraftBlockProposer"]
     assert res["nnp"] is None and res["sched"] is True
@@ -98,6 +103,8 @@ def test_enabled_applies_verifies_and_logs_status_block():
         "sglang.srt.speculative.dspark_components.dspark_draft.DraftBlockProposer",
         "sglang.srt.speculative.dspark_components.dspark_draft._make_num_token_non_padded",
         "sglang.srt.managers.scheduler.Scheduler.__init__",
+        "sglang.srt.entrypoints.engine._set_envs_and_config",
+        "sglang.srt.speculative.eagle_worker_common.duplicate_prefix_tail_to_draft_branches",
     }
     log = proc.stderr
     assert "hostsync: sglang 0.5.23, SGLANG_HOSTSYNC_SLOTS='default', strict=True" in log, out(proc)

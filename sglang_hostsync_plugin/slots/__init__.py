@@ -1,11 +1,13 @@
-"""Built-in slots: one module per slot; this module is their pluggy plugin."""
+"""Built-in slots: one module per slot (the upstream switches and built-ins, which
+are data plus one check each, one module per family); this module is their pluggy
+plugin."""
 
 from __future__ import annotations
 
 from ..hookspecs import hookimpl
-from . import dspark_dp_meta
+from . import dspark_dp_meta, eagle_fixed_shape_tail, upstream_builtins, upstream_switches
 
 
 @hookimpl
 def hostsync_slots():
-    return [dspark_dp_meta.SLOT]
+    return [dspark_dp_meta.SLOT, eagle_fixed_shape_tail.SLOT, *upstream_switches.SLOTS, *upstream_builtins.SLOTS]
