@@ -66,7 +66,7 @@ def main():
     ap.add_argument("--json")
     args_ns = ap.parse_args()
     rows = []
-    for bs, topk, page_size in [(1, 4, 16), (4, 4, 64), (16, 4, 64), (64, 8, 64)]:
+    for bs, topk, page_size in [(1, 4, 16), (4, 4, 64), (16, 4, 64), (32, 4, 64), (64, 4, 64), (64, 8, 64)]:
         rng = random.Random(bs * 1000 + topk)
         size, args = make_case(rng, bs, topk, page_size, num_steps=3, device="cuda")
         pool = make_pool(size, page_size, "cuda", 0)

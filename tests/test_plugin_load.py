@@ -92,6 +92,7 @@ def test_enabled_applies_verifies_and_logs_status_block():
     status = res["status"]
     assert status.pop("dspark_dp_meta") == ["applied", ""]
     assert status.pop("eagle_fixed_shape_tail") == ["applied", ""]
+    assert status.pop("draft_input_reuse") == ["applied", ""]
     # default: the #31468 built-ins verified, the #45450 switches opt-in.
     assert status == {**{n: ["upstream present", ""] for n in BUILTINS},
                       **{n: ["skipped", "not selected"] for n in SWITCH_FLAGS}}
@@ -105,6 +106,7 @@ def test_enabled_applies_verifies_and_logs_status_block():
         "sglang.srt.managers.scheduler.Scheduler.__init__",
         "sglang.srt.entrypoints.engine._set_envs_and_config",
         "sglang.srt.speculative.eagle_worker_common.duplicate_prefix_tail_to_draft_branches",
+        "sglang.srt.speculative.dflash_info_v2.DFlashDraftInputV2",
     }
     log = proc.stderr
     assert "hostsync: sglang 0.5.23, SGLANG_HOSTSYNC_SLOTS='default', strict=True" in log, out(proc)
