@@ -11,7 +11,9 @@ This slot hands every draft input a buffer set from a process-wide ring instead:
   set's event after the pinned H2D copies, on the stream that waited for them;
 - a set is written again only after its event completed.
 
-Values are SGLang's own; only where the scratch lives changes.
+Values are SGLang's own; only where the scratch lives changes. The ring is
+process-wide: SGLang runs one scheduler (one DFlash worker) per process, and the
+depth argument below counts that scheduler's steps.
 """
 
 from __future__ import annotations
