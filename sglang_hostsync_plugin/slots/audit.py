@@ -1,0 +1,317 @@
+"""Slot ``audit`` (tool, not in ``default``): count host syncs and measure run-ahead.
+
+Sync audit. Armed at the scheduler's first ``run_batch``, which comes after CUDA
+graph capture. It counts every synchronizing CUDA operation on the scheduler thread
+and names the call site. torch's sync-debug mode is process-global, so the audit
+sets it to "warn" (keeping "error" when set) and routes the warnings itself. Syncs
+on other threads are neither counted nor printed: those threads run as with the mode
+off, and the audit stays armed. Allowlisted call sites (the intended ``copy_done``
+waits in result processing) are counted apart, each with its reason.
+
+Run-ahead meter. For each step N it records a CUDA event on the forward stream
+after ``run_batch`` returns; the event marks step N's GPU finish. The host launch
+time of a step is when its ``run_batch`` returned, i.e. when all of its work is
+enqueued: a sync inside ``run_batch`` moves it after the previous step's finish. It maps the event
+onto the host clock through one reference event taken when the audit is armed:
+host_time = t_ref + elapsed_ms(ref, event) / 1e3. The launch lead is step N's GPU
+finish minus the host launch time of step N+1. It is positive when the host was
+already a step ahead. The run-ahead fraction is the share of steps with a positive
+lead. Events come from a ring and are read back only once they have completed, so
+the meter itself never waits.
+
+A summary goes to SGLang's log every ``SGLANG_HOSTSYNC_AUDIT_EVERY`` steps (default
+1000) and at shutdown. With ``SGLANG_HOSTSYNC_AUDIT_JSON=<path>``, the same summary
+is written there as JSON.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import json
+import logging
+import os
+import statistics
+import sys
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+
+from ..slot import HookTarget, Slot, SlotKind, TargetKind
+
+logger = logging.getLogger("sglang.srt.plugins.hostsync")
+
+NAME = "audit"
+RUN_BATCH = "sglang.srt.managers.scheduler.Scheduler.run_batch"
+ENV_EVERY = "SGLANG_HOSTSYNC_AUDIT_EVERY"
+ENV_JSON = "SGLANG_HOSTSYNC_AUDIT_JSON"
+SYNC_MESSAGE = "called a synchronizing CUDA operation"
+
+# (path suffix, function, reason): syncs that are meant to be there.
+ALLOWLIST = (
+    ("managers/scheduler_components/batch_result_processor.py", "process_batch_result_decode",
+     "copy_done: waits for the step's D2H result copy before the tokens are read (as EAGLE3 spec-v2)"),
+    ("managers/scheduler_components/batch_result_processor.py", "process_batch_result_prefill",
+     "copy_done: the prefill result copy, same wait"),
+    ("managers/scheduler_components/batch_result_processor.py", "advance_grammar_fsm",
+     "copy_done: grammar requests need the sampled ids on the host"),
+)
+EVENT_RING = 64  # timing events in flight; a step's is read back once complete
+DRAIN_EVERY = 8  # completed events are read back in batches (amortizes the Python cost)
+
+
+# --- run-ahead arithmetic (pure, CPU-testable) ---------------------------------
+
+def launch_leads(gpu_finish: dict[int, float], host_launch: list[float]) -> list[float]:
+    """lead[N] = GPU finish of step N - host launch of step N+1 (seconds, one clock),
+    for every step N whose finish was measured and that has a next launch."""
+    return [gpu_finish[n] - host_launch[n + 1] for n in sorted(gpu_finish) if n + 1 < len(host_launch)]
+
+
+def run_ahead_fraction(leads: list[float]) -> float:
+    return sum(lead > 0 for lead in leads) / len(leads) if leads else 0.0
+
+
+def event_to_host(t_ref: float, elapsed_ms: float) -> float:
+    """Host-clock time of an event ``elapsed_ms`` after the reference event."""
+    return t_ref + elapsed_ms / 1e3
+
+
+# --- the audit -----------------------------------------------------------------
+
+@dataclass
+class SyncSite:
+    where: str
+    count: int = 0
+    allowed: str = ""  # the allowlist reason, when allowlisted
+
+
+@dataclass
+class AuditState:
+    thread_id: int | None = None
+    steps: int = 0
+    syncs: dict[str, SyncSite] = field(default_factory=dict)
+    foreign_syncs: int = 0  # seen on other threads (not counted, not printed)
+    host_launch: list[float] = field(default_factory=list)  # by step
+    gpu_finish: dict[int, float] = field(default_factory=dict)  # step -> host-clock time
+    meter_ns: int = 0  # host time the meter itself spent
+
+    def counted(self) -> int:
+        return sum(s.count for s in self.syncs.values() if not s.allowed)
+
+    def allowed(self) -> int:
+        return sum(s.count for s in self.syncs.values() if s.allowed)
+
+    def summary(self) -> dict:
+        leads = launch_leads(self.gpu_finish, self.host_launch)
+        steps = max(self.steps, 1)
+        return {
+            "steps": self.steps,
+            "syncs_per_step": self.counted() / steps,
+            "allowlisted_per_step": self.allowed() / steps,
+            "sites": sorted(
+                ({"where": s.where, "count": s.count, "allowlisted": s.allowed} for s in self.syncs.values()),
+                key=lambda d: -d["count"],
+            ),
+            "foreign_thread_syncs": self.foreign_syncs,
+            "run_ahead_fraction": run_ahead_fraction(leads),
+            "launch_lead_ms_median": statistics.median(leads) * 1e3 if leads else None,
+            "measured_steps": len(leads),
+            "meter_us_per_step": self.meter_ns / steps / 1e3,
+        }
+
+
+def _allow_reason(filename: str, function: str) -> str:
+    path = filename.replace(os.sep, "/")
+    for suffix, fn, reason in ALLOWLIST:
+        if path.endswith(suffix) and function == fn:
+            return reason
+    return ""
+
+
+class SyncAudit:
+    """Counts sync warnings raised on one thread; see the module docstring."""
+
+    def __init__(self):
+        self.state = AuditState()
+        self.armed = False
+        self._lock = threading.Lock()
+        self._previous_showwarning = None
+        self._previous_mode = None
+        self._filter = None
+
+    def arm(self, thread_id: int | None = None) -> None:
+        import torch
+
+        if self.armed:
+            return
+        self.state.thread_id = threading.get_ident() if thread_id is None else thread_id
+        self._previous_showwarning = warnings.showwarning
+        warnings.showwarning = self._showwarning
+        # "always": every sync is reported, not only the first per call site.
+        warnings.filterwarnings("always", message=f".*{SYNC_MESSAGE}.*")
+        self._filter = warnings.filters[0]
+        if torch.cuda.is_available():
+            self._previous_mode = torch.cuda.get_sync_debug_mode()
+            if self._previous_mode == 0:
+                torch.cuda.set_sync_debug_mode("warn")
+        self.armed = True
+
+    def disarm(self) -> None:
+        import torch
+
+        if not self.armed:
+            return
+        warnings.showwarning = self._previous_showwarning
+        if self._filter in warnings.filters:
+            warnings.filters.remove(self._filter)
+            notify = getattr(warnings, "_filters_mutated", None)  # private; absent on some Pythons
+            if notify is not None:
+                notify()
+        if self._previous_mode is not None and torch.cuda.is_available():
+            torch.cuda.set_sync_debug_mode(self._previous_mode)
+        self.armed = False
+
+    def _showwarning(self, message, category, filename, lineno, file=None, line=None):
+        if SYNC_MESSAGE not in str(message):
+            return self._previous_showwarning(message, category, filename, lineno, file, line)
+        if threading.get_ident() != self.state.thread_id:
+            with self._lock:
+                self.state.foreign_syncs += 1
+            return None
+        function = _caller_function(filename, lineno)
+        where = f"{_short(filename)}:{lineno} ({function})"
+        with self._lock:
+            site = self.state.syncs.get(where)
+            if site is None:
+                site = self.state.syncs[where] = SyncSite(where, allowed=_allow_reason(filename, function))
+            site.count += 1
+        return None
+
+
+def _caller_function(filename: str, lineno: int) -> str:
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_filename == filename and frame.f_lineno == lineno:
+            return frame.f_code.co_name
+        frame = frame.f_back
+    return "?"
+
+
+def _short(filename: str) -> str:
+    path = filename.replace(os.sep, "/")
+    for root in ("/sglang/", "/sglang_hostsync_plugin/", "/torch/"):
+        if root in path:
+            return root.strip("/") + "/" + path.split(root, 1)[1]
+    return path
+
+
+class RunAheadMeter:
+    """Per-step GPU-finish events mapped to the host clock (see module docstring)."""
+
+    def __init__(self, state: AuditState, stream):
+        import torch
+
+        self.state = state
+        self.stream = stream
+        self.ring = [torch.cuda.Event(enable_timing=True) for _ in range(EVENT_RING)]
+        self.pending: collections.deque = collections.deque()  # (event index, step)
+        self.free = list(range(EVENT_RING))
+        self.ref = torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        self.ref.record(stream)
+        self.ref.synchronize()
+        self.t_ref = time.perf_counter_ns() / 1e9
+        self.since_drain = 0
+
+    def finished_launching(self) -> None:
+        t0 = time.perf_counter_ns()
+        launches = self.state.host_launch
+        launches.append(t0 / 1e9)
+        if self.free:
+            index = self.free.pop()
+            self.ring[index].record(self.stream)
+            self.pending.append((index, len(launches) - 1))
+        self.since_drain += 1
+        if self.since_drain >= DRAIN_EVERY or not self.free:
+            self.since_drain = 0
+            self._drain()
+        self.state.meter_ns += time.perf_counter_ns() - t0
+
+    def _drain(self) -> None:
+        while self.pending and self.ring[self.pending[0][0]].query():
+            index, step = self.pending.popleft()
+            # A step whose event was skipped (ring full) has no entry and no lead.
+            self.state.gpu_finish[step] = event_to_host(self.t_ref, self.ref.elapsed_time(self.ring[index]))
+            self.free.append(index)
+
+
+_audit: SyncAudit | None = None
+_meter: RunAheadMeter | None = None
+_every = 1000
+
+
+def _log_summary(reason: str) -> None:
+    if _audit is None:
+        return
+    summary = _audit.state.summary()
+    logger.info("hostsync audit (%s): %s", reason, json.dumps(summary))
+    path = os.environ.get(ENV_JSON)
+    if path:
+        with open(path, "w") as f:
+            json.dump(summary, f, indent=2)
+
+
+def run_batch_hook(original, scheduler, *args, **kwargs):
+    global _audit, _meter, _every
+    if _audit is None:
+        _audit = SyncAudit()
+        _every = summary_every()
+        _audit.arm()
+        import torch
+
+        if torch.cuda.is_available():
+            _meter = RunAheadMeter(_audit.state, scheduler.forward_stream)
+        atexit.register(_log_summary, "shutdown")
+    result = original(scheduler, *args, **kwargs)
+    _audit.state.steps += 1
+    if _meter is not None:
+        _meter.finished_launching()
+    if _audit.state.steps % _every == 0:
+        _log_summary(f"every {_every} steps")
+    return result
+
+
+def summary_every(env=None) -> int:
+    env = os.environ if env is None else env
+    raw = env.get(ENV_EVERY, "1000")
+    try:
+        every = int(raw)
+    except ValueError:
+        every = 0
+    if every <= 0:
+        raise ValueError(f"{ENV_EVERY}={raw!r}: use a positive number of steps")
+    return every
+
+
+def _precheck() -> str | None:
+    try:
+        summary_every()
+    except ValueError as exc:
+        return f"bad configuration: {exc}"
+    return None
+
+
+SLOT = Slot(
+    name=NAME,
+    kind=SlotKind.TOOL,
+    origin="hostsync",
+    summary="sync audit (per thread, with allowlist) and run-ahead meter on the scheduler's decode loop",
+    default=False,
+    precheck=_precheck,
+    targets=(
+        HookTarget(RUN_BATCH, TargetKind.FUNCTION, hook=run_batch_hook,
+                   params=("self", "batch", "pp_proxy_tensors"), source_sha="4e9bb4d5e649e2f1"),
+    ),
+)

@@ -1,0 +1,125 @@
+"""The audit slot on the CPU: call-site attribution, allowlist, thread scoping, and
+the run-ahead arithmetic. torch on the CPU raises no sync warnings, so a planted sync
+emits exactly what torch's sync-debug "warn" mode emits for ``.item()`` on CUDA (the
+GPU test plants a real one)."""
+
+import threading
+import warnings
+
+import pytest
+
+from audit_cases import FakeScheduler, fresh_audit, run_step  # noqa: F401  (fixture)
+from sglang_hostsync_plugin.slots import audit
+
+SYNC = f"{audit.SYNC_MESSAGE}"
+FAKE_PROCESSOR = "/x/sglang/srt/managers/scheduler_components/batch_result_processor.py"
+
+
+def planted_item():
+    warnings.warn(SYNC, UserWarning)  # line of the planted sync
+
+
+PLANTED_LINE = planted_item.__code__.co_firstlineno + 1
+
+
+def allowlisted_wait():
+    """A function compiled under SGLang's result-processor path and name."""
+    ns = {"warnings": warnings, "SYNC": SYNC}
+    code = "def process_batch_result_decode():\n    warnings.warn(SYNC, UserWarning)\n"
+    exec(compile(code, FAKE_PROCESSOR, "exec"), ns)
+    return ns["process_batch_result_decode"]
+
+
+def test_planted_sync_counted_with_call_site(fresh_audit):
+    run_step(lambda: None)
+    run_step(planted_item)
+    run_step(planted_item)
+    state = audit._audit.state
+    assert state.steps == 3 and state.counted() == 2
+    (site,) = state.syncs.values()
+    assert site.where.endswith(f"test_audit.py:{PLANTED_LINE} (planted_item)") and site.allowed == ""
+    assert audit._audit.state.summary()["syncs_per_step"] == pytest.approx(2 / 3)
+
+
+def test_allowlisted_wait_not_counted(fresh_audit):
+    wait = allowlisted_wait()
+    run_step(wait)
+    run_step(planted_item)
+    state = audit._audit.state
+    assert state.counted() == 1 and state.allowed() == 1
+    allowed = [s for s in state.syncs.values() if s.allowed]
+    assert allowed[0].allowed.startswith("copy_done") and "(process_batch_result_decode)" in allowed[0].where
+
+
+def test_sync_on_another_thread_is_neither_counted_nor_breaks_it(fresh_audit, capsys):
+    run_step(lambda: None)  # arms on this thread
+    finished = []
+
+    def worker():
+        planted_item()
+        finished.append(True)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert finished == [True]
+    state = audit._audit.state
+    assert state.counted() == 0 and state.foreign_syncs == 1
+    assert SYNC not in capsys.readouterr().err
+    run_step(planted_item)  # still armed for the scheduler thread
+    assert state.counted() == 1 and audit._audit.armed
+
+
+def test_other_warnings_pass_through(fresh_audit):
+    run_step(lambda: None)
+    with pytest.warns(DeprecationWarning, match="unrelated"):
+        warnings.warn("unrelated", DeprecationWarning)
+
+
+def test_disarm_restores_showwarning_and_filters(fresh_audit):
+    before, filters = warnings.showwarning, list(warnings.filters)
+    run_step(lambda: None)
+    assert warnings.showwarning is not before and len(warnings.filters) == len(filters) + 1
+    audit._audit.disarm()
+    assert warnings.showwarning is before and warnings.filters == filters
+
+
+def test_meter_arithmetic_on_synthetic_timestamps():
+    host_launch = [0.000, 0.010, 0.020, 0.030, 0.040]
+    gpu_finish = {0: 0.015, 1: 0.022, 2: 0.029, 3: 0.050}  # step 3's next launch is 0.040
+    leads = audit.launch_leads(gpu_finish, host_launch)
+    assert leads == pytest.approx([0.005, 0.002, -0.001, 0.010])
+    assert audit.run_ahead_fraction(leads) == 0.75
+    assert audit.run_ahead_fraction([]) == 0.0
+    assert audit.launch_leads({0: 1.0, 4: 2.0}, host_launch) == pytest.approx([0.99])  # missing steps skipped
+    assert audit.event_to_host(10.0, 250.0) == pytest.approx(10.25)
+    state = audit.AuditState(steps=5, host_launch=host_launch, gpu_finish=gpu_finish)
+    summary = state.summary()
+    assert summary["run_ahead_fraction"] == 0.75 and summary["measured_steps"] == 4
+    assert summary["launch_lead_ms_median"] == pytest.approx(3.5)
+
+
+def test_summary_every_validation():
+    assert audit.summary_every({}) == 1000
+    assert audit.summary_every({audit.ENV_EVERY: "50"}) == 50
+    for bad in ("0", "-3", "often"):
+        with pytest.raises(ValueError, match="positive number of steps"):
+            audit.summary_every({audit.ENV_EVERY: bad})
+
+
+def test_bad_env_refuses_the_slot(monkeypatch):
+    monkeypatch.setenv(audit.ENV_EVERY, "often")
+    assert audit.SLOT.precheck().startswith("bad configuration: SGLANG_HOSTSYNC_AUDIT_EVERY='often'")
+
+
+def test_summary_logged_and_dumped(fresh_audit, monkeypatch, tmp_path, caplog):
+    path = tmp_path / "audit.json"
+    monkeypatch.setenv(audit.ENV_JSON, str(path))
+    monkeypatch.setenv(audit.ENV_EVERY, "2")
+    with caplog.at_level("INFO", logger="sglang.srt.plugins.hostsync"):
+        run_step(planted_item)
+        run_step(lambda: None)
+    assert "hostsync audit (every 2 steps)" in caplog.text
+    import json
+    data = json.loads(path.read_text())
+    assert data["steps"] == 2 and data["syncs_per_step"] == 0.5 and data["sites"][0]["count"] == 1
