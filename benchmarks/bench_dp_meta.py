@@ -9,18 +9,15 @@ Usage: python benchmarks/bench_dp_meta.py [--json PATH] [--steps N]
 
 import argparse
 import json
-import os
 import random
 import statistics
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-from dp_meta_cases import STOCK_MAKE_NNP, make_batch, make_forward_batch, make_proposer, plugin_classes  # noqa: E402
+from sglang_hostsync_plugin.drivers.dp_meta import STOCK_MAKE_NNP, make_batch, make_forward_batch, make_proposer, plugin_classes
 
-from sglang.srt.speculative.dspark_components import dspark_draft  # noqa: E402
+from sglang.srt.speculative.dspark_components import dspark_draft
 
 dspark_draft.enable_num_token_non_padded = lambda: True  # the DP-attention / EP layout
 

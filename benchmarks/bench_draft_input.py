@@ -7,21 +7,16 @@ prepared lengths feed) is stubbed out: both arms share it unchanged.
 
 import argparse
 import json
-import os
 import random
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+import torch
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-from draft_input_cases import BLOCK, make_batch, make_req, new_input, plugin_class  # noqa: E402
-from sglang.srt.runtime_context import get_context  # noqa: E402
-from sglang.srt.speculative import dflash_info_v2  # noqa: E402
-from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2  # noqa: E402
+from sglang_hostsync_plugin.drivers.draft_input import BLOCK, Patcher, make_batch, make_req, new_input, plugin_class
+from sglang.srt.runtime_context import get_context
+from sglang.srt.speculative import dflash_info_v2
+from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 
 
 def measure(cls, bs, steps, mp):
@@ -63,11 +58,14 @@ def main():
     ap.add_argument("--steps", type=int, default=2000)
     args = ap.parse_args()
     rows = []
-    with pytest.MonkeyPatch.context() as mp:
+    mp = Patcher()
+    try:
         mp.setattr(dflash_info_v2, "alloc_for_spec_decode", lambda *a, **k: None)
         for bs in (1, 4, 16, 32):
             rows.append({"bs": bs, "stock": measure(DFlashDraftInputV2, bs, args.steps, mp),
                          "plugin": measure(plugin_class(), bs, args.steps, mp)})
+    finally:
+        mp.undo()
     print(f"draft-input prepare host time per step (us), {torch.cuda.get_device_name()}, steps={args.steps}")
     print(" bs | stock med    p90  pin/step dev/step | plugin med    p90  pin/step dev/step | med ratio")
     for r in rows:

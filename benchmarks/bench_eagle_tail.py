@@ -9,20 +9,16 @@ topk>1 draft-branch tail copy on a real SGLang MHATokenToKVPool.
 
 import argparse
 import json
-import os
 import random
 import statistics
-import sys
 import time
 import warnings
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+import torch
 
-import torch  # noqa: E402
-
-from eagle_tail_cases import make_case, make_pool  # noqa: E402
-from sglang.srt.speculative import eagle_worker_common as ewc  # noqa: E402
-from sglang_hostsync_plugin.slots import eagle_fixed_shape_tail as eft  # noqa: E402
+from sglang_hostsync_plugin.drivers.eagle_tail import make_case, make_pool
+from sglang.srt.speculative import eagle_worker_common as ewc
+from sglang_hostsync_plugin.slots import eagle_fixed_shape_tail as eft
 
 
 def plugin_call(impl):

@@ -3,7 +3,7 @@
 #   wheels in .whl/ (sglang 0.5.23 cp312 + the small packages the image lacks, see
 #   docs/gpu.md), sgl_kernel replaced by scripts/gpu_stubs (raises if called).
 # Output goes to ${OUT:-gpu_out}/: gpu_tests.log, bench_dp_meta.txt/.json,
-# bench_eagle_tail.txt/.json, bench_draft_input.txt/.json.
+# bench_eagle_tail.txt/.json, bench_draft_input.txt/.json, bench_decode_loop.txt/.json/.png.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
@@ -21,4 +21,6 @@ python3 -c "import sgl_kernel; print('sgl_kernel stub calls:', sgl_kernel.CALLED
 python3 benchmarks/bench_dp_meta.py --json "$OUT/bench_dp_meta.json" 2>&1 | grep -v Warning | tee "$OUT/bench_dp_meta.txt"
 python3 benchmarks/bench_eagle_tail.py --json "$OUT/bench_eagle_tail.json" 2>&1 | grep -v Warning | tee "$OUT/bench_eagle_tail.txt"
 python3 benchmarks/bench_draft_input.py --json "$OUT/bench_draft_input.json" 2>&1 | grep -v Warning | tee "$OUT/bench_draft_input.txt"
+python3 -m sglang_hostsync_plugin.bench --json "$OUT/bench_decode_loop.json" --png "$OUT/bench_decode_loop_lead.png" 2>&1 \
+  | grep -v Warning | tee "$OUT/bench_decode_loop.txt"
 exit $rc

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from dp_meta_cases import (compare_stock_and_plugin, make_batch, make_forward_batch, make_proposer,
+from sglang_hostsync_plugin.drivers.dp_meta import (compare_stock_and_plugin, make_batch, make_forward_batch, make_proposer,
                            plugin_classes, random_case)
 from sglang_hostsync_plugin.staging import TwoSlotStager
 

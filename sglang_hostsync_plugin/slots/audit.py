@@ -122,9 +122,9 @@ class AuditState:
         }
 
 
-def _allow_reason(filename: str, function: str) -> str:
+def _allow_reason(filename: str, function: str, allowlist=ALLOWLIST) -> str:
     path = filename.replace(os.sep, "/")
-    for suffix, fn, reason in ALLOWLIST:
+    for suffix, fn, reason in allowlist:
         if path.endswith(suffix) and function == fn:
             return reason
     return ""
@@ -133,8 +133,9 @@ def _allow_reason(filename: str, function: str) -> str:
 class SyncAudit:
     """Counts sync warnings raised on one thread; see the module docstring."""
 
-    def __init__(self):
+    def __init__(self, allowlist=ALLOWLIST):
         self.state = AuditState()
+        self.allowlist = tuple(allowlist)
         self.armed = False
         self._lock = threading.Lock()
         self._previous_showwarning = None
@@ -185,7 +186,7 @@ class SyncAudit:
         with self._lock:
             site = self.state.syncs.get(where)
             if site is None:
-                site = self.state.syncs[where] = SyncSite(where, allowed=_allow_reason(filename, function))
+                site = self.state.syncs[where] = SyncSite(where, allowed=_allow_reason(filename, function, self.allowlist))
             site.count += 1
         return None
 

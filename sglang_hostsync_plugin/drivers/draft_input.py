@@ -19,10 +19,26 @@ from sglang_hostsync_plugin.slots import draft_input_reuse as dir_slot
 BLOCK = 4
 
 
-def fresh_ring(monkeypatch):
+class Patcher:
+    """``setattr`` with undo; pytest's ``monkeypatch`` fixture fits the same slot."""
+
+    def __init__(self):
+        self._undo = []
+
+    def setattr(self, obj, name, value):
+        self._undo.append((obj, name, getattr(obj, name)))
+        setattr(obj, name, value)
+
+    def undo(self):
+        while self._undo:
+            obj, name, value = self._undo.pop()
+            setattr(obj, name, value)
+
+
+def fresh_ring(patcher):
     """A new process-wide ring for one test."""
     ring = dir_slot.PrepareBufferRing()
-    monkeypatch.setattr(dir_slot, "_ring", ring)
+    patcher.setattr(dir_slot, "_ring", ring)
     return ring
 
 
@@ -70,10 +86,10 @@ def make_batch(reqs, device, page_size):
     )
 
 
-def new_input(cls, bs, device, monkeypatch):
+def new_input(cls, bs, device, patcher):
     """What DFlashWorkerV2 returns as the next draft input (make_draft_input_v2), with
     the module global rebound to ``cls`` as HookRegistry's class REPLACE does."""
-    monkeypatch.setattr(draft_worker_common, "DFlashDraftInputV2", cls)
+    patcher.setattr(draft_worker_common, "DFlashDraftInputV2", cls)
     info = draft_worker_common.make_draft_input_v2(
         bonus_tokens=torch.zeros(bs, dtype=torch.int64, device=device),
         new_seq_lens=torch.zeros(bs, dtype=torch.int64, device=device),
@@ -87,11 +103,11 @@ def snapshot(info, batch):
             batch.seq_lens_cpu.tolist(), batch.seq_lens_sum)
 
 
-def run_steps(cls, steps, device, monkeypatch, seed=0, page_size=4, keep_views=False, max_bs=200):
+def run_steps(cls, steps, device, patcher, seed=0, page_size=4, keep_views=False, max_bs=200):
     """Random batches with composition changes (filter_batch) across ``steps`` steps."""
     rng = random.Random(seed)
     recorder = Recorder(device)
-    monkeypatch.setattr(dflash_info_v2, "alloc_for_spec_decode", recorder)
+    patcher.setattr(dflash_info_v2, "alloc_for_spec_decode", recorder)
     reqs = [make_req(rng, page_size) for _ in range(rng.randint(1, 8))]
     out = []
     with get_context().override_server_args(speculative_num_draft_tokens=BLOCK):
@@ -105,7 +121,7 @@ def run_steps(cls, steps, device, monkeypatch, seed=0, page_size=4, keep_views=F
                 r.kv.kv_committed_len += rng.randint(0, BLOCK)
                 r.kv.kv_allocated_len = max(r.kv.kv_allocated_len, r.kv.kv_committed_len)
             batch = make_batch(reqs, device, page_size)
-            info = new_input(cls, len(reqs), device, monkeypatch)
+            info = new_input(cls, len(reqs), device, patcher)
             info.prepare_for_decode(batch)
             out.append(snapshot(info, batch) + (recorder.calls[-1],))
             if keep_views and len(reqs) > 1:  # the scheduler's filter_batch on the prepared input

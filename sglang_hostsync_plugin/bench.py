@@ -1,0 +1,276 @@
+"""``python -m sglang_hostsync_plugin.bench``: a decode loop, stock vs plugin, one run.
+
+Each step drives real SGLang 0.5.23 objects through the code path of every owned
+slot: DSpark's draft DP-meta fill, EAGLE's draft-branch tail copy, and DFlash's
+draft-input prepare. The stock arm runs SGLang's code and the plugin arm the slot's
+code, on the same inputs. Then the step replays a captured CUDA graph that stands in
+for the model forward, with a set GPU time (``--gpu-step-ms``).
+
+As in SGLang's overlap loop, the host waits for step N's results after launching
+step N+1. That wait is allowlisted, like the ``copy_done`` wait it stands in for.
+
+The audit slot's own classes measure both arms: syncs per step with call sites, the
+run-ahead fraction and the launch lead. The output is a table, JSON (``--json``) and
+a PNG of the launch lead per step (``--png``). Without CUDA it runs a reduced loop
+and reports host µs/step only, and says which figures need a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import struct
+import sys
+import time
+import zlib
+
+from .slots import audit
+
+PATHS = ("dspark_dp_meta", "eagle_fixed_shape_tail", "draft_input_reuse")
+GPU_ONLY = ("syncs_per_step", "run_ahead_fraction", "launch_lead_ms", "steps_per_s")
+BENCH_ALLOW = (("sglang_hostsync_plugin/bench.py", "wait_for_results",
+                "the bench's stand-in for result processing's copy_done wait"),)
+DP = 8
+TOPK, PAGE = 4, 16
+
+
+def _paths(arm: str, bs: int, device: str, patcher):
+    """One callable per owned slot's code path, for ``arm`` in stock/plugin."""
+    import random
+
+    from sglang.srt.speculative import dflash_info_v2
+    from sglang.srt.speculative import eagle_worker_common as ewc
+    from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
+    from sglang.srt.speculative.dspark_components import dspark_draft
+
+    from .drivers import dp_meta, draft_input, eagle_tail
+    from .slots import eagle_fixed_shape_tail as eft
+
+    plugin = arm == "plugin"
+    rng = random.Random(bs)
+    patcher.setattr(dspark_draft, "enable_num_token_non_padded", lambda: True)
+    if plugin:
+        _, cls, make_nnp = dp_meta.plugin_classes()
+    else:
+        cls, make_nnp = dspark_draft.DraftBlockProposer, dp_meta.STOCK_MAKE_NNP
+    proposer = dp_meta.make_proposer(cls, device)
+    counts = dp_meta.make_batch([bs * 4] * DP, [bs] * DP)
+
+    def dspark():
+        dp_meta.step(proposer, counts, bs * 4, device, make_nnp)
+
+    size, args = eagle_tail.make_case(rng, bs, TOPK, PAGE, num_steps=3, device=device)
+    pool = eagle_tail.make_pool(size, PAGE, device, 0)
+    if plugin:
+        def eagle():
+            eft.duplicate_prefix_tail(None, pool, *args, TOPK, PAGE)
+    else:
+        def eagle():
+            ewc.duplicate_prefix_tail_to_draft_branches(pool, *args, TOPK, PAGE)
+
+    patcher.setattr(dflash_info_v2, "alloc_for_spec_decode", lambda *a, **k: None)
+    if plugin:
+        draft_input.fresh_ring(patcher)
+    input_cls = draft_input.plugin_class() if plugin else DFlashDraftInputV2
+    batch = draft_input.make_batch([draft_input.make_req(rng, 4) for _ in range(bs)], device, 4)
+
+    def dflash():
+        draft_input.new_input(input_cls, bs, device, patcher).prepare_for_decode(batch)
+
+    return {"dspark_dp_meta": dspark, "eagle_fixed_shape_tail": eagle, "draft_input_reuse": dflash}
+
+
+def sleep_cycles(gpu_step_ms: float) -> int:
+    """GPU sleep cycles for ``gpu_step_ms``, measured once after the clocks are up
+    (both arms use the same value)."""
+    import torch
+
+    for _ in range(20):
+        torch.cuda._sleep(1_000_000)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(10_000_000)
+    end.record()
+    end.synchronize()
+    return int(10_000_000 * gpu_step_ms / start.elapsed_time(end))
+
+
+def _forward_graph(cycles: int):
+    """A CUDA graph whose replay keeps the GPU busy for ``cycles``."""
+    import torch
+
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph, stream=stream):
+            torch.cuda._sleep(cycles)
+    torch.cuda.synchronize()
+    return graph
+
+
+def wait_for_results(event) -> None:
+    event.synchronize()
+
+
+def run_arm(arm: str, bs: int, steps: int, cycles: int, warmup: int = 20) -> dict:
+    import torch
+
+    from sglang.srt.runtime_context import get_context
+
+    from .drivers.draft_input import BLOCK, Patcher
+
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
+    patcher = Patcher()
+    try:
+        with get_context().override_server_args(speculative_num_draft_tokens=BLOCK):
+            paths = _paths(arm, bs, device, patcher)
+            graph = _forward_graph(cycles) if cuda else None
+            stream = torch.cuda.current_stream() if cuda else None
+            sync_audit = meter = None
+            host_us, previous = [], None
+            per_path = {name: [] for name in paths}
+            t_start = 0.0
+            for i in range(warmup + steps):
+                if i == warmup:
+                    if cuda:
+                        torch.cuda.synchronize()
+                        previous = None
+                    sync_audit = audit.SyncAudit(allowlist=audit.ALLOWLIST + BENCH_ALLOW)
+                    sync_audit.arm()
+                    meter = audit.RunAheadMeter(sync_audit.state, stream) if cuda else None
+                    t_start = time.perf_counter()
+                t0 = time.perf_counter_ns()
+                for name, fn in paths.items():
+                    t_path = time.perf_counter_ns()
+                    fn()
+                    if sync_audit is not None:
+                        per_path[name].append((time.perf_counter_ns() - t_path) / 1e3)
+                if graph is not None:
+                    graph.replay()
+                done = None
+                if cuda:
+                    done = torch.cuda.Event()
+                    done.record(stream)
+                if sync_audit is not None:
+                    host_us.append((time.perf_counter_ns() - t0) / 1e3)
+                    sync_audit.state.steps += 1
+                    if meter is not None:
+                        meter.finished_launching()
+                if previous is not None:  # result processing of the step before
+                    wait_for_results(previous)
+                previous = done
+            if cuda:
+                torch.cuda.synchronize()
+                meter._drain()
+            wall = time.perf_counter() - t_start
+            sync_audit.disarm()
+    finally:
+        patcher.undo()
+    summary = sync_audit.state.summary()
+    state = sync_audit.state
+    leads = audit.launch_leads(state.gpu_finish, state.host_launch)
+    result = {
+        "arm": arm, "bs": bs, "device": device,
+        "host_us_per_step_median": statistics.median(host_us),
+        "host_us_per_step_p90": sorted(host_us)[int(0.9 * len(host_us))],
+        "host_us_per_path_median": {name: statistics.median(v) for name, v in per_path.items()},
+    }
+    if cuda:
+        result.update(
+            syncs_per_step=summary["syncs_per_step"],
+            allowlisted_per_step=summary["allowlisted_per_step"],
+            sites=summary["sites"],
+            run_ahead_fraction=summary["run_ahead_fraction"],
+            launch_lead_ms=summary["launch_lead_ms_median"],
+            steps_per_s=steps / wall,
+            meter_us_per_step=summary["meter_us_per_step"],
+            leads_ms=[lead * 1e3 for lead in leads],
+        )
+    return result
+
+
+def _png(path: str, series: dict[str, list[float]], width: int = 900, height: int = 320) -> None:
+    """A line plot of launch lead (ms) per step, one color per arm, zero line in grey."""
+    colors = {"stock": (200, 40, 40), "plugin": (30, 90, 200)}
+    values = [v for s in series.values() for v in s] or [0.0]
+    lo, hi = min(min(values), 0.0), max(max(values), 0.0)
+    span = (hi - lo) or 1.0
+    pixels = [[(255, 255, 255)] * width for _ in range(height)]
+
+    def y_of(v):
+        return int((hi - v) / span * (height - 21)) + 10
+
+    for x in range(width):
+        pixels[y_of(0.0)][x] = (150, 150, 150)
+    for arm, s in series.items():
+        n = max(len(s) - 1, 1)
+        prev = None
+        for i, v in enumerate(s):
+            point = (int(i / n * (width - 1)), y_of(v))
+            if prev is not None:
+                steps = max(abs(point[0] - prev[0]), abs(point[1] - prev[1]), 1)
+                for k in range(steps + 1):
+                    x = prev[0] + (point[0] - prev[0]) * k // steps
+                    y = prev[1] + (point[1] - prev[1]) * k // steps
+                    pixels[y][x] = colors.get(arm, (0, 0, 0))
+            prev = point
+    raw = b"".join(b"\x00" + bytes(c for px in row for c in px) for row in pixels)
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    with open(path, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+                + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    ap = argparse.ArgumentParser(prog="python -m sglang_hostsync_plugin.bench")
+    ap.add_argument("--bs", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--gpu-step-ms", type=float, default=2.0)
+    ap.add_argument("--json")
+    ap.add_argument("--png", help="launch lead per step, stock vs plugin, at the first --bs")
+    args = ap.parse_args(argv)
+    cuda = torch.cuda.is_available()
+    steps = args.steps if cuda else min(args.steps, 20)
+    cycles = sleep_cycles(args.gpu_step_ms) if cuda else 0
+    rows = []
+    for bs in args.bs:
+        for arm in ("stock", "plugin"):
+            rows.append(run_arm(arm, bs, steps, cycles))
+    where = torch.cuda.get_device_name() if cuda else "CPU (no CUDA)"
+    print(f"hostsync decode-loop bench: {where}; paths {', '.join(PATHS)}; "
+          f"{steps} steps; GPU step {args.gpu_step_ms} ms" + ("" if cuda else " (not run: no GPU)"))
+    if not cuda:
+        print(f"needs a GPU (not reported here): {', '.join(GPU_ONLY)}")
+    print(" bs | arm    | host us/step med   p90 | syncs/step (+allow) | run-ahead | lead ms | steps/s | host ratio")
+    for stock, plugin in zip(rows[::2], rows[1::2]):
+        for r in (stock, plugin):
+            gpu = (f"{r['syncs_per_step']:>9.2f} (+{r['allowlisted_per_step']:.2f}) | {r['run_ahead_fraction']:>9.3f} | "
+                   f"{r['launch_lead_ms']:>7.3f} | {r['steps_per_s']:>7.1f}") if cuda else f"{'-':>19} | {'-':>9} | {'-':>7} | {'-':>7}"
+            ratio = r["host_us_per_step_median"] / stock["host_us_per_step_median"]
+            print(f"{r['bs']:>3} | {r['arm']:<6} | {r['host_us_per_step_median']:>12.1f} {r['host_us_per_step_p90']:>6.1f} | "
+                  f"{gpu} | {ratio:>10.2f}")
+    print(" bs | path                     | host us stock | plugin | ratio")
+    for stock, plugin in zip(rows[::2], rows[1::2]):
+        for name in PATHS:
+            a, b = stock["host_us_per_path_median"][name], plugin["host_us_per_path_median"][name]
+            note = "" if cuda or name != "eagle_fixed_shape_tail" else "  (plugin: Triton interpreter on CPU, not comparable)"
+            print(f"{stock['bs']:>3} | {name:<24} | {a:>13.1f} | {b:>6.1f} | {b / a:>5.2f}{note}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": where,
+                       "gpu_step_ms": args.gpu_step_ms, "steps": steps, "paths": PATHS,
+                       "needs_gpu": [] if cuda else list(GPU_ONLY), "rows": rows}, f, indent=2)
+    if args.png and cuda:
+        _png(args.png, {r["arm"]: r["leads_ms"] for r in rows if r["bs"] == args.bs[0]})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,26 @@
+"""The decode-loop bench runs, reduced, on the CPU and says what needs a GPU."""
+
+import json
+
+from sglang_hostsync_plugin import bench
+
+
+def test_bench_reduced_on_cpu(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert bench.main(["--steps", "3", "--bs", "1", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "needs a GPU (not reported here): syncs_per_step, run_ahead_fraction" in text
+    data = json.loads(out.read_text())
+    assert data["needs_gpu"] == list(bench.GPU_ONLY) and data["steps"] == 3
+    arms = {r["arm"]: r for r in data["rows"]}
+    assert set(arms) == {"stock", "plugin"}
+    for r in arms.values():
+        assert r["host_us_per_step_median"] > 0 and set(r["host_us_per_path_median"]) == set(bench.PATHS)
+        assert "run_ahead_fraction" not in r  # not measured without a GPU
+
+
+def test_png_writer(tmp_path):
+    path = tmp_path / "lead.png"
+    bench._png(str(path), {"stock": [-0.1, -0.2, -0.05], "plugin": [1.9, 2.0, 2.1]}, width=40, height=20)
+    data = path.read_bytes()
+    assert data.startswith(b"\x89PNG\r\n\x1a\n") and b"IHDR" in data and data.endswith(b"IEND\xaeB`\x82")
