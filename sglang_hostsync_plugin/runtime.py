@@ -116,6 +116,7 @@ def activate(error: Exception | None = None) -> Runtime:
             rt.state, [catalogue[n] for n in rt.selection.names], _hook_registry_register
         )
         installer.mark_unselected(rt.state, catalogue, rt.selection.names)
+        _log_env_warnings(_selected(rt.selection))
         _note_env_warnings(rt)
     _hook_registry_register(LAUNCHER_SET_ENVS, _launcher_gate, "around")
     _hook_registry_register(SCHEDULER_INIT, _scheduler_gate, "around")

@@ -56,13 +56,13 @@ class PrepareBufferRing:
         self.wait_enabled = True  # tests switch it off to show the hazard
 
     def acquire(self, bs: int, device) -> PrepareBuffers:
-        from sglang.srt.utils.common import is_pin_memory_available
-
         index = self.next
         self.next = (index + 1) % len(self.sets)
         current = self.sets[index]
         device = str(device)
         if current is None or current.capacity < bs or current.device != device:
+            from sglang.srt.utils.common import is_pin_memory_available
+
             # SGLang's growth rule (_ensure_prepare_length_buffers).
             old = 0 if current is None else current.capacity
             capacity = max(bs, 32, old * 2 if old > 0 else 0)
