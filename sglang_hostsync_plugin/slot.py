@@ -107,3 +107,17 @@ class Slot:
     env_warning: Callable[[Mapping[str, str]], str | None] | None = None
     # Named presets (besides default/all/none) that include this slot.
     presets: tuple[str, ...] = ()
+
+
+def config_precheck(check: Callable[[], object]) -> Callable[[], str | None]:
+    """A precheck that refuses the slot when ``check`` (reading the slot's own env
+    settings) raises ValueError, e.g. HostsyncConfigError."""
+
+    def precheck() -> str | None:
+        try:
+            check()
+        except ValueError as exc:
+            return f"bad configuration: {exc}"
+        return None
+
+    return precheck

@@ -38,7 +38,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 
-from ..slot import HookTarget, Slot, SlotKind, TargetKind
+from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck
 
 logger = logging.getLogger("sglang.srt.plugins.hostsync")
 
@@ -296,21 +296,13 @@ def summary_every(env=None) -> int:
     return every
 
 
-def _precheck() -> str | None:
-    try:
-        summary_every()
-    except ValueError as exc:
-        return f"bad configuration: {exc}"
-    return None
-
-
 SLOT = Slot(
     name=NAME,
     kind=SlotKind.TOOL,
     origin="hostsync",
     summary="sync audit (per thread, with allowlist) and run-ahead meter on the scheduler's decode loop",
     default=False,
-    precheck=_precheck,
+    precheck=config_precheck(summary_every),
     targets=(
         HookTarget(RUN_BATCH, TargetKind.FUNCTION, hook=run_batch_hook,
                    params=("self", "batch", "pp_proxy_tensors"), source_sha="4e9bb4d5e649e2f1"),

@@ -26,7 +26,7 @@ import triton.language as tl
 
 from .. import csrc
 from ..config import HostsyncConfigError
-from ..slot import HookTarget, Slot, SlotKind, TargetKind
+from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck
 
 logger = logging.getLogger("sglang.srt.plugins.hostsync")
 
@@ -118,21 +118,13 @@ def duplicate_prefix_tail(original, token_to_kv_pool, rows, prefix_base, last_pa
     return None
 
 
-def _precheck() -> str | None:
-    try:
-        choose_impl()
-    except HostsyncConfigError as exc:
-        return f"bad configuration: {exc}"
-    return None
-
-
 SLOT = Slot(
     name=NAME,
     kind=SlotKind.OWNED,
     origin="hostsync (EAGLE page>1, topk>1)",
     summary="fixed-shape kernel for the draft-branch prefix-tail KV copy (no numel() sync)",
     default=True,
-    precheck=_precheck,
+    precheck=config_precheck(choose_impl),
     targets=(
         HookTarget(
             TARGET, TargetKind.FUNCTION, hook=duplicate_prefix_tail,
