@@ -18,6 +18,7 @@ and reports host µs/step only, and says which figures need a GPU.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import struct
@@ -123,15 +124,28 @@ def run_arm(arm: str, bs: int, steps: int, cycles: int, warmup: int = 20) -> dic
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
     patcher = Patcher()
+    gc_pauses: list[list[float]] = []  # [step, ms, generation]: host stalls, told apart from syncs
+    gc_started = [0]
+    sync_audit = None
+    host_us: list[float] = []
+
+    def on_gc(phase, info):
+        if sync_audit is None:
+            return
+        if phase == "start":
+            gc_started[0] = time.perf_counter_ns()
+        else:
+            gc_pauses.append([len(host_us), (time.perf_counter_ns() - gc_started[0]) / 1e6, info["generation"]])
+
     try:
         with get_context().override_server_args(speculative_num_draft_tokens=BLOCK):
             paths = _paths(arm, bs, device, patcher)
             graph = _forward_graph(cycles) if cuda else None
             stream = torch.cuda.current_stream() if cuda else None
-            sync_audit = meter = None
-            host_us, previous = [], None
+            meter = previous = None
             per_path = {name: [] for name in paths}
             t_start = 0.0
+            gc.callbacks.append(on_gc)
             for i in range(warmup + steps):
                 if i == warmup:
                     if cuda:
@@ -167,6 +181,8 @@ def run_arm(arm: str, bs: int, steps: int, cycles: int, warmup: int = 20) -> dic
             wall = time.perf_counter() - t_start
             sync_audit.disarm()
     finally:
+        if on_gc in gc.callbacks:
+            gc.callbacks.remove(on_gc)
         patcher.undo()
     summary = sync_audit.state.summary()
     state = sync_audit.state
@@ -176,6 +192,7 @@ def run_arm(arm: str, bs: int, steps: int, cycles: int, warmup: int = 20) -> dic
         "host_us_per_step_median": statistics.median(host_us),
         "host_us_per_step_p90": sorted(host_us)[int(0.9 * len(host_us))],
         "host_us_per_path_median": {name: statistics.median(v) for name, v in per_path.items()},
+        "gc_pauses": gc_pauses,
     }
     if cuda:
         result.update(
@@ -256,6 +273,11 @@ def main(argv: list[str] | None = None) -> int:
             ratio = r["host_us_per_step_median"] / stock["host_us_per_step_median"]
             print(f"{r['bs']:>3} | {r['arm']:<6} | {r['host_us_per_step_median']:>12.1f} {r['host_us_per_step_p90']:>6.1f} | "
                   f"{gpu} | {ratio:>10.2f}")
+    for r in rows:
+        if r["gc_pauses"]:
+            worst = max(r["gc_pauses"], key=lambda p: p[1])
+            print(f"gc during bs {r['bs']} {r['arm']}: {len(r['gc_pauses'])} collections, longest "
+                  f"{worst[1]:.2f} ms (gen {worst[2]}) at step {worst[0]}")
     print(" bs | path                     | host us stock | plugin | ratio")
     for stock, plugin in zip(rows[::2], rows[1::2]):
         for name in PATHS:

@@ -5,9 +5,28 @@ plugin."""
 from __future__ import annotations
 
 from ..hookspecs import hookimpl
-from . import audit, draft_input_reuse, dspark_dp_meta, eagle_fixed_shape_tail, upstream_builtins, upstream_switches
+from . import (
+    accept_lens_snapshot,
+    audit,
+    draft_input_reuse,
+    dspark_dp_meta,
+    eagle_fixed_shape_tail,
+    event_ring,
+    pinned_d2h_ring,
+    upstream_builtins,
+    upstream_switches,
+)
 
 
 @hookimpl
 def hostsync_slots():
-    return [dspark_dp_meta.SLOT, eagle_fixed_shape_tail.SLOT, draft_input_reuse.SLOT, *upstream_switches.SLOTS, *upstream_builtins.SLOTS, audit.SLOT]
+    return [
+        dspark_dp_meta.SLOT,
+        eagle_fixed_shape_tail.SLOT,
+        draft_input_reuse.SLOT,
+        event_ring.SLOT,
+        pinned_d2h_ring.SLOT,
+        accept_lens_snapshot.SLOT,
+        *upstream_switches.SLOTS, *upstream_builtins.SLOTS,
+        audit.SLOT,
+    ]

@@ -1,0 +1,173 @@
+"""Slot ``event_ring`` (sglang#31698, still open upstream): per-step CUDA events
+come from rings instead of a fresh ``Event()`` every replay / step.
+
+Covered sites (SGLang 0.5.23):
+- ``DecodeCudaGraphRunner._publish_read_done(in_graph=False)``: the WAR
+  ``read_done`` event (one per replay; also used by its subclass
+  ``EAGLEDraftExtendCudaGraphRunner``). One ring per runner, depth 2.
+- every ``self.device_module.Event()`` the scheduler makes: the ``copy_done``
+  events in ``Scheduler.run_batch`` (overlap and PP paths) and
+  ``_copy_auxiliary_output_to_cpu``, and the scheduler mixins' events (PP,
+  unified-memory ``forward_done``). ``Scheduler.init_overlap`` sets
+  ``self.device_module``; the hook wraps it in a module proxy whose ``Event()``
+  (no arguments) takes from one scheduler ring of depth 3. Calls with arguments
+  (timing, IPC) and every other attribute go to the real module.
+  ``GenerationBatchResult.copy_to_cpu`` only records the event it was given, so
+  it needs no change.
+
+Why reuse is safe: a ring hands out an event only once its last record was
+consumed (a ``wait``/``synchronize``, or a ``query`` that saw it fire). A holder
+that keeps an event longer only sees a later record, which fires later: it waits
+more, never less. When the next event is not free yet (``premature``), the ring
+makes a new one rather than re-record it, so the depth sets the steady-state
+allocation count, not correctness.
+
+Not covered: ``maybe_publish_prefill_shared_read_done`` (prefill, not decode),
+``EmbeddingBatchResult.copy_to_cpu`` (embeddings) and the async D2H worker's own
+``src_ready`` event (Confidential Computing path).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+from ..slot import HookTarget, Slot, SlotKind, TargetKind
+
+NAME = "event_ring"
+RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner"
+SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
+
+# The scheduler's barrier binds its wait right after run_batch, and the CPU runs at most
+# one step ahead, so the event published two replays ago has fired; the last one may not.
+READ_DONE_DEPTH = 2
+# copy_done of step N is waited while step N+1 is in flight (overlap loop); disagg
+# prefill's polling loop keeps two results unprocessed; the third is being recorded.
+COPY_DONE_DEPTH = 3
+
+_TRACKED: dict[type, type] = {}
+
+
+def tracked_event_class(base: type) -> type:
+    """``base`` (an Event class) plus a flag: recorded and not yet consumed."""
+    cls = _TRACKED.get(base)
+    if cls is not None:
+        return cls
+
+    class RingEvent(base):
+        hs_pending = False
+
+        def record(self, stream=None):
+            super().record(stream)
+            self.hs_pending = True
+
+        def wait(self, stream=None):
+            super().wait(stream)
+            self.hs_pending = False  # cudaStreamWaitEvent bound the current record
+
+        def synchronize(self):
+            super().synchronize()
+            self.hs_pending = False
+
+        def query(self):
+            done = super().query()
+            if done:
+                self.hs_pending = False
+            return done
+
+    RingEvent.__name__ = RingEvent.__qualname__ = f"Ring{base.__name__}"
+    _TRACKED[base] = RingEvent
+    return RingEvent
+
+
+class EventRing:
+    """``depth`` events handed out in turn; counters for tests and benchmarks."""
+
+    def __init__(self, event_class: type, depth: int):
+        self.event_class = tracked_event_class(event_class)
+        self.events: list = [None] * depth
+        self.next = 0
+        self.allocations = 0  # events constructed
+        self.premature = 0  # next event still pending and not fired: a new one was made
+
+    def acquire(self):
+        index = self.next
+        self.next = (index + 1) % len(self.events)
+        event = self.events[index]
+        if event is not None and event.hs_pending and not event.query():
+            self.premature += 1
+            event = None
+        if event is None:
+            event = self.events[index] = self.event_class()
+            self.allocations += 1
+        return event
+
+
+# --- read_done -------------------------------------------------------------
+
+_read_done_rings: "weakref.WeakKeyDictionary[object, EventRing]" = weakref.WeakKeyDictionary()
+
+
+def read_done_ring(runner) -> EventRing:
+    ring = _read_done_rings.get(runner)
+    if ring is None:
+        ring = _read_done_rings[runner] = EventRing(runner.device_module.Event, READ_DONE_DEPTH)
+    return ring
+
+
+def publish_read_done_hook(original, self, in_graph: bool):
+    if in_graph:  # SGLang wires its persistent in-graph marker: nothing is made
+        return original(self, in_graph)
+    read_done = read_done_ring(self).acquire()
+    read_done.record()
+    self.model_runner.shared_read_done_event = read_done
+
+
+# --- scheduler events (copy_done and the rest) ---------------------------------
+
+
+class RingDeviceModule:
+    """Stands in for the scheduler's ``device_module``: ``Event()`` from a ring."""
+
+    def __init__(self, module, depth: int = COPY_DONE_DEPTH):
+        self.hs_module = module
+        self.hs_ring = EventRing(module.Event, depth)
+
+    def Event(self, *args, **kwargs):  # noqa: N802 (the module attribute's name)
+        if args or kwargs:
+            return self.hs_module.Event(*args, **kwargs)
+        return self.hs_ring.acquire()
+
+    def __getattr__(self, name):
+        return getattr(self.hs_module, name)
+
+
+def wrap_device_module(scheduler) -> None:
+    module = scheduler.device_module
+    if isinstance(module, RingDeviceModule):
+        return
+    scheduler.device_module = RingDeviceModule(module)
+
+
+def init_overlap_hook(original, self):
+    result = original(self)
+    wrap_device_module(self)
+    return result
+
+
+SLOT = Slot(
+    name=NAME,
+    kind=SlotKind.OWNED,
+    origin="sglang#31698",
+    summary="read_done (ring of 2) and scheduler copy_done (ring of 3) events reused, not Event() per step",
+    default=True,
+    targets=(
+        HookTarget(
+            f"{RUNNER}._publish_read_done", TargetKind.FUNCTION, hook=publish_read_done_hook,
+            params=("self", "in_graph"), source_sha="327e0b0335025473",  # re-implemented: pin it
+        ),
+        HookTarget(
+            f"{SCHEDULER}.init_overlap", TargetKind.FUNCTION, hook=init_overlap_hook,
+            params=("self",),
+        ),
+    ),
+)
