@@ -10,8 +10,9 @@ Paths (drivers in sglang_hostsync_plugin/drivers/):
   _apply_war_barrier;
 - pinned_d2h_ring: GenerationBatchResult.copy_to_cpu of a DSpark step's outputs
   (4 tensors) on copy_stream;
-- accept_lens_snapshot: DSparkWorkerV2._block_accept_lens + Scheduler._copy_result_to_cpu
-  (the plugin adds a device copy and a stream wait: a correctness fix, not a speedup).
+- accept_lens_snapshot: DSparkWorkerV2._block_accept_lens + Scheduler._copy_result_to_cpu,
+  copy_done from event_ring in the plugin arm as in the default slot set (the plugin
+  adds a device copy: a correctness fix, not a speedup).
 """
 
 import argparse
@@ -24,6 +25,7 @@ import torch
 from sglang_hostsync_plugin.drivers import accept_lens, event_ring as er_driver, pinned_d2h
 from sglang_hostsync_plugin.drivers.draft_input import Patcher
 from sglang_hostsync_plugin.slots import accept_lens_snapshot as als
+from sglang_hostsync_plugin.slots import event_ring as er
 from sglang_hostsync_plugin.slots import pinned_d2h_ring as pdr
 
 
@@ -75,7 +77,9 @@ def accept_path(plugin, steps):
     if plugin:
         accept_lens.install(patcher, ring)
     try:
-        loop = accept_lens.Loop("cuda")
+        # The plugin arm is the default slot set: its copy_done events come from event_ring.
+        factory = er.EventRing(torch.cuda.Event, er.COPY_DONE_DEPTH).acquire if plugin else None
+        loop = accept_lens.Loop("cuda", event_factory=factory)
         for values, expected in accept_lens.random_steps(50 + steps, 4, "cuda"):
             loop.step(values, expected)
         loop.drain()

@@ -12,6 +12,10 @@ if [ -d .whl ]; then
   export PYTHONPATH=/tmp/site PATH="/tmp/site/bin:$PATH"  # ninja, for csrc builds
 fi
 export PYTHONPATH="$PWD:$PWD/scripts/gpu_stubs:${PYTHONPATH:-}" HOSTSYNC_GPU_TESTS=1 PYTHONUNBUFFERED=1
+if [ $# -gt 0 ]; then  # a quick rerun: `bash scripts/gpu_run.sh tests/test_gpu_events.py [bench cmd...]`
+  python3 -m pytest -q -rs -s -p no:cacheprovider "$@" 2>&1 | grep -v Warning | tee "$OUT/gpu_tests_subset.log"
+  exit "${PIPESTATUS[0]}"
+fi
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; } | tee "$OUT/env.txt"
 echo "NOTE: sgl_kernel is an import stub here (scripts/gpu_stubs); any call into it raises." | tee -a "$OUT/env.txt"
 python3 -m pytest -q -rs -s -p no:cacheprovider tests/test_gpu_dp_meta.py tests/test_dspark_dp_meta.py \

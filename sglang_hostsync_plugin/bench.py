@@ -1,9 +1,11 @@
 """``python -m sglang_hostsync_plugin.bench``: a decode loop, stock vs plugin, one run.
 
 Each step drives real SGLang 0.5.23 objects through the code path of every owned
-slot: DSpark's draft DP-meta fill, EAGLE's draft-branch tail copy, and DFlash's
-draft-input prepare. The stock arm runs SGLang's code and the plugin arm the slot's
-code, on the same inputs. Then the step replays a captured CUDA graph that stands in
+slot: DSpark's draft DP-meta fill, EAGLE's draft-branch tail copy, DFlash's
+draft-input prepare, and (GPU only) the scheduler's read_done / copy_done events,
+DSpark's block_accept_lens readback and the result readback's pinned copies. The
+stock arm runs SGLang's code and the plugin arm every owned slot, on the same inputs
+(``pinned_d2h_ring`` included, though it is not in ``default``). Then the step replays a captured CUDA graph that stands in
 for the model forward, with a set GPU time (``--gpu-step-ms``).
 
 As in SGLang's overlap loop, the host waits for step N's results after launching
@@ -28,7 +30,9 @@ import zlib
 
 from .slots import audit
 
-PATHS = ("dspark_dp_meta", "eagle_fixed_shape_tail", "draft_input_reuse")
+PATHS = ("dspark_dp_meta", "eagle_fixed_shape_tail", "draft_input_reuse", "event_ring",
+         "accept_lens_snapshot", "pinned_d2h_ring")
+GPU_PATHS = ("event_ring", "accept_lens_snapshot", "pinned_d2h_ring")  # drivers need CUDA streams/events
 GPU_ONLY = ("syncs_per_step", "run_ahead_fraction", "launch_lead_ms", "steps_per_s")
 BENCH_ALLOW = (("sglang_hostsync_plugin/bench.py", "wait_for_results",
                 "the bench's stand-in for result processing's copy_done wait"),)
@@ -79,7 +83,37 @@ def _paths(arm: str, bs: int, device: str, patcher):
     def dflash():
         draft_input.new_input(input_cls, bs, device, patcher).prepare_for_decode(batch)
 
-    return {"dspark_dp_meta": dspark, "eagle_fixed_shape_tail": eagle, "draft_input_reuse": dflash}
+    paths = {"dspark_dp_meta": dspark, "eagle_fixed_shape_tail": eagle, "draft_input_reuse": dflash}
+    if device != "cuda":
+        return paths
+    import torch
+
+    from .drivers import accept_lens, event_ring as er_driver, pinned_d2h
+    from .slots import accept_lens_snapshot as als, event_ring as er, pinned_d2h_ring as pdr
+
+    # Each loop processes the previous step's result (copy_done.synchronize()); by then the
+    # bench has already waited for that step's forward, so the wait returns at once.
+    events = er_driver.Loop(er_driver.CountingDevice(), plugin=plugin, device=device)
+    step_no = iter(range(1 << 30))
+
+    def event_path():
+        events.step(next(step_no))
+
+    if plugin:
+        accept_lens.install(patcher, als.SnapshotRing())
+        pinned_d2h.install(patcher, pdr.PinnedRing())
+    factory = er.EventRing(torch.cuda.Event, er.COPY_DONE_DEPTH).acquire if plugin else None
+    accept = accept_lens.Loop(device, event_factory=factory)
+    lens = accept_lens.random_steps(64, bs, device, max_bs=bs)
+    lens_no = iter(range(1 << 30))
+
+    def accept_path():
+        values, expected = lens[next(lens_no) % len(lens)]
+        accept.step(values, expected)
+
+    readback = pinned_d2h.Loop(seed=bs, check=False)
+    paths.update(event_ring=event_path, accept_lens_snapshot=accept_path, pinned_d2h_ring=readback.step)
+    return paths
 
 
 def sleep_cycles(gpu_step_ms: float) -> int:
@@ -264,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"hostsync decode-loop bench: {where}; paths {', '.join(PATHS)}; "
           f"{steps} steps; GPU step {args.gpu_step_ms} ms" + ("" if cuda else " (not run: no GPU)"))
     if not cuda:
-        print(f"needs a GPU (not reported here): {', '.join(GPU_ONLY)}")
+        print(f"needs a GPU (not reported here): {', '.join(GPU_ONLY)}; paths {', '.join(GPU_PATHS)}")
     print(" bs | arm    | host us/step med   p90 | syncs/step (+allow) | run-ahead | lead ms | steps/s | host ratio")
     for stock, plugin in zip(rows[::2], rows[1::2]):
         for r in (stock, plugin):
@@ -281,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     print(" bs | path                     | host us stock | plugin | ratio")
     for stock, plugin in zip(rows[::2], rows[1::2]):
         for name in PATHS:
+            if name not in stock["host_us_per_path_median"]:
+                continue  # GPU_PATHS on the CPU
             a, b = stock["host_us_per_path_median"][name], plugin["host_us_per_path_median"][name]
             note = "" if cuda or name != "eagle_fixed_shape_tail" else "  (plugin: Triton interpreter on CPU, not comparable)"
             print(f"{stock['bs']:>3} | {name:<24} | {a:>13.1f} | {b:>6.1f} | {b / a:>5.2f}{note}")

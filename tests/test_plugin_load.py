@@ -77,9 +77,7 @@ def test_enabled_applies_verifies_and_logs_status_block():
     from sglang.srt.speculative.dspark_components import dspark_draft
     import sglang.srt.speculative.dspark_components.dspark_worker_v2 as worker
     cls = dspark_draft.DraftBlockProposer
-    import sglang.srt.managers.utils as mutils, sglang.srt.utils.common as ucommon
     print("RESULT" + json.dumps({
-        "d2h_rebound": mutils._async_d2h is ucommon.async_d2h and hasattr(ucommon.async_d2h, "__wrapped__"),
         "hooks": ours(),
         "status": {n: [s.state, s.reason] for n, s in rt.state.statuses.items()},
         "cls": cls.__name__, "slots": list(cls.hostsync_slots),
@@ -95,16 +93,15 @@ def test_enabled_applies_verifies_and_logs_status_block():
     assert status.pop("dspark_dp_meta") == ["applied", ""]
     assert status.pop("eagle_fixed_shape_tail") == ["applied", ""]
     assert status.pop("draft_input_reuse") == ["applied", ""]
-    for name in ("event_ring", "pinned_d2h_ring", "accept_lens_snapshot"):
+    for name in ("event_ring", "accept_lens_snapshot"):
         assert status.pop(name) == ["applied", ""], name
     # default: the #31468 built-ins verified, the #45450 switches opt-in.
     assert status == {**{n: ["upstream present", ""] for n in BUILTINS},
-                      **{n: ["skipped", "not selected"] for n in [*SWITCH_FLAGS, "audit"]}}
+                      **{n: ["skipped", "not selected"] for n in [*SWITCH_FLAGS, "audit", "pinned_d2h_ring"]}}
     assert res["cls"] == "HostsyncDraftBlockProposer" and res["slots"] == ["dspark_dp_meta"]
     assert res["bases"] == ["HostsyncDraftBlockProposer", "DSparkDpMetaProposer", "DraftBlockProposer"]
     assert res["nnp"] is None and res["sched"] is True
     assert res["worker_sees"] is True  # the worker module's import was rebound too
-    assert res["d2h_rebound"] is True  # managers/utils' `_async_d2h` alias follows the patch
     assert set(res["hooks"]) >= {
         "sglang.srt.speculative.dspark_components.dspark_draft.DraftBlockProposer",
         "sglang.srt.speculative.dspark_components.dspark_draft._make_num_token_non_padded",
@@ -114,13 +111,32 @@ def test_enabled_applies_verifies_and_logs_status_block():
         "sglang.srt.speculative.dflash_info_v2.DFlashDraftInputV2",
         "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner._publish_read_done",
         "sglang.srt.managers.scheduler.Scheduler.init_overlap",
-        "sglang.srt.utils.common.async_d2h",
         "sglang.srt.speculative.dspark_components.dspark_worker_v2.DSparkWorkerV2._block_accept_lens",
         "sglang.srt.managers.utils.GenerationBatchResult.copy_to_cpu",
     }
     log = proc.stderr
     assert "hostsync: sglang 0.5.23, SGLANG_HOSTSYNC_SLOTS='default', strict=True" in log, out(proc)
     assert "dspark_dp_meta               applied" in log, out(proc)
+
+
+def test_opt_in_pinned_ring_rebinds_the_managers_alias():
+    proc = run_python("""
+    import json
+    from sglang.srt.plugins import load_plugins
+    load_plugins()
+    from sglang_hostsync_plugin import runtime
+    import sglang.srt.managers.utils as mutils, sglang.srt.utils.common as ucommon
+    rt = runtime.current()
+    runtime.startup_check(rt)
+    print("RESULT" + json.dumps({
+        "status": rt.state.statuses["pinned_d2h_ring"].state,
+        "rebound": mutils._async_d2h is ucommon.async_d2h and hasattr(ucommon.async_d2h, "__wrapped__"),
+    }))
+    """.replace("\n    ", "\n"), SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", SGLANG_HOSTSYNC_SLOTS="default,pinned_d2h_ring")
+    assert proc.returncode == 0, out(proc)
+    res = json.loads(proc.stdout.split("RESULT", 1)[1])
+    # managers/utils imports it as `_async_d2h`: the patch must reach that alias too.
+    assert res == {"status": "applied", "rebound": True}
 
 
 BOGUS_DIST = {

@@ -42,7 +42,7 @@ def install(patcher: Patcher, ring: als.SnapshotRing) -> None:
 
 
 class Loop:
-    def __init__(self, device: str, copy_delay_cycles: int = 0, replay_delay_cycles: int = 0):
+    def __init__(self, device: str, copy_delay_cycles: int = 0, replay_delay_cycles: int = 0, event_factory=None):
         self.device = device
         self.cuda = device.startswith("cuda")
         epilogue = object.__new__(DsparkVerifyEpilogue)
@@ -62,6 +62,8 @@ class Loop:
         self.sched = sched
         self.batch = SimpleNamespace(return_logprob=False, return_hidden_states=False,
                                      spec_algorithm=SpeculativeAlgorithm.from_string("DSPARK"))
+        # copy_done: torch.cuda.Event, or an event_ring ring's acquire (the default slot set)
+        self.event_factory = event_factory or (torch.cuda.Event if self.cuda else None)
         self.copy_delay = copy_delay_cycles
         self.replay_delay = replay_delay_cycles
         self.queue: deque = deque()
@@ -79,8 +81,8 @@ class Loop:
         lens = self.worker._block_accept_lens(accept=None, folded_accept=True, bs=bs)
         result = GenerationBatchResult(logits_output=LogitsProcessorOutput(next_token_logits=None),
                                        next_token_ids=self.tokens[:bs], block_accept_lens=lens)
-        result.copy_done = torch.cuda.Event() if self.cuda else SimpleNamespace(record=lambda: None,
-                                                                                synchronize=lambda: None)
+        result.copy_done = self.event_factory() if self.cuda else SimpleNamespace(record=lambda: None,
+                                                                                  synchronize=lambda: None)
         t1 = time.perf_counter_ns()
         if self.copy_delay:
             with self.sched.copy_stream_ctx:

@@ -135,6 +135,8 @@ class Loop:
                 event_ring._read_done_rings[runner] = event_ring.EventRing(device_module.Event, read_done_depth)
         self.sched = sched
         self.queue: deque = deque()
+        self.records: deque = deque()  # copy_done.hs_records right after each result's record
+        self.rerecorded = 0  # results whose copy_done was re-recorded before it was waited on
         self.batch = SimpleNamespace(return_logprob=False, return_hidden_states=False)
         self.waited_published = 0  # barrier waits that bound the draft runner's own event
         self.host_us: list[float] = []  # publishes + copy_done + barrier, per step
@@ -162,8 +164,15 @@ class Loop:
         if self.draft.model_runner.shared_read_done_event is None and published is not None:
             self.waited_published += 1
         self.queue.append(result)
+        self.records.append(result.copy_done.hs_records if self.plugin else 0)
         while len(self.queue) > self.inflight:
-            self.queue.popleft().copy_done.synchronize()
+            self.process()
+
+    def process(self) -> None:
+        result, records = self.queue.popleft(), self.records.popleft()
+        if self.plugin and result.copy_done.hs_records != records:
+            self.rerecorded += 1
+        result.copy_done.synchronize()  # what batch_result_processor does
 
     def run(self, steps: int, start: int = 0) -> None:
         with get_context().override_server_args():
@@ -172,7 +181,7 @@ class Loop:
 
     def drain(self) -> None:
         while self.queue:
-            self.queue.popleft().copy_done.synchronize()
+            self.process()
 
     def rings(self):
         read_done = [event_ring._read_done_rings[r] for r in (self.target, self.draft)] if self.plugin else []

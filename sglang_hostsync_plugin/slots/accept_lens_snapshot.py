@@ -13,7 +13,8 @@ With the slot, ``_block_accept_lens`` copies the graph view, on the forward stre
 right where the replay produced it, into a slot of a ring (DEPTH slots per device).
 ``GenerationBatchResult.copy_to_cpu`` notes which ``copy_done`` event follows the
 D2H that read a slot; before the slot is written again, the forward stream waits
-on that event (a device-side wait, no host sync). The eager path (a fresh tensor)
+on that event (a device-side wait, no host sync), unless it is an ``event_ring``
+event that result processing already waited on. The eager path (a fresh tensor)
 is passed through unchanged.
 
 Hook targets: ``DSparkWorkerV2._block_accept_lens`` and
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from ..slot import HookTarget, Slot, SlotKind, TargetKind
+from .event_ring import known_complete
 
 NAME = "accept_lens_snapshot"
 WORKER = "sglang.srt.speculative.dspark_components.dspark_worker_v2.DSparkWorkerV2"
@@ -81,8 +83,8 @@ class SnapshotRing:
 
     def _wait_reader(self, slot: SnapshotSlot) -> None:
         reader, slot.reader = slot.reader, None
-        if reader is None or not self.wait_enabled:
-            return
+        if reader is None or not self.wait_enabled or known_complete(reader):
+            return  # (event_ring's copy_done already waited on by result processing)
         self.reader_waits += 1
         if isinstance(reader, torch.cuda.Event):
             torch.cuda.current_stream().wait_event(reader)

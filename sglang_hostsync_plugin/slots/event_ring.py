@@ -18,9 +18,11 @@ Covered sites (SGLang 0.5.23):
 Why reuse is safe: a ring hands out an event only once its last record was
 consumed (a ``wait``/``synchronize``, or a ``query`` that saw it fire). A holder
 that keeps an event longer only sees a later record, which fires later: it waits
-more, never less. When the next event is not free yet (``premature``), the ring
-makes a new one rather than re-record it, so the depth sets the steady-state
-allocation count, not correctness.
+more, never less. When the next event is still pending and has not fired
+(``premature``), the ring makes a new one rather than re-record it. What the depth
+buys is that no waiter is made to wait for a later step: an event that fired but
+whose waiter has not run yet would be re-recorded at a too-small depth, and the
+waiter would then block on the newer record (the depth tests show both cases).
 
 Not covered: ``maybe_publish_prefill_shared_read_done`` (prefill, not decode),
 ``EmbeddingBatchResult.copy_to_cpu`` (embeddings) and the async D2H worker's own
@@ -55,10 +57,12 @@ def tracked_event_class(base: type) -> type:
 
     class RingEvent(base):
         hs_pending = False
+        hs_records = 0  # tests compare it between a record and its waiter's wait
 
         def record(self, stream=None):
             super().record(stream)
             self.hs_pending = True
+            self.hs_records += 1
 
         def wait(self, stream=None):
             super().wait(stream)
@@ -77,6 +81,11 @@ def tracked_event_class(base: type) -> type:
     RingEvent.__name__ = RingEvent.__qualname__ = f"Ring{base.__name__}"
     _TRACKED[base] = RingEvent
     return RingEvent
+
+
+def known_complete(event) -> bool:
+    """True when ``event`` is a ring event whose last record was waited on or seen fired."""
+    return type(event) in _TRACKED.values() and not event.hs_pending
 
 
 class EventRing:

@@ -16,6 +16,14 @@ Otherwise another buffer is used or a new one made (counted). Past MAX_BUFFERS
 per (device, dtype) the call goes to SGLang's own path (counted), so memory stays bounded.
 CPU tensors and devices without pinned memory take SGLang's path unchanged, and
 so does everything about the copy itself (``non_blocking``, ``record_stream``).
+
+Not in ``default``: on the H200 host (2026-11-29, benchmarks/bench_events.py) it
+removes the 4 pinned allocations of a DSpark step's readback but costs more host
+time than it saves (copy_to_cpu 105.6 -> 121.2 us median). After warm-up torch's
+own CachingHostAllocator already serves those allocations from its cache, and this
+pool's Python-side guard (use count, event query and record) costs more than that.
+Select it (``SGLANG_HOSTSYNC_SLOTS=default,pinned_d2h_ring``) where the allocator is
+the bottleneck, e.g. under pinned-memory pressure.
 """
 
 from __future__ import annotations
@@ -93,10 +101,21 @@ def ring() -> PinnedRing:
     return _ring
 
 
-def async_d2h_hook(original, tensor):
-    from sglang.srt.utils.common import is_pin_memory_available
+_pin_ok: dict[torch.device, bool] = {}
 
-    if tensor.device.type == "cpu" or not is_pin_memory_available(tensor.device):
+
+def _pin_available(device: torch.device) -> bool:
+    # SGLang's answer for a device does not change while the process runs.
+    ok = _pin_ok.get(device)
+    if ok is None:
+        from sglang.srt.utils.common import is_pin_memory_available
+
+        ok = _pin_ok[device] = bool(is_pin_memory_available(device))
+    return ok
+
+
+def async_d2h_hook(original, tensor):
+    if tensor.device.type == "cpu" or not _pin_available(tensor.device):
         return original(tensor)
     host = _ring.copy(tensor)
     return original(tensor) if host is None else host
@@ -107,7 +126,7 @@ SLOT = Slot(
     kind=SlotKind.OWNED,
     origin="hostsync (spec-v2 result readback)",
     summary="async_d2h pinned host tensors from an event- and release-guarded pool, not fresh per output per step",
-    default=True,
+    default=False,  # slower than torch's cached pinned allocations on the H200 host: see above
     targets=(
         HookTarget(TARGET, TargetKind.FUNCTION, hook=async_d2h_hook, params=("tensor",),
                    source_sha="7dd4d4aa40d0f5af"),
