@@ -1,11 +1,12 @@
 """``python -m sglang_hostsync_plugin.bench``: a decode loop, stock vs plugin, one run.
 
-Each step drives real SGLang 0.5.23 objects through the code path of every owned
-slot: DSpark's draft DP-meta fill, EAGLE's draft-branch tail copy, DFlash's
-draft-input prepare, and (GPU only) the scheduler's read_done / copy_done events,
-DSpark's block_accept_lens readback and the result readback's pinned copies. The
-stock arm runs SGLang's code and the plugin arm every owned slot, on the same inputs
-(``pinned_d2h_ring`` included, though it is not in ``default``). Then the step replays a captured CUDA graph that stands in
+A server runs one speculative algorithm, so the bench runs one loop per algorithm.
+Each step drives real SGLang 0.5.23 objects through the code paths that algorithm's
+owned slots change: DSpark's draft DP-meta fill and block_accept_lens readback,
+EAGLE's draft-branch tail copy, DFlash's draft-input prepare, and for all three the
+scheduler's read_done / copy_done events (the readback and event paths need CUDA).
+The stock arm runs SGLang's code and the plugin arm the default slot set, on the
+same inputs. ``pinned_d2h_ring`` is opt-in and measured in benchmarks/bench_events.py. Then the step replays a captured CUDA graph that stands in
 for the model forward, with a set GPU time (``--gpu-step-ms``).
 
 As in SGLang's overlap loop, the host waits for step N's results after launching
@@ -30,9 +31,14 @@ import zlib
 
 from .slots import audit
 
-PATHS = ("dspark_dp_meta", "eagle_fixed_shape_tail", "draft_input_reuse", "event_ring",
-         "accept_lens_snapshot", "pinned_d2h_ring")
-GPU_PATHS = ("event_ring", "accept_lens_snapshot", "pinned_d2h_ring")  # drivers need CUDA streams/events
+# A server runs one algorithm: each step drives the owned slots' paths for that one.
+ALGORITHMS = {
+    "dspark": ("dspark_dp_meta", "event_ring", "accept_lens_snapshot"),
+    "eagle": ("eagle_fixed_shape_tail", "event_ring"),
+    "dflash": ("draft_input_reuse", "event_ring"),
+}
+PATHS = ("dspark_dp_meta", "eagle_fixed_shape_tail", "draft_input_reuse", "event_ring", "accept_lens_snapshot")
+GPU_PATHS = ("event_ring", "accept_lens_snapshot")  # their drivers need CUDA streams and events
 GPU_ONLY = ("syncs_per_step", "run_ahead_fraction", "launch_lead_ms", "steps_per_s")
 BENCH_ALLOW = (("sglang_hostsync_plugin/bench.py", "wait_for_results",
                 "the bench's stand-in for result processing's copy_done wait"),)
@@ -40,8 +46,9 @@ DP = 8
 TOPK, PAGE = 4, 16
 
 
-def _paths(arm: str, bs: int, device: str, patcher):
-    """One callable per owned slot's code path, for ``arm`` in stock/plugin."""
+def _paths(arm: str, bs: int, device: str, patcher, algorithm: str):
+    """``{path: (launch, process)}`` for ``algorithm``'s owned slots, ``arm`` stock or
+    plugin: ``launch`` runs in the step, ``process`` (or None) with result processing."""
     import random
 
     from sglang.srt.speculative import dflash_info_v2
@@ -83,37 +90,43 @@ def _paths(arm: str, bs: int, device: str, patcher):
     def dflash():
         draft_input.new_input(input_cls, bs, device, patcher).prepare_for_decode(batch)
 
-    paths = {"dspark_dp_meta": dspark, "eagle_fixed_shape_tail": eagle, "draft_input_reuse": dflash}
+    paths = {"dspark_dp_meta": (dspark, None), "eagle_fixed_shape_tail": (eagle, None),
+             "draft_input_reuse": (dflash, None)}
+    wanted = [p for p in ALGORITHMS[algorithm] if device == "cuda" or p not in GPU_PATHS]
     if device != "cuda":
-        return paths
+        return {p: paths[p] for p in wanted}
     import torch
 
-    from .drivers import accept_lens, event_ring as er_driver, pinned_d2h
-    from .slots import accept_lens_snapshot as als, event_ring as er, pinned_d2h_ring as pdr
+    from .drivers import accept_lens, event_ring as er_driver
+    from .slots import accept_lens_snapshot as als, event_ring as er
 
-    # Each loop processes the previous step's result (copy_done.synchronize()); by then the
-    # bench has already waited for that step's forward, so the wait returns at once.
+    # The scheduler's events; the previous step's copy_done is waited on in result processing.
     events = er_driver.Loop(er_driver.CountingDevice(), plugin=plugin, device=device)
     step_no = iter(range(1 << 30))
 
-    def event_path():
-        events.step(next(step_no))
+    def event_launch():
+        events.launch(next(step_no))
+
+    def event_process():
+        while len(events.queue) > 1:
+            events.process()
 
     if plugin:
         accept_lens.install(patcher, als.SnapshotRing())
-        pinned_d2h.install(patcher, pdr.PinnedRing())
     factory = er.EventRing(torch.cuda.Event, er.COPY_DONE_DEPTH).acquire if plugin else None
     accept = accept_lens.Loop(device, event_factory=factory)
     lens = accept_lens.random_steps(64, bs, device, max_bs=bs)
     lens_no = iter(range(1 << 30))
 
-    def accept_path():
-        values, expected = lens[next(lens_no) % len(lens)]
-        accept.step(values, expected)
+    def accept_launch():
+        accept.launch(*lens[next(lens_no) % len(lens)])
 
-    readback = pinned_d2h.Loop(seed=bs, check=False)
-    paths.update(event_ring=event_path, accept_lens_snapshot=accept_path, pinned_d2h_ring=readback.step)
-    return paths
+    def accept_process():
+        while len(accept.queue) > 1:
+            accept.process(*accept.queue.popleft())
+
+    paths.update(event_ring=(event_launch, event_process), accept_lens_snapshot=(accept_launch, accept_process))
+    return {p: paths[p] for p in wanted}
 
 
 def sleep_cycles(gpu_step_ms: float) -> int:
@@ -148,7 +161,7 @@ def wait_for_results(event) -> None:
     event.synchronize()
 
 
-def run_arm(arm: str, bs: int, steps: int, cycles: int, warmup: int = 20) -> dict:
+def run_arm(arm: str, bs: int, steps: int, cycles: int, warmup: int = 20, algorithm: str = "dspark") -> dict:
     import torch
 
     from sglang.srt.runtime_context import get_context
@@ -173,7 +186,7 @@ def run_arm(arm: str, bs: int, steps: int, cycles: int, warmup: int = 20) -> dic
 
     try:
         with get_context().override_server_args(speculative_num_draft_tokens=BLOCK):
-            paths = _paths(arm, bs, device, patcher)
+            paths = _paths(arm, bs, device, patcher, algorithm)
             graph = _forward_graph(cycles) if cuda else None
             stream = torch.cuda.current_stream() if cuda else None
             meter = previous = None
@@ -190,7 +203,7 @@ def run_arm(arm: str, bs: int, steps: int, cycles: int, warmup: int = 20) -> dic
                     meter = audit.RunAheadMeter(sync_audit.state, stream) if cuda else None
                     t_start = time.perf_counter()
                 t0 = time.perf_counter_ns()
-                for name, fn in paths.items():
+                for name, (fn, _) in paths.items():
                     t_path = time.perf_counter_ns()
                     fn()
                     if sync_audit is not None:
@@ -208,6 +221,9 @@ def run_arm(arm: str, bs: int, steps: int, cycles: int, warmup: int = 20) -> dic
                         meter.finished_launching()
                 if previous is not None:  # result processing of the step before
                     wait_for_results(previous)
+                for _, process in paths.values():
+                    if process is not None:
+                        process()
                 previous = done
             if cuda:
                 torch.cuda.synchronize()
@@ -222,7 +238,7 @@ def run_arm(arm: str, bs: int, steps: int, cycles: int, warmup: int = 20) -> dic
     state = sync_audit.state
     leads = audit.launch_leads(state.gpu_finish, state.host_launch)
     result = {
-        "arm": arm, "bs": bs, "device": device,
+        "algorithm": algorithm, "arm": arm, "bs": bs, "device": device, "paths": list(paths),
         "host_us_per_step_median": statistics.median(host_us),
         "host_us_per_step_p90": sorted(host_us)[int(0.9 * len(host_us))],
         "host_us_per_path_median": {name: statistics.median(v) for name, v in per_path.items()},
@@ -281,52 +297,56 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     ap = argparse.ArgumentParser(prog="python -m sglang_hostsync_plugin.bench")
+    ap.add_argument("--algorithms", nargs="+", choices=sorted(ALGORITHMS), default=list(ALGORITHMS))
     ap.add_argument("--bs", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--gpu-step-ms", type=float, default=2.0)
     ap.add_argument("--json")
-    ap.add_argument("--png", help="launch lead per step, stock vs plugin, at the first --bs")
+    ap.add_argument("--png", help="launch lead per step, stock vs plugin, first algorithm at the first --bs")
     args = ap.parse_args(argv)
     cuda = torch.cuda.is_available()
     steps = args.steps if cuda else min(args.steps, 20)
     cycles = sleep_cycles(args.gpu_step_ms) if cuda else 0
     rows = []
-    for bs in args.bs:
-        for arm in ("stock", "plugin"):
-            rows.append(run_arm(arm, bs, steps, cycles))
+    for algorithm in args.algorithms:
+        for bs in args.bs:
+            for arm in ("stock", "plugin"):
+                rows.append(run_arm(arm, bs, steps, cycles, algorithm=algorithm))
     where = torch.cuda.get_device_name() if cuda else "CPU (no CUDA)"
-    print(f"hostsync decode-loop bench: {where}; paths {', '.join(PATHS)}; "
-          f"{steps} steps; GPU step {args.gpu_step_ms} ms" + ("" if cuda else " (not run: no GPU)"))
+    print(f"hostsync decode-loop bench: {where}; {steps} steps; GPU step {args.gpu_step_ms} ms"
+          + ("" if cuda else " (not run: no GPU)"))
+    for algorithm in args.algorithms:
+        print(f"  {algorithm}: paths {', '.join(ALGORITHMS[algorithm])}")
     if not cuda:
         print(f"needs a GPU (not reported here): {', '.join(GPU_ONLY)}; paths {', '.join(GPU_PATHS)}")
-    print(" bs | arm    | host us/step med   p90 | syncs/step (+allow) | run-ahead | lead ms | steps/s | host ratio")
+    print("algo   |  bs | arm    | host us/step med   p90 | syncs/step (+allow) | run-ahead | lead ms | steps/s | host ratio")
     for stock, plugin in zip(rows[::2], rows[1::2]):
         for r in (stock, plugin):
             gpu = (f"{r['syncs_per_step']:>9.2f} (+{r['allowlisted_per_step']:.2f}) | {r['run_ahead_fraction']:>9.3f} | "
                    f"{r['launch_lead_ms']:>7.3f} | {r['steps_per_s']:>7.1f}") if cuda else f"{'-':>19} | {'-':>9} | {'-':>7} | {'-':>7}"
             ratio = r["host_us_per_step_median"] / stock["host_us_per_step_median"]
-            print(f"{r['bs']:>3} | {r['arm']:<6} | {r['host_us_per_step_median']:>12.1f} {r['host_us_per_step_p90']:>6.1f} | "
-                  f"{gpu} | {ratio:>10.2f}")
+            print(f"{r['algorithm']:<6} | {r['bs']:>3} | {r['arm']:<6} | {r['host_us_per_step_median']:>12.1f} "
+                  f"{r['host_us_per_step_p90']:>6.1f} | {gpu} | {ratio:>10.2f}")
     for r in rows:
         if r["gc_pauses"]:
             worst = max(r["gc_pauses"], key=lambda p: p[1])
-            print(f"gc during bs {r['bs']} {r['arm']}: {len(r['gc_pauses'])} collections, longest "
+            print(f"gc during {r['algorithm']} bs {r['bs']} {r['arm']}: {len(r['gc_pauses'])} collections, longest "
                   f"{worst[1]:.2f} ms (gen {worst[2]}) at step {worst[0]}")
-    print(" bs | path                     | host us stock | plugin | ratio")
+    print("algo   |  bs | path                     | host us stock | plugin | ratio")
     for stock, plugin in zip(rows[::2], rows[1::2]):
-        for name in PATHS:
-            if name not in stock["host_us_per_path_median"]:
-                continue  # GPU_PATHS on the CPU
+        for name in stock["paths"]:
             a, b = stock["host_us_per_path_median"][name], plugin["host_us_per_path_median"][name]
             note = "" if cuda or name != "eagle_fixed_shape_tail" else "  (plugin: Triton interpreter on CPU, not comparable)"
-            print(f"{stock['bs']:>3} | {name:<24} | {a:>13.1f} | {b:>6.1f} | {b / a:>5.2f}{note}")
+            print(f"{stock['algorithm']:<6} | {stock['bs']:>3} | {name:<24} | {a:>13.1f} | {b:>6.1f} | {b / a:>5.2f}{note}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": where,
-                       "gpu_step_ms": args.gpu_step_ms, "steps": steps, "paths": PATHS,
+                       "gpu_step_ms": args.gpu_step_ms, "steps": steps,
+                       "algorithms": {a: ALGORITHMS[a] for a in args.algorithms},
                        "needs_gpu": [] if cuda else list(GPU_ONLY), "rows": rows}, f, indent=2)
     if args.png and cuda:
-        _png(args.png, {r["arm"]: r["leads_ms"] for r in rows if r["bs"] == args.bs[0]})
+        first = args.algorithms[0]
+        _png(args.png, {r["arm"]: r["leads_ms"] for r in rows if r["bs"] == args.bs[0] and r["algorithm"] == first})
     return 0
 
 

@@ -73,6 +73,12 @@ class Loop:
         self.host_us: list[float] = []  # _block_accept_lens + _copy_result_to_cpu, per step
 
     def step(self, values: torch.Tensor, expected: list[int]) -> None:
+        self.launch(values, expected)
+        while len(self.queue) > 1:
+            self.process(*self.queue.popleft())
+
+    def launch(self, values: torch.Tensor, expected: list[int]) -> None:
+        """The replay, the result and its readback; result processing is ``process``."""
         bs = values.numel()
         if self.replay_delay:
             torch.cuda._sleep(self.replay_delay)
@@ -91,8 +97,6 @@ class Loop:
         self.sched._copy_result_to_cpu(result, self.batch)
         self.host_us.append((time.perf_counter_ns() - t2 + t1 - t0) / 1e3)
         self.queue.append((result, expected))
-        if len(self.queue) > 1:
-            self.process(*self.queue.popleft())
 
     def process(self, result, expected) -> None:
         result.copy_done.synchronize()

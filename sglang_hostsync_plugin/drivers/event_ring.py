@@ -149,6 +149,12 @@ class Loop:
             runner._publish_read_done(False)
 
     def step(self, n: int) -> None:
+        self.launch(n)
+        while len(self.queue) > self.inflight:
+            self.process()
+
+    def launch(self, n: int) -> None:
+        """run_batch and the barrier; result processing is ``process``."""
         self.device_module.begin_step(n)
         t0 = time.perf_counter_ns()
         self.publish(self.target)
@@ -165,8 +171,6 @@ class Loop:
             self.waited_published += 1
         self.queue.append(result)
         self.records.append(result.copy_done.hs_records if self.plugin else 0)
-        while len(self.queue) > self.inflight:
-            self.process()
 
     def process(self) -> None:
         result, records = self.queue.popleft(), self.records.popleft()
