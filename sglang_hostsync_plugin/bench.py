@@ -243,6 +243,11 @@ def run_arm(arm: str, bs: int, steps: int, cycles: int, warmup: int = 20, algori
         "host_us_per_step_p90": sorted(host_us)[int(0.9 * len(host_us))],
         "host_us_per_path_median": {name: statistics.median(v) for name, v in per_path.items()},
         "gc_pauses": gc_pauses,
+        # The 5 slowest steps with each path's share: where host stalls come from.
+        "slowest_steps": [
+            {"step": i, "host_us": host_us[i], **{name: v[i] for name, v in per_path.items()}}
+            for i in sorted(range(len(host_us)), key=host_us.__getitem__)[-5:]
+        ],
     }
     if cuda:
         result.update(

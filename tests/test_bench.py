@@ -2,9 +2,13 @@
 
 import json
 
+import pytest
+import torch
+
 from sglang_hostsync_plugin import bench
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the reduced mode is what runs without CUDA")
 def test_bench_reduced_on_cpu(tmp_path, capsys):
     out = tmp_path / "bench.json"
     assert bench.main(["--steps", "3", "--bs", "1", "--json", str(out)]) == 0
@@ -19,6 +23,8 @@ def test_bench_reduced_on_cpu(tmp_path, capsys):
         expected = set(bench.ALGORITHMS[r["algorithm"]]) - set(bench.GPU_PATHS)
         assert r["host_us_per_step_median"] > 0 and set(r["host_us_per_path_median"]) == expected
         assert "run_ahead_fraction" not in r  # not measured without a GPU
+        slow = r["slowest_steps"]
+        assert len(slow) == 3 and all(s["host_us"] >= sum(s[p] for p in expected) for s in slow)
 
 
 def test_png_writer(tmp_path):
