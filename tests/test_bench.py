@@ -11,7 +11,7 @@ from sglang_hostsync_plugin import bench
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the reduced mode is what runs without CUDA")
 def test_bench_reduced_on_cpu(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    assert bench.main(["--steps", "3", "--bs", "1", "--json", str(out)]) == 0
+    assert bench.main(["--steps", "3", "--bs", "1", "--repeats", "2", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "needs a GPU (not reported here): syncs_per_step, run_ahead_fraction" in text
     assert "paths event_ring, accept_lens_snapshot" in text
@@ -22,9 +22,19 @@ def test_bench_reduced_on_cpu(tmp_path, capsys):
     for r in rows:
         expected = set(bench.ALGORITHMS[r["algorithm"]]) - set(bench.GPU_PATHS)
         assert r["host_us_per_step_median"] > 0 and set(r["host_us_per_path_median"]) == expected
+        assert len(r["host_us_per_step_median_runs"]) == 2
         assert "run_ahead_fraction" not in r  # not measured without a GPU
         slow = r["slowest_steps"]
         assert len(slow) == 3 and all(s["host_us"] >= sum(s[p] for p in expected) for s in slow)
+
+
+def test_merge_repeats_reports_the_median_run_and_the_worst_run_ahead():
+    runs = [{"host_us_per_step_median": h, "run_ahead_fraction": f, "syncs_per_step": 0.0,
+             "allowlisted_per_step": a, "tag": t}
+            for h, f, a, t in ((300.0, 1.0, 0.0, "a"), (100.0, 0.99, 1.0, "b"), (200.0, 1.0, 0.0, "c"))]
+    row = bench.merge_repeats(runs)
+    assert row["tag"] == "c" and row["host_us_per_step_median_runs"] == [300.0, 100.0, 200.0]
+    assert row["run_ahead_fraction"] == 0.99 and row["allowlisted_per_step"] == 1.0
 
 
 def test_png_writer(tmp_path):
