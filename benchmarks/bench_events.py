@@ -47,28 +47,20 @@ def event_path(plugin, steps):
 
 def pinned_path(plugin, steps):
     patcher = Patcher()
-    count = {"on": False, "n": 0}
-    real_empty = torch.empty
-
-    def counting_empty(*args, **kwargs):
-        if count["on"] and kwargs.get("pin_memory"):
-            count["n"] += 1
-        return real_empty(*args, **kwargs)
-
-    patcher.setattr(torch, "empty", counting_empty)
+    count = pinned_d2h.PinnedAllocCounter(patcher)
     ring = pdr.PinnedRing()
     if plugin:
         pinned_d2h.install(patcher, ring)
     try:
         loop = pinned_d2h.Loop(seed=3)
         for i in range(50 + steps):
-            count["on"] = i >= 50
+            count.on = i >= 50
             loop.step()
         loop.release(all_=True)
     finally:
         patcher.undo()
     assert loop.mismatches == 0
-    return {**stats(loop.copy_us), "per_step": {"pinned allocs": count["n"] / steps}}
+    return {**stats(loop.copy_us), "per_step": {"pinned allocs": count.n / steps}}
 
 
 def accept_path(plugin, steps):

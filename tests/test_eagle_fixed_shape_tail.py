@@ -1,7 +1,6 @@
 """eagle_fixed_shape_tail on the CPU: KV pool bit-identical to stock SGLang's
 duplicate_prefix_tail_to_draft_branches, Triton kernel under TRITON_INTERPRET."""
 
-import functools
 import random
 
 import pytest

@@ -47,7 +47,7 @@ def test_gpu_read_done_depth():
     _, chosen = _event_loop(True, 100)
     target_shallow = event_ring._read_done_rings[shallow.target].premature
     target_chosen = event_ring._read_done_rings[chosen.target].premature
-    print(f"\nread_done re-recorded before it fired: depth 1 {target_shallow}/100, depth 2 {target_chosen}/100")
+    print(f"\nread_done still unfired when it came round: depth 1 {target_shallow}/105, depth 2 {target_chosen}/105")
     assert target_shallow > 50 and target_chosen == 0
 
 
@@ -112,7 +112,7 @@ def _pinned_run(plugin, steps, seed, max_hold, copy_delay, release_check=True, c
         loop = pinned_d2h.Loop(seed, copy_delay_cycles=copy_delay, max_hold=max_hold)
         for i in range(steps):
             if count is not None and i == 10:
-                count["on"] = True
+                count.on = True
             loop.step()
         loop.release(all_=True)
     finally:
@@ -121,22 +121,14 @@ def _pinned_run(plugin, steps, seed, max_hold, copy_delay, release_check=True, c
 
 
 def test_gpu_pinned_ring_values_and_no_pinned_allocation_per_step(monkeypatch):
-    count = {"on": False, "n": 0}
-    real_empty = torch.empty
-
-    def counting_empty(*args, **kwargs):
-        if count["on"] and kwargs.get("pin_memory"):
-            count["n"] += 1
-        return real_empty(*args, **kwargs)
-
-    monkeypatch.setattr(torch, "empty", counting_empty)
+    count = pinned_d2h.PinnedAllocCounter(monkeypatch)
     stock, _ = _pinned_run(False, 110, seed=1, max_hold=1, copy_delay=0, count=count)
-    stock_allocs, count["n"], count["on"] = count["n"], 0, False
+    stock_allocs, count.n, count.on = count.n, 0, False
     plugin, ring = _pinned_run(True, 110, seed=1, max_hold=1, copy_delay=0, count=count)
-    print(f"\npinned allocations over 100 steps: stock {stock_allocs}, plugin {count['n']} "
+    print(f"\npinned allocations over 100 steps: stock {stock_allocs}, plugin {count.n} "
           f"(pool buffers {ring.allocations})")
     assert stock.mismatches == 0 and plugin.mismatches == 0
-    assert stock_allocs == 4 * 100 and count["n"] == 0
+    assert stock_allocs == 4 * 100 and count.n == 0
 
 
 def test_gpu_pinned_ring_delayed_consumer_stress():

@@ -5,7 +5,6 @@ launcher, then a process started with multiprocessing's spawn (as SGLang starts 
 schedulers) reports what it inherited."""
 
 import json
-import os
 import types
 
 import pytest
