@@ -95,18 +95,33 @@ def test_module_proxy_forwards_everything_but_plain_event():
     assert isinstance(proxy.Event(), device.Event) and proxy.hs_ring.allocations == 1
 
 
-def test_init_overlap_hook_wraps_once():
+def _init_overlap_with(unified_memory=False, **server_args):
+    from sglang.srt.runtime_context import get_context
+
     device = SimDevice()
-    sched = type("S", (), {})()
+    sched = type("S", (), {"enable_unified_memory": unified_memory})()
 
     def init_overlap(self):
         self.device_module = device
 
-    event_ring.init_overlap_hook(init_overlap, sched)
+    with get_context().override_server_args(**server_args):
+        event_ring.init_overlap_hook(init_overlap, sched)
+    return sched, device
+
+
+def test_init_overlap_hook_wraps_once():
+    sched, device = _init_overlap_with()
     proxy = sched.device_module
     assert isinstance(proxy, event_ring.RingDeviceModule) and proxy.hs_module is device
     event_ring.wrap_device_module(sched)
     assert sched.device_module is proxy
+
+
+def test_scheduler_events_left_to_sglang_under_unified_memory_or_pp():
+    sched, device = _init_overlap_with(unified_memory=True)
+    assert sched.device_module is device
+    sched, device = _init_overlap_with(pp_size=2)
+    assert sched.device_module is device
 
 
 def test_in_graph_publish_is_sglang_s_own():

@@ -6,12 +6,15 @@ Covered sites (SGLang 0.5.23):
   ``read_done`` event (one per replay; also used by its subclass
   ``EAGLEDraftExtendCudaGraphRunner``). One ring per runner, depth 2.
 - every ``self.device_module.Event()`` the scheduler makes: the ``copy_done``
-  events in ``Scheduler.run_batch`` (overlap and PP paths) and
-  ``_copy_auxiliary_output_to_cpu``, and the scheduler mixins' events (PP,
-  unified-memory ``forward_done``). ``Scheduler.init_overlap`` sets
-  ``self.device_module``; the hook wraps it in a module proxy whose ``Event()``
-  (no arguments) takes from one scheduler ring of depth 3. Calls with arguments
-  (timing, IPC) and every other attribute go to the real module.
+  events in ``Scheduler.run_batch`` and ``_copy_auxiliary_output_to_cpu`` (and
+  the disagg mixins'). ``Scheduler.init_overlap`` sets ``self.device_module``
+  (and hands the real module to the async D2H worker); the hook then wraps it in
+  a module proxy whose ``Event()`` (no arguments) takes from one scheduler ring of
+  depth 3. Calls with arguments (timing, IPC) and every other attribute go to the
+  real module. Under unified memory or PP (pp_size > 1) the proxy is not
+  installed: the allocator's ``forward_done`` and PP's send events can be held
+  longer than the depth argument covers, and a re-record there would make their
+  waiters wait for a later step.
   ``GenerationBatchResult.copy_to_cpu`` only records the event it was given, so
   it needs no change.
 
@@ -31,9 +34,12 @@ Not covered: ``maybe_publish_prefill_shared_read_done`` (prefill, not decode),
 
 from __future__ import annotations
 
+import logging
 import weakref
 
 from ..slot import HookTarget, Slot, SlotKind, TargetKind
+
+logger = logging.getLogger("sglang.srt.plugins.hostsync")
 
 NAME = "event_ring"
 RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner"
@@ -159,7 +165,13 @@ def wrap_device_module(scheduler) -> None:
 
 def init_overlap_hook(original, self):
     result = original(self)
-    wrap_device_module(self)
+    from sglang.srt.runtime_context import get_parallel
+
+    if self.enable_unified_memory or get_parallel().pp_size > 1:
+        # Their events (forward_done, PP sends) may be held past the depth argument above.
+        logger.info("event_ring: scheduler events left to SGLang under unified memory / PP; read_done ring on")
+    else:
+        wrap_device_module(self)
     return result
 
 
