@@ -45,8 +45,8 @@ NAME = "event_ring"
 RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner"
 SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 
-# The scheduler's barrier binds its wait right after run_batch, and the CPU runs at most
-# one step ahead, so the event published two replays ago has fired; the last one may not.
+# Only firing frees the event of a runner the barrier does not wait on (a spec worker's
+# other runner); with the CPU at most one step ahead, the one from two replays ago has fired.
 READ_DONE_DEPTH = 2
 # copy_done of step N is waited while step N+1 is in flight (overlap loop); disagg
 # prefill's polling loop keeps two results unprocessed; the third is being recorded.
