@@ -262,3 +262,51 @@ def test_bad_enable_switch_is_loud_at_startup():
     runtime.startup_check(runtime.current())
     """, SGLANG_ENABLE_HOSTSYNC_PLUGIN="maybe")
     assert proc.returncode != 0 and "SGLANG_ENABLE_HOSTSYNC_PLUGIN='maybe'" in proc.stderr, out(proc)
+
+
+def test_event_and_snapshot_hooks_run_through_the_hook_registry():
+    """The #5 slots' AROUND hooks, as load_plugins() applied them, on real SGLang
+    methods: the arguments reach the hooks and SGLang's own bodies still run."""
+    proc = run_python("""
+    import json, torch
+    from types import SimpleNamespace
+    from sglang.srt.plugins import load_plugins
+    load_plugins()
+    from sglang_hostsync_plugin import runtime
+    runtime.startup_check(runtime.current())
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+    from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWorkerV2
+    from sglang.srt.speculative.dspark_components.dspark_verify import DsparkVerifyEpilogue
+    from sglang_hostsync_plugin.drivers.event_ring import SimDevice
+    from sglang_hostsync_plugin.slots import accept_lens_snapshot as als, event_ring
+
+    device = SimDevice()
+    runner = object.__new__(DecodeCudaGraphRunner)
+    runner.device_module = device
+    runner.model_runner = SimpleNamespace(shared_read_done_event=None)
+    events = set()
+    for _ in range(5):
+        runner._publish_read_done(False)
+        ev = runner.model_runner.shared_read_done_event
+        events.add(id(ev))
+        ev.wait()
+
+    worker = object.__new__(DSparkWorkerV2)
+    epilogue = object.__new__(DsparkVerifyEpilogue)
+    epilogue.block_accept_lens_buf = torch.tensor([5, 6, 7, 8], dtype=torch.int32)
+    worker._verify_epilogue = epilogue
+    lens = worker._block_accept_lens(accept=None, folded_accept=True, bs=3)
+    epilogue.block_accept_lens_buf.fill_(0)  # the next replay
+    print("RESULT" + json.dumps({
+        "read_done_events": len(events), "constructed": device.constructed,
+        "ring_type": type(runner.model_runner.shared_read_done_event).__name__,
+        "lens": lens.tolist(), "snapshots": als.ring().allocations, "depth": event_ring.READ_DONE_DEPTH,
+    }))
+    """.replace("\\n    ", "\\n"), SGLANG_ENABLE_HOSTSYNC_PLUGIN="1")
+    assert proc.returncode == 0, out(proc)
+    res = json.loads(proc.stdout.split("RESULT", 1)[1])
+    # Five publishes, each waited on by the barrier: the ring's events, made once.
+    assert res["read_done_events"] == res["depth"] and res["constructed"] == res["depth"]
+    assert res["ring_type"] == "RingEvent"
+    # A snapshot: the "next replay" zeroing the graph buffer did not reach it.
+    assert res["lens"] == [5, 6, 7] and res["snapshots"] == 1
