@@ -6,11 +6,14 @@ owned slots change: DSpark's draft DP-meta fill and block_accept_lens readback,
 EAGLE's draft-branch tail copy, DFlash's draft-input prepare, and for all three the
 scheduler's read_done / copy_done events (the readback and event paths need CUDA).
 The stock arm runs SGLang's code and the plugin arm the default slot set, on the
-same inputs. ``pinned_d2h_ring`` is opt-in and measured in benchmarks/bench_events.py. Then the step replays a captured CUDA graph that stands in
-for the model forward, with a set GPU time (``--gpu-step-ms``).
+same inputs (``pinned_d2h_ring`` is opt-in; benchmarks/bench_events.py measures it).
+Then the step replays a captured CUDA graph that stands in for the model forward,
+with a set GPU time (``--gpu-step-ms``). Arms run ``--repeats`` times, interleaved
+ABBA, and the median run is reported (the host's speed drifts).
 
 As in SGLang's overlap loop, the host waits for step N's results after launching
-step N+1. That wait is allowlisted, like the ``copy_done`` wait it stands in for.
+step N+1, then processes them. That wait is allowlisted, like the ``copy_done``
+wait it stands in for.
 
 The audit slot's own classes measure both arms: syncs per step with call sites, the
 run-ahead fraction and the launch lead. The output is a table, JSON (``--json``) and
