@@ -6,7 +6,8 @@ owned slots change: DSpark's draft DP-meta fill and block_accept_lens readback,
 EAGLE's draft-branch tail copy, DFlash's draft-input prepare, and for all three the
 scheduler's read_done / copy_done events (the readback and event paths need CUDA).
 The stock arm runs SGLang's code and the plugin arm the default slot set, on the
-same inputs (``pinned_d2h_ring`` is opt-in; benchmarks/bench_events.py measures it).
+same inputs; ``--opt-in pinned_d2h_ring`` adds that opt-in slot (and the result
+readback path it changes) to every loop.
 Then the step replays a captured CUDA graph that stands in for the model forward,
 with a set GPU time (``--gpu-step-ms``). Arms run ``--repeats`` times, interleaved
 ABBA, and the median run is reported (the host's speed drifts).
@@ -40,8 +41,10 @@ ALGORITHMS = {
     "eagle": ("eagle_fixed_shape_tail", "event_ring"),
     "dflash": ("draft_input_reuse", "event_ring"),
 }
-PATHS = ("dspark_dp_meta", "eagle_fixed_shape_tail", "draft_input_reuse", "event_ring", "accept_lens_snapshot")
-GPU_PATHS = ("event_ring", "accept_lens_snapshot")  # their drivers need CUDA streams and events
+OPT_IN = ("pinned_d2h_ring",)  # --opt-in adds its path (the result readback) to every loop
+PATHS = ("dspark_dp_meta", "eagle_fixed_shape_tail", "draft_input_reuse", "event_ring", "accept_lens_snapshot",
+         *OPT_IN)
+GPU_PATHS = ("event_ring", "accept_lens_snapshot", *OPT_IN)  # their drivers need CUDA streams and events
 GPU_ONLY = ("syncs_per_step", "run_ahead_fraction", "launch_lead_ms", "steps_per_s")
 BENCH_ALLOW = (("sglang_hostsync_plugin/bench.py", "wait_for_results",
                 "the bench's stand-in for result processing's copy_done wait"),)
@@ -49,7 +52,7 @@ DP = 8
 TOPK, PAGE = 4, 16
 
 
-def _paths(arm: str, bs: int, device: str, patcher, algorithm: str):
+def _paths(arm: str, bs: int, device: str, patcher, algorithm: str, opt_in: tuple[str, ...] = ()):
     """``{path: (launch, process)}`` for ``algorithm``'s owned slots, ``arm`` stock or
     plugin: ``launch`` runs in the step, ``process`` (or None) with result processing."""
     import random
@@ -95,7 +98,7 @@ def _paths(arm: str, bs: int, device: str, patcher, algorithm: str):
 
     paths = {"dspark_dp_meta": (dspark, None), "eagle_fixed_shape_tail": (eagle, None),
              "draft_input_reuse": (dflash, None)}
-    wanted = [p for p in ALGORITHMS[algorithm] if device == "cuda" or p not in GPU_PATHS]
+    wanted = [p for p in (*ALGORITHMS[algorithm], *opt_in) if device == "cuda" or p not in GPU_PATHS]
     if device != "cuda":
         return {p: paths[p] for p in wanted}
     import torch
@@ -129,6 +132,15 @@ def _paths(arm: str, bs: int, device: str, patcher, algorithm: str):
             accept.process(*accept.queue.popleft())
 
     paths.update(event_ring=(event_launch, event_process), accept_lens_snapshot=(accept_launch, accept_process))
+    if "pinned_d2h_ring" in opt_in:
+        from .drivers import pinned_d2h
+        from .slots import pinned_d2h_ring as pdr
+
+        if plugin:
+            pinned_d2h.install(patcher, pdr.PinnedRing())
+        # Both arms read back a DSpark step's 4 outputs; the consumer is result processing.
+        readback = pinned_d2h.Loop(seed=bs, check=False)
+        paths["pinned_d2h_ring"] = (readback.launch, readback.release)
     return {p: paths[p] for p in wanted}
 
 
@@ -164,7 +176,8 @@ def wait_for_results(event) -> None:
     event.synchronize()
 
 
-def run_arm(arm: str, bs: int, steps: int, cycles: int, warmup: int = 20, algorithm: str = "dspark") -> dict:
+def run_arm(arm: str, bs: int, steps: int, cycles: int, warmup: int = 20, algorithm: str = "dspark",
+            opt_in: tuple[str, ...] = ()) -> dict:
     import torch
 
     from sglang.srt.runtime_context import get_context
@@ -189,7 +202,7 @@ def run_arm(arm: str, bs: int, steps: int, cycles: int, warmup: int = 20, algori
 
     try:
         with get_context().override_server_args(speculative_num_draft_tokens=BLOCK):
-            paths = _paths(arm, bs, device, patcher, algorithm)
+            paths = _paths(arm, bs, device, patcher, algorithm, opt_in)
             graph = _forward_graph(cycles) if cuda else None
             stream = torch.cuda.current_stream() if cuda else None
             meter = previous = None
@@ -323,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--gpu-step-ms", type=float, default=2.0)
     ap.add_argument("--repeats", type=int, default=3, help="runs per arm, interleaved; the median run is reported")
+    ap.add_argument("--opt-in", nargs="*", choices=OPT_IN, default=[],
+                    help="also run these opt-in slots (the plugin arm enables them; both arms run their path)")
     ap.add_argument("--json")
     ap.add_argument("--png", help="launch lead per step, stock vs plugin, first algorithm at the first --bs")
     args = ap.parse_args(argv)
@@ -336,14 +351,14 @@ def main(argv: list[str] | None = None) -> int:
             # ABBA order: this host's speed drifts by up to 2x over seconds.
             for k in range(args.repeats):
                 for arm in (("stock", "plugin") if k % 2 == 0 else ("plugin", "stock")):
-                    runs[arm].append(run_arm(arm, bs, steps, cycles, algorithm=algorithm))
+                    runs[arm].append(run_arm(arm, bs, steps, cycles, algorithm=algorithm, opt_in=tuple(args.opt_in)))
             rows.extend(merge_repeats(runs[arm]) for arm in ("stock", "plugin"))
     where = torch.cuda.get_device_name() if cuda else "CPU (no CUDA)"
     print(f"hostsync decode-loop bench: {where}; {steps} steps x {args.repeats} interleaved runs per arm; "
           f"GPU step {args.gpu_step_ms} ms"
           + ("" if cuda else " (not run: no GPU)"))
     for algorithm in args.algorithms:
-        print(f"  {algorithm}: paths {', '.join(ALGORITHMS[algorithm])}")
+        print(f"  {algorithm}: paths {', '.join((*ALGORITHMS[algorithm], *args.opt_in))}")
     if not cuda:
         print(f"needs a GPU (not reported here): {', '.join(GPU_ONLY)}; paths {', '.join(GPU_PATHS)}")
     print("algo   |  bs | arm    | host us/step med   p90 | syncs/step (+allow) | run-ahead | lead ms | steps/s | host ratio")
@@ -369,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": where,
                        "gpu_step_ms": args.gpu_step_ms, "steps": steps,
-                       "algorithms": {a: ALGORITHMS[a] for a in args.algorithms},
+                       "algorithms": {a: ALGORITHMS[a] for a in args.algorithms}, "opt_in": args.opt_in,
                        "needs_gpu": [] if cuda else list(GPU_ONLY), "rows": rows}, f, indent=2)
     if args.png and cuda:
         first = args.algorithms[0]

@@ -14,7 +14,7 @@ def test_bench_reduced_on_cpu(tmp_path, capsys):
     assert bench.main(["--steps", "3", "--bs", "1", "--repeats", "2", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     assert "needs a GPU (not reported here): syncs_per_step, run_ahead_fraction" in text
-    assert "paths event_ring, accept_lens_snapshot" in text
+    assert "paths event_ring, accept_lens_snapshot, pinned_d2h_ring" in text
     data = json.loads(out.read_text())
     assert data["needs_gpu"] == list(bench.GPU_ONLY) and data["steps"] == 3
     rows = data["rows"]

@@ -71,6 +71,11 @@ class Loop:
         return out
 
     def step(self) -> None:
+        self.launch()
+        self.release()
+
+    def launch(self) -> None:
+        """Make a step's outputs and issue their readback; ``release`` is the consumer."""
         bs = self.rng.randint(1, 64)
         dev = self.make(bs)
         expected = {k: v.cpu() for k, v in dev.items()} if self.check else {}  # a host sync, not timed
@@ -88,7 +93,6 @@ class Loop:
         # The device tensors die here, as in the scheduler (record_stream keeps them valid).
         del dev
         self.held.append((result, expected, self.rng.randint(1, self.max_hold)))
-        self.release()
 
     def release(self, all_: bool = False) -> None:
         keep = deque()
