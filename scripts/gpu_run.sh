@@ -20,7 +20,7 @@ fi
 echo "NOTE: sgl_kernel is an import stub here (scripts/gpu_stubs); any call into it raises." | tee -a "$OUT/env.txt"
 python3 -m pytest -q -rs -s -p no:cacheprovider tests/test_gpu_dp_meta.py tests/test_dspark_dp_meta.py \
   tests/test_gpu_eagle_tail.py tests/test_gpu_draft_input_reuse.py tests/test_draft_input_reuse.py tests/test_gpu_audit.py \
-  tests/test_gpu_events.py tests/test_event_ring.py tests/test_accept_lens_snapshot.py tests/test_pinned_d2h_ring.py 2>&1 | tee "$OUT/gpu_tests.log"
+  tests/test_gpu_events.py tests/test_gpu_target_dp_meta.py tests/test_target_dp_meta.py tests/test_event_ring.py tests/test_accept_lens_snapshot.py tests/test_pinned_d2h_ring.py 2>&1 | tee "$OUT/gpu_tests.log"
 rc=${PIPESTATUS[0]}
 python3 -c "import sgl_kernel; print('sgl_kernel stub calls:', sgl_kernel.CALLED)" | tee -a "$OUT/gpu_tests.log"
 python3 benchmarks/bench_dp_meta.py --json "$OUT/bench_dp_meta.json" 2>&1 | grep -v Warning | tee "$OUT/bench_dp_meta.txt"

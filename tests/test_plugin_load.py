@@ -97,7 +97,7 @@ def test_enabled_applies_verifies_and_logs_status_block():
         assert status.pop(name) == ["applied", ""], name
     # default: the #31468 built-ins verified, the #45450 switches opt-in.
     assert status == {**{n: ["upstream present", ""] for n in BUILTINS},
-                      **{n: ["skipped", "not selected"] for n in [*SWITCH_FLAGS, "audit", "pinned_d2h_ring"]}}
+                      **{n: ["skipped", "not selected"] for n in [*SWITCH_FLAGS, "audit", "pinned_d2h_ring", "target_dp_meta"]}}
     assert res["cls"] == "HostsyncDraftBlockProposer" and res["slots"] == ["dspark_dp_meta"]
     assert res["bases"] == ["HostsyncDraftBlockProposer", "DSparkDpMetaProposer", "DraftBlockProposer"]
     assert res["nnp"] is None and res["sched"] is True
@@ -119,24 +119,37 @@ def test_enabled_applies_verifies_and_logs_status_block():
     assert "dspark_dp_meta               applied" in log, out(proc)
 
 
-def test_opt_in_pinned_ring_rebinds_the_managers_alias():
+def test_opt_in_slots_apply_and_run_through_the_hook_registry():
     proc = run_python("""
     import json
     from sglang.srt.plugins import load_plugins
     load_plugins()
     from sglang_hostsync_plugin import runtime
     import sglang.srt.managers.utils as mutils, sglang.srt.utils.common as ucommon
+    from sglang.srt.model_executor import forward_batch_info
+    from sglang_hostsync_plugin.drivers.target_dp_meta import make_forward_batch, make_schedule_batch
+    from sglang_hostsync_plugin.slots import target_dp_meta
     rt = runtime.current()
     runtime.startup_check(rt)
+    forward_batch_info.enable_num_token_non_padded = lambda: True
+    fb = make_forward_batch(8, "cpu")
+    fb._init_num_token_non_padded(device="cpu", is_draft_worker=False)
+    fb.init_mlp_sync_metadata(make_schedule_batch([3, 0, 5], [1, 0, 1]), "cpu")
     print("RESULT" + json.dumps({
-        "status": rt.state.statuses["pinned_d2h_ring"].state,
+        "status": [rt.state.statuses[n].state for n in ("pinned_d2h_ring", "target_dp_meta")],
         "rebound": mutils._async_d2h is ucommon.async_d2h and hasattr(ucommon.async_d2h, "__wrapped__"),
+        "counts": fb.global_num_tokens_gpu.tolist(), "nnp": fb.global_num_token_non_padded.item(),
+        "staged": [s.allocations for s in target_dp_meta.stagers()],
     }))
-    """.replace("\n    ", "\n"), SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", SGLANG_HOSTSYNC_SLOTS="default,pinned_d2h_ring")
+    """.replace("\n    ", "\n"), SGLANG_ENABLE_HOSTSYNC_PLUGIN="1",
+        SGLANG_HOSTSYNC_SLOTS="default,pinned_d2h_ring,target_dp_meta")
     assert proc.returncode == 0, out(proc)
     res = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert res["status"] == ["applied", "applied"]
     # managers/utils imports it as `_async_d2h`: the patch must reach that alias too.
-    assert res == {"status": "applied", "rebound": True}
+    assert res["rebound"] is True
+    # The ForwardBatch methods went through target_dp_meta's stagers.
+    assert res["counts"] == [3, 0, 5] and res["nnp"] == 8 and res["staged"] == [1, 1]
 
 
 BOGUS_DIST = {

@@ -13,6 +13,7 @@ from . import (
     eagle_fixed_shape_tail,
     event_ring,
     pinned_d2h_ring,
+    target_dp_meta,
     upstream_builtins,
     upstream_switches,
 )
@@ -22,6 +23,7 @@ from . import (
 def hostsync_slots():
     return [
         dspark_dp_meta.SLOT,
+        target_dp_meta.SLOT,
         eagle_fixed_shape_tail.SLOT,
         draft_input_reuse.SLOT,
         event_ring.SLOT,

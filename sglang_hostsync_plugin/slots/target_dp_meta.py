@@ -1,0 +1,121 @@
+"""Slot ``target_dp_meta`` (the target-side twins of sglang#47677; not in SGLang 0.5.23).
+
+Every ``ForwardBatch.init_new`` under DP attention / EP / DP gather builds its
+DP counts from fresh pinned ``torch.tensor``s, one H2D each. Covered sites
+(``sglang/srt/model_executor/forward_batch_info.py``):
+
+- ``ForwardBatch.init_mlp_sync_metadata`` (~897-955): ``global_num_tokens`` and
+  ``global_num_tokens_for_logprob`` (int64, 2 pinned tensors, 2 H2D). With the slot
+  both rows go through one persistent two-slot pinned ``[2, 2, dp]`` host buffer
+  (``staging.TwoSlotStager``) and ONE H2D into a new ``[2, dp]`` device tensor; the
+  batch gets its two rows.
+- ``ForwardBatch._init_num_token_non_padded`` (~1364-1382): the
+  ``global_num_token_non_padded`` scalar (int32, 1 pinned tensor, 1 H2D) goes
+  through its own two-slot pinned stager into a new 0-dim device tensor.
+
+The device tensors stay fresh per ForwardBatch (the caching allocator's, no
+cudaMalloc after warm-up): many consumers keep or modify them in place (e.g.
+``prepare_mlp_sync_batch``'s ``copy_``), so they must not alias across steps. The
+pinned slots are reused, each rewritten only after the event recorded after its
+last H2D fired. The hooks replace SGLang's bodies (sources pinned); the count
+logic calls SGLang's own ``spec_scale_global_num_tokens``.
+
+Not covered: the pinned tensor + ``copy_`` in ``ForwardBatch.prepare_mlp_sync_batch``
+(~1948), in the middle of a 230-line method (issue 4 note).
+
+Not in ``default``: its GPU tests (``tests/test_gpu_target_dp_meta.py``) have not
+run on a GPU yet.
+"""
+
+from __future__ import annotations
+
+from ..slot import HookTarget, Slot, SlotKind, TargetKind
+from ..staging import TwoSlotStager
+
+NAME = "target_dp_meta"
+FORWARD_BATCH = "sglang.srt.model_executor.forward_batch_info.ForwardBatch"
+
+_counts: TwoSlotStager | None = None
+_non_padded: TwoSlotStager | None = None
+
+
+def stagers() -> tuple[TwoSlotStager, TwoSlotStager]:
+    """The process's stagers (one scheduler thread builds every ForwardBatch)."""
+    global _counts, _non_padded
+    if _counts is None:
+        import torch
+
+        _counts = TwoSlotStager(rows=2, fresh_device=True)
+        _non_padded = TwoSlotStager(rows=1, dtype=torch.int32, fresh_device=True)
+    return _counts, _non_padded
+
+
+def reset() -> None:
+    global _counts, _non_padded
+    _counts = _non_padded = None
+
+
+def init_mlp_sync_metadata_hook(original, self, batch, device, *, is_draft_worker: bool = False) -> None:
+    self.dp_spec_prefill_coordination_applied = batch.dp_spec_prefill_coordination_applied
+    source = batch.global_num_tokens
+    source_logprob = batch.global_num_tokens_for_logprob
+    # A DP spec/prefill coordination plan already wrote this phase's counts.
+    if (
+        is_draft_worker
+        and batch.draft_global_num_tokens is not None
+        and not batch.dp_spec_prefill_coordination_applied
+    ):
+        source = batch.draft_global_num_tokens
+        source_logprob = batch.draft_global_num_tokens_for_logprob
+    if source is None:
+        return
+    assert source_logprob is not None
+    if self.spec_info is not None and not batch.dp_spec_prefill_coordination_applied:
+        from sglang.srt.speculative.spec_info import spec_scale_global_num_tokens
+
+        counts, counts_logprob = spec_scale_global_num_tokens(self.spec_info, source, source_logprob)
+    else:
+        counts, counts_logprob = source, source_logprob
+    self.original_global_num_tokens_cpu = source
+    self.global_num_tokens_cpu = counts
+    self.global_num_tokens_for_logprob_cpu = counts_logprob
+    self.global_num_tokens_gpu, self.global_num_tokens_for_logprob_gpu = stagers()[0].stage(
+        device, counts, counts_logprob
+    )
+    self.can_run_decode_cuda_graph = batch.can_run_decode_cuda_graph
+    self.can_run_dp_draft_cuda_graph = batch.can_run_dp_draft_cuda_graph
+
+
+def init_num_token_non_padded_hook(original, self, *, device, is_draft_worker: bool) -> None:
+    from sglang.srt.model_executor import forward_batch_info
+
+    if self.input_ids is not None:
+        num_tokens = len(self.input_ids)
+    elif is_draft_worker and self.spec_info is not None and self.forward_mode.is_decode():
+        assert self.spec_info.num_tokens_per_req > 0
+        num_tokens = self.batch_size * self.spec_info.num_tokens_per_req
+    else:
+        num_tokens = 0
+    if forward_batch_info.enable_num_token_non_padded():
+        (row,) = stagers()[1].stage(device, (num_tokens,))
+        self.global_num_token_non_padded = row.view(())
+    self.global_num_token_non_padded_cpu = num_tokens
+
+
+SLOT = Slot(
+    name=NAME,
+    kind=SlotKind.OWNED,
+    origin="sglang#47677 (target side)",
+    summary="target ForwardBatch DP counts: persistent pinned staging, one H2D for both count rows",
+    default=False,  # GPU tests not run yet: see the docstring
+    targets=(
+        HookTarget(
+            f"{FORWARD_BATCH}.init_mlp_sync_metadata", TargetKind.FUNCTION, hook=init_mlp_sync_metadata_hook,
+            params=("self", "batch", "device", "is_draft_worker"), source_sha="42de946b9715fd34",
+        ),
+        HookTarget(
+            f"{FORWARD_BATCH}._init_num_token_non_padded", TargetKind.FUNCTION, hook=init_num_token_non_padded_hook,
+            params=("self", "device", "is_draft_worker"), source_sha="2db8b5d5db002f7e",
+        ),
+    ),
+)

@@ -1,0 +1,113 @@
+"""target_dp_meta on the CPU: the real ForwardBatch methods, stock vs plugin."""
+
+import random
+
+import pytest
+import torch
+
+from sglang.srt.model_executor import forward_batch_info
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang_hostsync_plugin.drivers.target_dp_meta import (
+    fill, make_forward_batch, make_schedule_batch, snapshot, spec_info,
+)
+from sglang_hostsync_plugin.slots import target_dp_meta as tdm
+
+DEV = "cpu"
+
+
+@pytest.fixture(autouse=True)
+def fresh_stagers():
+    tdm.reset()
+    yield
+    tdm.reset()
+
+
+@pytest.fixture
+def nnp(monkeypatch):
+    flag = {"on": True}
+    monkeypatch.setattr(forward_batch_info, "enable_num_token_non_padded", lambda: flag["on"])
+    return flag
+
+
+def _case(rng, dp):
+    gnt = [rng.choice([0, rng.randint(1, 1 << 16)]) for _ in range(dp)]  # idle ranks: zero counts
+    lp = [rng.choice([0, rng.randint(1, 1 << 16)]) for _ in range(dp)]
+    kind = rng.choice(["plain", "scaled", "coordinated", "draft"])
+    spec = spec_info(rng.randint(1, 8), rng.randint(1, 4)) if kind != "plain" else None
+    draft = ([rng.randint(0, 99) for _ in range(dp)], [rng.randint(0, 99) for _ in range(dp)]) \
+        if kind == "draft" else (None, None)
+    batch = make_schedule_batch(gnt, lp, coordination=kind == "coordinated", draft=draft[0], draft_logprob=draft[1])
+    num_tokens = rng.choice([None, 0, rng.randint(1, 64)])
+    return batch, num_tokens, spec, kind == "draft"
+
+
+def _both(batch, num_tokens, spec, is_draft, mode=ForwardMode.DECODE, batch_size=None):
+    out = []
+    for arm in ("stock", "plugin"):
+        fb = make_forward_batch(num_tokens, DEV, spec=spec, mode=mode, batch_size=batch_size)
+        out.append(snapshot(fill(arm, fb, batch, DEV, is_draft_worker=is_draft)))
+    return out
+
+
+def test_random_inputs_bit_identical(nnp):
+    rng = random.Random(0)
+    for _ in range(300):
+        dp = rng.choice([1, 2, 3, 8, 16, 32])
+        nnp["on"] = rng.random() < 0.8
+        batch, num_tokens, spec, is_draft = _case(rng, dp)
+        stock, plugin = _both(batch, num_tokens, spec, is_draft, batch_size=rng.randint(0, 16))
+        assert plugin == stock
+        assert stock["global_num_tokens_gpu"] is not None  # the DP path really ran
+
+
+@pytest.mark.parametrize("dp", [1, 4])
+def test_no_dp_counts_and_idle_draft_decode(nnp, dp):
+    # No DP sync: init_mlp_sync_metadata returns before any tensor; the scalar still comes.
+    stock, plugin = _both(make_schedule_batch(None, None), 12, None, False)
+    assert plugin == stock and stock["global_num_tokens_gpu"] is None
+    assert stock["global_num_token_non_padded"][3] == 12
+    # Draft decode without input_ids counts batch_size * num_tokens_per_req.
+    batch = make_schedule_batch([0] * dp, [0] * dp)
+    stock, plugin = _both(batch, None, spec_info(3, 1), True, batch_size=5)
+    assert plugin == stock and stock["global_num_token_non_padded"][3] == 15
+
+
+def test_seed_review_rows_differ_and_fills_get_their_own_tensors(nnp):
+    fbs = []
+    for gnt, lp in (([6, 18, 0, 12], [1, 3, 0, 2]), ([5, 5, 5, 5], [2, 2, 2, 2]), ([9, 0, 7, 1], [4, 0, 3, 1])):
+        fb = fill("plugin", make_forward_batch(8, DEV), make_schedule_batch(gnt, lp), DEV)
+        fbs.append((fb, gnt, lp))
+    for fb, gnt, lp in fbs:  # each call's tensors still hold its own counts
+        assert fb.global_num_tokens_gpu.tolist() == gnt
+        assert fb.global_num_tokens_for_logprob_gpu.tolist() == lp
+        assert fb.global_num_tokens_gpu.dtype == torch.int64 and fb.global_num_tokens_gpu.is_contiguous()
+    ptrs = {fb.global_num_tokens_gpu.untyped_storage().data_ptr() for fb, _, _ in fbs}
+    assert len(ptrs) == 3  # fresh device storage per ForwardBatch, never aliased
+    counts, _ = tdm.stagers()
+    assert counts.allocations == 1 and counts.slot == 1  # host slots 0, 1, 0: the third reused the first
+
+
+def test_no_pinned_or_host_allocation_after_first_fill(nnp, monkeypatch):
+    fill("plugin", make_forward_batch(8, DEV), make_schedule_batch([1, 2], [1, 1]), DEV)
+    calls = {"n": 0}
+    real_tensor = torch.tensor
+
+    def counting_tensor(*args, **kwargs):
+        calls["n"] += 1
+        return real_tensor(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "tensor", counting_tensor)
+    for i in range(20):
+        fill("plugin", make_forward_batch(8, DEV), make_schedule_batch([i, 2], [1, i]), DEV)
+    counts, non_padded = tdm.stagers()
+    assert calls["n"] == 0 and counts.allocations == 1 and non_padded.allocations == 1
+    calls["n"] = 0
+    fill("stock", make_forward_batch(8, DEV), make_schedule_batch([1, 2], [1, 1]), DEV)
+    assert calls["n"] == 3  # stock: 2 count tensors + the scalar, every step
+
+
+def test_stager_follows_dp_changes(nnp):
+    for dp in (2, 8, 2):
+        fb = fill("plugin", make_forward_batch(8, DEV), make_schedule_batch(list(range(dp)), [1] * dp), DEV)
+        assert fb.global_num_tokens_gpu.tolist() == list(range(dp))
+    assert tdm.stagers()[0].allocations == 3
