@@ -23,7 +23,7 @@ import time
 import torch
 
 from sglang_hostsync_plugin.drivers import accept_lens, event_ring as er_driver, pinned_d2h
-from sglang_hostsync_plugin.drivers.draft_input import Patcher
+from sglang_hostsync_plugin.drivers import Patcher, count_pinned_allocations
 from sglang_hostsync_plugin.slots import accept_lens_snapshot as als
 from sglang_hostsync_plugin.slots import event_ring as er
 from sglang_hostsync_plugin.slots import pinned_d2h_ring as pdr
@@ -47,7 +47,7 @@ def event_path(plugin, steps):
 
 def pinned_path(plugin, steps):
     patcher = Patcher()
-    count = pinned_d2h.PinnedAllocCounter(patcher)
+    count = count_pinned_allocations(patcher)
     ring = pdr.PinnedRing()
     if plugin:
         pinned_d2h.install(patcher, ring)

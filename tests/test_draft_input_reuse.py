@@ -2,6 +2,7 @@
 
 import torch
 
+from sglang_hostsync_plugin.drivers import CallCounter
 from sglang_hostsync_plugin.drivers.draft_input import fresh_ring, new_input, plugin_class, run_steps
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang_hostsync_plugin.slots import draft_input_reuse as dir_slot
@@ -17,24 +18,17 @@ def test_values_identical_to_stock_over_random_batches(monkeypatch):
 
 def test_no_allocation_after_warm_up(monkeypatch):
     ring = fresh_ring(monkeypatch)
-    calls = {"n": 0}
-    real_empty = torch.empty
-
-    def counting_empty(*args, **kwargs):
-        calls["n"] += 1
-        return real_empty(*args, **kwargs)
-
-    monkeypatch.setattr(torch, "empty", counting_empty)
+    calls = CallCounter(monkeypatch, torch, "empty")
     # Batch sizes stay <= 32 (SGLang's minimum capacity): every set is made once.
     stock_steps = run_steps(DFlashDraftInputV2, 3, "cpu", monkeypatch, seed=1, max_bs=32)
-    stock_calls = calls["n"]
-    calls["n"] = 0
+    stock_calls = calls.n
+    calls.n = 0
     run_steps(plugin_class(), 3, "cpu", monkeypatch, seed=1, max_bs=32)  # warm-up: the ring's 3 sets
     assert ring.allocations == 3
-    calls["n"] = 0
+    calls.n = 0
     run_steps(plugin_class(), 50, "cpu", monkeypatch, seed=1, max_bs=32)
     made_per_step_by_make_draft_input = 3  # make_draft_input_v2's own empties (unchanged)
-    assert calls["n"] == 50 * made_per_step_by_make_draft_input
+    assert calls.n == 50 * made_per_step_by_make_draft_input
     assert ring.allocations == 3
     # Stock makes the 5 prepare buffers on every step, on top of make_draft_input_v2's 3.
     assert stock_calls == 3 * (made_per_step_by_make_draft_input + 5) and len(stock_steps) == 3

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from sglang_hostsync_plugin.drivers.dp_meta import (compare_stock_and_plugin, make_batch, make_forward_batch, make_proposer,
+from sglang_hostsync_plugin.drivers.dp_meta import (NoWaitStager, compare_stock_and_plugin, make_batch, make_forward_batch, make_proposer,
                            plugin_classes, random_case)
 from sglang_hostsync_plugin.staging import TwoSlotStager
 
@@ -43,13 +43,6 @@ def test_gpu_no_sync_and_no_allocation_in_steady_state(nnp_enabled):
     assert fbs[-11].global_num_tokens_gpu.tolist() == [4 * x for x in batches[-1].global_num_tokens]
 
 
-class _NoWaitStager(TwoSlotStager):
-    """The stager with its event wait removed: must let the hazard through."""
-
-    def _wait_for_slot(self, slot):
-        pass
-
-
 def _war_stress(stager_cls, fills=10_000, dp=8, sleep_cycles=200_000):
     _, cls, make_nnp = plugin_classes()
     p = make_proposer(cls, DEV, per_req=1, logprob_per_req=1)
@@ -80,6 +73,6 @@ def test_gpu_war_stress_zero_mismatches():
 
 
 def test_gpu_war_stress_detects_hazard_without_the_wait():
-    mismatches, _ = _war_stress(_NoWaitStager)
+    mismatches, _ = _war_stress(NoWaitStager)
     print(f"WAR stress without event guard: mismatches={mismatches}")
     assert mismatches > 0, "the stress test cannot see the hazard it guards against"

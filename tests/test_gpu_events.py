@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from sglang_hostsync_plugin.drivers import accept_lens, event_ring as er_driver, pinned_d2h
-from sglang_hostsync_plugin.drivers.draft_input import Patcher
+from sglang_hostsync_plugin.drivers import Patcher, count_pinned_allocations
 from sglang_hostsync_plugin.slots import accept_lens_snapshot as als
 from sglang_hostsync_plugin.slots import event_ring
 from sglang_hostsync_plugin.slots import pinned_d2h_ring as pdr
@@ -121,7 +121,7 @@ def _pinned_run(plugin, steps, seed, max_hold, copy_delay, release_check=True, c
 
 
 def test_gpu_pinned_ring_values_and_no_pinned_allocation_per_step(monkeypatch):
-    count = pinned_d2h.PinnedAllocCounter(monkeypatch)
+    count = count_pinned_allocations(monkeypatch)
     stock, _ = _pinned_run(False, 110, seed=1, max_hold=1, copy_delay=0, count=count)
     stock_allocs, count.n, count.on = count.n, 0, False
     plugin, ring = _pinned_run(True, 110, seed=1, max_hold=1, copy_delay=0, count=count)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from sglang.srt.model_executor import forward_batch_info
+from sglang_hostsync_plugin.drivers.dp_meta import NoWaitStager
 from sglang_hostsync_plugin.drivers.target_dp_meta import fill, make_forward_batch, make_schedule_batch, snapshot
 from sglang_hostsync_plugin.slots import target_dp_meta as tdm
 from sglang_hostsync_plugin.staging import TwoSlotStager
@@ -56,13 +57,6 @@ def test_gpu_no_sync_in_steady_state():
     assert fbs[999].global_num_tokens_gpu.tolist() == batches[-1].global_num_tokens
 
 
-class _NoWaitStager(TwoSlotStager):
-    """The stager with its event wait removed: must let the hazard through."""
-
-    def _wait_for_slot(self, slot):
-        pass
-
-
 def _war_stress(stager_cls, fills=10_000, dp=8, sleep_cycles=200_000):
     """The device runs behind the host (a sleep before each fill's H2D); every fill's
     device tensors are checked at the end against the counts it was given."""
@@ -90,6 +84,6 @@ def test_gpu_war_stress_zero_mismatches():
 
 
 def test_gpu_war_stress_detects_hazard_without_the_wait():
-    mismatches, _ = _war_stress(_NoWaitStager)
+    mismatches, _ = _war_stress(NoWaitStager)
     print(f"target_dp_meta WAR stress without event guard: mismatches={mismatches}")
     assert mismatches > 0, "the stress test cannot see the hazard it guards against"

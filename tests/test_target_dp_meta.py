@@ -7,6 +7,7 @@ import torch
 
 from sglang.srt.model_executor import forward_batch_info
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang_hostsync_plugin.drivers import CallCounter
 from sglang_hostsync_plugin.drivers.target_dp_meta import (
     fill, make_forward_batch, make_schedule_batch, snapshot, spec_info,
 )
@@ -89,21 +90,14 @@ def test_seed_review_rows_differ_and_fills_get_their_own_tensors(nnp):
 
 def test_no_pinned_or_host_allocation_after_first_fill(nnp, monkeypatch):
     fill("plugin", make_forward_batch(8, DEV), make_schedule_batch([1, 2], [1, 1]), DEV)
-    calls = {"n": 0}
-    real_tensor = torch.tensor
-
-    def counting_tensor(*args, **kwargs):
-        calls["n"] += 1
-        return real_tensor(*args, **kwargs)
-
-    monkeypatch.setattr(torch, "tensor", counting_tensor)
+    calls = CallCounter(monkeypatch, torch, "tensor")
     for i in range(20):
         fill("plugin", make_forward_batch(8, DEV), make_schedule_batch([i, 2], [1, i]), DEV)
     counts, non_padded = tdm.stagers()
-    assert calls["n"] == 0 and counts.allocations == 1 and non_padded.allocations == 1
-    calls["n"] = 0
+    assert calls.n == 0 and counts.allocations == 1 and non_padded.allocations == 1
+    calls.n = 0
     fill("stock", make_forward_batch(8, DEV), make_schedule_batch([1, 2], [1, 1]), DEV)
-    assert calls["n"] == 3  # stock: 2 count tensors + the scalar, every step
+    assert calls.n == 3  # stock: 2 count tensors + the scalar, every step
 
 
 def test_stager_follows_dp_changes(nnp):

@@ -12,6 +12,7 @@ from sglang.srt.speculative.dspark_components import dspark_draft
 
 from sglang_hostsync_plugin import installer
 from sglang_hostsync_plugin.slots import dspark_dp_meta
+from sglang_hostsync_plugin.staging import TwoSlotStager
 
 SLOT = dspark_dp_meta.SLOT.name
 STOCK_MAKE_NNP = dspark_draft._make_num_token_non_padded
@@ -22,6 +23,13 @@ FIELDS = (
     "global_num_token_non_padded", "global_num_token_non_padded_cpu", "global_num_tokens_cpu",
     "global_num_tokens_for_logprob_cpu", "global_num_tokens_gpu", "global_num_tokens_for_logprob_gpu",
 )
+
+
+class NoWaitStager(TwoSlotStager):
+    """The stager with its event wait removed: the WAR stress tests must see the hazard."""
+
+    def _wait_for_slot(self, slot):
+        pass
 
 
 def plugin_classes():

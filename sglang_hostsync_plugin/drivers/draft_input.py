@@ -14,25 +14,12 @@ import torch
 from sglang.srt.runtime_context import get_context
 from sglang.srt.speculative import dflash_info_v2, draft_worker_common
 from sglang_hostsync_plugin import installer
+from sglang_hostsync_plugin.drivers import Patcher  # noqa: F401 (re-exported)
 from sglang_hostsync_plugin.slots import draft_input_reuse as dir_slot
 
 BLOCK = 4
 
 
-class Patcher:
-    """``setattr`` with undo; pytest's ``monkeypatch`` fixture fits the same slot."""
-
-    def __init__(self):
-        self._undo = []
-
-    def setattr(self, obj, name, value):
-        self._undo.append((obj, name, getattr(obj, name)))
-        setattr(obj, name, value)
-
-    def undo(self):
-        while self._undo:
-            obj, name, value = self._undo.pop()
-            setattr(obj, name, value)
 
 
 def fresh_ring(patcher):

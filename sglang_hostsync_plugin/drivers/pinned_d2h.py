@@ -20,24 +20,8 @@ import torch
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.managers import utils as manager_utils
 from sglang.srt.managers.utils import GenerationBatchResult
-from sglang_hostsync_plugin.drivers.draft_input import Patcher
+from sglang_hostsync_plugin.drivers import Patcher
 from sglang_hostsync_plugin.slots import pinned_d2h_ring as pdr
-
-
-class PinnedAllocCounter:
-    """Counts ``torch.empty(..., pin_memory=True)`` calls while ``on``."""
-
-    def __init__(self, patcher):
-        self.on = False
-        self.n = 0
-        real_empty = torch.empty
-
-        def counting_empty(*args, **kwargs):
-            if self.on and kwargs.get("pin_memory"):
-                self.n += 1
-            return real_empty(*args, **kwargs)
-
-        patcher.setattr(torch, "empty", counting_empty)
 
 
 def install(patcher: Patcher, ring: pdr.PinnedRing) -> None:

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import torch
 
-from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang_hostsync_plugin.drivers import dp_meta
 from sglang_hostsync_plugin.slots import target_dp_meta as tdm
 
 FIELDS = (
@@ -26,13 +26,10 @@ STOCK_NNP = ForwardBatch._init_num_token_non_padded
 
 
 def make_schedule_batch(gnt, gnt_logprob, *, coordination=False, draft=None, draft_logprob=None):
-    b = ScheduleBatch.__new__(ScheduleBatch)
-    b.dp_spec_prefill_coordination_applied = coordination
-    b.global_num_tokens = gnt
-    b.global_num_tokens_for_logprob = gnt_logprob
+    """dp_meta's ScheduleBatch plus the fields the target side also reads."""
+    b = dp_meta.make_batch(gnt, gnt_logprob, coordination=coordination)
     b.draft_global_num_tokens = draft
     b.draft_global_num_tokens_for_logprob = draft_logprob
-    b.can_run_decode_cuda_graph = True
     b.can_run_dp_draft_cuda_graph = False
     return b
 

@@ -86,10 +86,11 @@ class PinnedRing:
             return None
         host = entry.buf[: tensor.numel()].view(tensor.shape)
         host.copy_(tensor, non_blocking=True)
-        stream = torch.get_device_module(tensor.device).current_stream()
+        module = torch.get_device_module(tensor.device)
+        stream = module.current_stream()
         tensor.record_stream(stream)
         if entry.event is None:
-            entry.event = torch.get_device_module(tensor.device).Event()
+            entry.event = module.Event()
         entry.event.record(stream)
         return host
 

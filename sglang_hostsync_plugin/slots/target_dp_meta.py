@@ -29,6 +29,11 @@ run on a GPU yet.
 
 from __future__ import annotations
 
+import torch
+
+from sglang.srt.model_executor import forward_batch_info
+from sglang.srt.speculative.spec_info import spec_scale_global_num_tokens
+
 from ..slot import HookTarget, Slot, SlotKind, TargetKind
 from ..staging import TwoSlotStager
 
@@ -43,8 +48,6 @@ def stagers() -> tuple[TwoSlotStager, TwoSlotStager]:
     """The process's stagers (one scheduler thread builds every ForwardBatch)."""
     global _counts, _non_padded
     if _counts is None:
-        import torch
-
         _counts = TwoSlotStager(rows=2, fresh_device=True)
         _non_padded = TwoSlotStager(rows=1, dtype=torch.int32, fresh_device=True)
     return _counts, _non_padded
@@ -71,8 +74,6 @@ def init_mlp_sync_metadata_hook(original, self, batch, device, *, is_draft_worke
         return
     assert source_logprob is not None
     if self.spec_info is not None and not batch.dp_spec_prefill_coordination_applied:
-        from sglang.srt.speculative.spec_info import spec_scale_global_num_tokens
-
         counts, counts_logprob = spec_scale_global_num_tokens(self.spec_info, source, source_logprob)
     else:
         counts, counts_logprob = source, source_logprob
@@ -87,8 +88,6 @@ def init_mlp_sync_metadata_hook(original, self, batch, device, *, is_draft_worke
 
 
 def init_num_token_non_padded_hook(original, self, *, device, is_draft_worker: bool) -> None:
-    from sglang.srt.model_executor import forward_batch_info
-
     if self.input_ids is not None:
         num_tokens = len(self.input_ids)
     elif is_draft_worker and self.spec_info is not None and self.forward_mode.is_decode():
