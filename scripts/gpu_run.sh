@@ -4,6 +4,7 @@
 #   docs/gpu.md), sgl_kernel replaced by scripts/gpu_stubs (raises if called).
 # Output goes to ${OUT:-gpu_out}/: gpu_tests.log, bench_dp_meta.txt/.json,
 # bench_eagle_tail.txt/.json, bench_draft_input.txt/.json, bench_events.txt/.json, bench_decode_loop.txt/.json/.png.
+# The decode loop runs every owned slot: the default set plus --opt-in pinned_d2h_ring.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
@@ -20,13 +21,15 @@ fi
 echo "NOTE: sgl_kernel is an import stub here (scripts/gpu_stubs); any call into it raises." | tee -a "$OUT/env.txt"
 python3 -m pytest -q -rs -s -p no:cacheprovider tests/test_gpu_dp_meta.py tests/test_dspark_dp_meta.py \
   tests/test_gpu_eagle_tail.py tests/test_gpu_draft_input_reuse.py tests/test_draft_input_reuse.py tests/test_gpu_audit.py \
-  tests/test_gpu_events.py tests/test_gpu_target_dp_meta.py tests/test_target_dp_meta.py tests/test_event_ring.py tests/test_accept_lens_snapshot.py tests/test_pinned_d2h_ring.py 2>&1 | tee "$OUT/gpu_tests.log"
+  tests/test_gpu_events.py tests/test_gpu_target_dp_meta.py tests/test_target_dp_meta.py tests/test_source_edit.py tests/test_event_ring.py tests/test_accept_lens_snapshot.py tests/test_pinned_d2h_ring.py 2>&1 | tee "$OUT/gpu_tests.log"
 rc=${PIPESTATUS[0]}
 python3 -c "import sgl_kernel; print('sgl_kernel stub calls:', sgl_kernel.CALLED)" | tee -a "$OUT/gpu_tests.log"
-python3 benchmarks/bench_dp_meta.py --json "$OUT/bench_dp_meta.json" 2>&1 | grep -v Warning | tee "$OUT/bench_dp_meta.txt"
-python3 benchmarks/bench_eagle_tail.py --json "$OUT/bench_eagle_tail.json" 2>&1 | grep -v Warning | tee "$OUT/bench_eagle_tail.txt"
-python3 benchmarks/bench_draft_input.py --json "$OUT/bench_draft_input.json" 2>&1 | grep -v Warning | tee "$OUT/bench_draft_input.txt"
-python3 benchmarks/bench_events.py --json "$OUT/bench_events.json" 2>&1 | grep -v Warning | tee "$OUT/bench_events.txt"
-python3 -m sglang_hostsync_plugin.bench --json "$OUT/bench_decode_loop.json" --png "$OUT/bench_decode_loop_lead.png" 2>&1 \
-  | grep -v Warning | tee "$OUT/bench_decode_loop.txt"
+# BENCHES picks benchmarks (default all): dp_meta eagle_tail draft_input events decode_loop
+for b in ${BENCHES:-dp_meta eagle_tail draft_input events decode_loop}; do
+  case $b in
+    decode_loop) python3 -m sglang_hostsync_plugin.bench --opt-in pinned_d2h_ring --json "$OUT/bench_decode_loop.json" \
+                   --png "$OUT/bench_decode_loop_lead.png" ;;
+    *) python3 "benchmarks/bench_$b.py" --json "$OUT/bench_$b.json" ;;
+  esac 2>&1 | grep -v Warning | tee "$OUT/bench_$b.txt"
+done
 exit $rc

@@ -2,7 +2,8 @@
 
 A server runs one speculative algorithm, so the bench runs one loop per algorithm.
 Each step drives real SGLang 0.5.23 objects through the code paths that algorithm's
-owned slots change: DSpark's draft DP-meta fill and block_accept_lens readback,
+owned slots change: DSpark's target-verify and draft DP-meta staging (DP attention,
+dp 8) and block_accept_lens readback,
 EAGLE's draft-branch tail copy, DFlash's draft-input prepare, and for all three the
 scheduler's read_done / copy_done events (the readback and event paths need CUDA).
 The stock arm runs SGLang's code and the plugin arm the default slot set, on the
@@ -37,12 +38,12 @@ from .slots import audit
 
 # A server runs one algorithm: each step drives the owned slots' paths for that one.
 ALGORITHMS = {
-    "dspark": ("dspark_dp_meta", "event_ring", "accept_lens_snapshot"),
+    "dspark": ("target_dp_meta", "dspark_dp_meta", "event_ring", "accept_lens_snapshot"),
     "eagle": ("eagle_fixed_shape_tail", "event_ring"),
     "dflash": ("draft_input_reuse", "event_ring"),
 }
 OPT_IN = ("pinned_d2h_ring",)  # --opt-in adds its path (the result readback) to every loop
-PATHS = ("dspark_dp_meta", "eagle_fixed_shape_tail", "draft_input_reuse", "event_ring", "accept_lens_snapshot",
+PATHS = ("target_dp_meta", "dspark_dp_meta", "eagle_fixed_shape_tail", "draft_input_reuse", "event_ring", "accept_lens_snapshot",
          *OPT_IN)
 GPU_PATHS = ("event_ring", "accept_lens_snapshot", *OPT_IN)  # their drivers need CUDA streams and events
 GPU_ONLY = ("syncs_per_step", "run_ahead_fraction", "launch_lead_ms", "steps_per_s")
@@ -62,7 +63,10 @@ def _paths(arm: str, bs: int, device: str, patcher, algorithm: str, opt_in: tupl
     from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
     from sglang.srt.speculative.dspark_components import dspark_draft
 
-    from .drivers import dp_meta, draft_input, eagle_tail
+    from sglang.srt.model_executor import forward_batch_info
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from .drivers import dp_meta, draft_input, eagle_tail, target_dp_meta
     from .slots import eagle_fixed_shape_tail as eft
 
     plugin = arm == "plugin"
@@ -77,6 +81,16 @@ def _paths(arm: str, bs: int, device: str, patcher, algorithm: str, opt_in: tupl
 
     def dspark():
         dp_meta.step(proposer, counts, bs * 4, device, make_nnp)
+
+    # The target verify batch's DP counts, as ForwardBatch.init_new stages them.
+    patcher.setattr(forward_batch_info, "enable_num_token_non_padded", lambda: True)
+    target_counts = target_dp_meta.make_schedule_batch([bs * 4] * DP, [bs] * DP)
+    verify_spec = target_dp_meta.spec_info(4, 1)
+    target_arm = "plugin" if plugin else "stock"
+
+    def target():
+        fb = target_dp_meta.make_forward_batch(bs * 4, device, spec=verify_spec, mode=ForwardMode.TARGET_VERIFY)
+        target_dp_meta.fill(target_arm, fb, target_counts, device)
 
     size, args = eagle_tail.make_case(rng, bs, TOPK, PAGE, num_steps=3, device=device)
     pool = eagle_tail.make_pool(size, PAGE, device, 0)
@@ -96,7 +110,7 @@ def _paths(arm: str, bs: int, device: str, patcher, algorithm: str, opt_in: tupl
     def dflash():
         draft_input.new_input(input_cls, bs, device, patcher).prepare_for_decode(batch)
 
-    paths = {"dspark_dp_meta": (dspark, None), "eagle_fixed_shape_tail": (eagle, None),
+    paths = {"target_dp_meta": (target, None), "dspark_dp_meta": (dspark, None), "eagle_fixed_shape_tail": (eagle, None),
              "draft_input_reuse": (dflash, None)}
     wanted = [p for p in (*ALGORITHMS[algorithm], *opt_in) if device == "cuda" or p not in GPU_PATHS]
     if device != "cuda":

@@ -58,3 +58,24 @@ def load(name: str, verbose: bool = False):
     )
     logger.info("hostsync: built csrc/%s.cu", name)
     return module
+
+
+def choose_impl(env_var: str, fallback: str, env) -> tuple[str, str]:
+    """(implementation, why) from ``env_var`` = ``auto`` | ``<fallback>`` | ``cuda``:
+    ``auto`` takes the csrc one (``cuda``) where it can be built, else ``fallback``."""
+    from .config import HostsyncConfigError
+
+    choices = ("auto", fallback, "cuda")
+    wanted = env.get(env_var, "auto").strip().lower() or "auto"
+    if wanted not in choices:
+        raise HostsyncConfigError(f"{env_var}={wanted!r}: use one of {', '.join(choices)}")
+    if wanted == fallback:
+        return fallback, f"{env_var}={fallback}"
+    missing = unavailable_reason()
+    if wanted == "cuda":
+        if missing:
+            raise HostsyncConfigError(f"{env_var}=cuda but csrc cannot be built here: {missing}")
+        return "cuda", f"{env_var}=cuda"
+    if missing:
+        return fallback, f"auto: csrc unavailable ({missing})"
+    return "cuda", "auto: csrc where it builds"

@@ -37,3 +37,15 @@ def nnp_enabled(monkeypatch):
     flag = {"on": True}
     monkeypatch.setattr(dspark_draft, "enable_num_token_non_padded", lambda: flag["on"])
     return flag
+
+
+@pytest.fixture(params=["python", "cuda"])
+def staging_impl(request, monkeypatch):
+    """Both ways a CUDA stager issues its copies (GPU tests): every stager made
+    lazily in the test takes this one."""
+    from sglang_hostsync_plugin import csrc, staging
+
+    if request.param == "cuda" and csrc.unavailable_reason():
+        pytest.skip(f"csrc: {csrc.unavailable_reason()}")
+    monkeypatch.setattr(staging, "_impl", request.param)
+    return request.param

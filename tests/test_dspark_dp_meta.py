@@ -7,6 +7,9 @@ import torch
 
 from sglang_hostsync_plugin.drivers.dp_meta import (compare_stock_and_plugin, make_batch, make_proposer, plugin_classes,
                            random_case, step)
+from sglang_hostsync_plugin import csrc, staging
+from sglang_hostsync_plugin.config import HostsyncConfigError
+from sglang_hostsync_plugin.slots import dspark_dp_meta, target_dp_meta
 from sglang_hostsync_plugin.staging import TwoSlotStager
 
 DEVICE = "cpu"
@@ -88,3 +91,43 @@ def test_stager_alternates_two_slots_and_reuses_them():
     c, _ = s.stage("cpu", [7, 8, 9], [0, 0, 0])
     assert a.tolist() == [1, 2, 3] and c.tolist() == [7, 8, 9]  # two slots
     assert s.stage("cpu", [5, 5, 5], [6, 6, 6])[0].data_ptr() == a.data_ptr()
+
+
+def test_stager_scalar_rides_along_in_the_same_stage():
+    s = TwoSlotStager(rows=1, scalar=True)
+    dst = torch.zeros((1,), dtype=torch.int32)
+    (a,) = s.stage("cpu", [1, 2], scalar_into=dst, scalar_value=7)
+    assert a.tolist() == [1, 2] and dst.tolist() == [7]
+    s.stage("cpu", [3, 4], scalar_into=dst, scalar_value=9)
+    assert dst.tolist() == [9] and s.scalar_host[:, 0].tolist() == [7, 9]  # one pinned slot per stage
+    s.stage("cpu", [5, 6])  # without scalar_into the destination is untouched
+    assert dst.tolist() == [9]
+
+
+@pytest.mark.parametrize("dst, match", [
+    (torch.zeros((1,), dtype=torch.int64), "one contiguous int32 element"),
+    (torch.zeros((2,), dtype=torch.int32), "one contiguous int32 element"),
+])
+def test_stager_scalar_destination_is_checked(dst, match):
+    with pytest.raises(ValueError, match=match):
+        TwoSlotStager(rows=1, scalar=True).stage("cpu", [1], scalar_into=dst, scalar_value=1)
+    with pytest.raises(ValueError, match="scalar=True"):
+        TwoSlotStager(rows=1).stage("cpu", [1], scalar_into=torch.zeros((1,), dtype=torch.int32), scalar_value=1)
+
+
+@pytest.mark.skipif(csrc.unavailable_reason() is None, reason="this machine can build csrc (the GPU run tests that path)")
+def test_staging_impl_choice_and_the_slots_precheck(monkeypatch):
+    assert staging.staging_impl({}) == "python"  # auto, csrc unavailable here
+    assert staging.staging_impl({staging.ENV_IMPL: "python"}) == "python"
+    with pytest.raises(HostsyncConfigError, match="cannot be built here"):
+        staging.staging_impl({staging.ENV_IMPL: "cuda"})
+    monkeypatch.setenv(staging.ENV_IMPL, "fast")
+    for slot in (dspark_dp_meta.SLOT, target_dp_meta.SLOT):
+        assert slot.precheck() == (f"bad configuration: {staging.ENV_IMPL}='fast': use one of auto, python, cuda")
+    monkeypatch.setenv(staging.ENV_IMPL, "python")
+    assert dspark_dp_meta.SLOT.precheck() is None
+
+
+def test_csrc_staging_source_ships_with_the_package():
+    with open(csrc.source_path("h2d_stage.cu")) as f:
+        assert "cudaEventRecord" in f.read()

@@ -1,4 +1,5 @@
-"""dspark_dp_meta on a CUDA device: identical values, no syncs, and the WAR guard.
+"""dspark_dp_meta on a CUDA device: identical values, no syncs, and the WAR guard,
+with the stager's copies issued from Python and from csrc.
 
 Skipped without CUDA (CI); run on the H200 by scripts/gpu_run.sh."""
 
@@ -15,14 +16,14 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 DEV = "cuda"
 
 
-def test_gpu_random_inputs_bit_identical(nnp_enabled):
+def test_gpu_random_inputs_bit_identical(nnp_enabled, staging_impl):
     _, cls, make_nnp = plugin_classes()
     rng = random.Random(31468)
     for _ in range(300):
         compare_stock_and_plugin(random_case(rng), nnp_enabled, cls, make_nnp, DEV)
 
 
-def test_gpu_no_sync_and_no_allocation_in_steady_state(nnp_enabled):
+def test_gpu_no_sync_and_no_allocation_in_steady_state(nnp_enabled, staging_impl):
     _, cls, make_nnp = plugin_classes()
     p = make_proposer(cls, DEV)
     rng = random.Random(1)
@@ -32,6 +33,7 @@ def test_gpu_no_sync_and_no_allocation_in_steady_state(nnp_enabled):
     for i in range(10):  # warm-up: allocates the stager once
         p._fill_dp_moe_sync_metadata(fbs[1000 + i], batches[i])
     torch.cuda.synchronize()
+    assert p._hs_stager.impl == staging_impl
     torch.cuda.set_sync_debug_mode("error")
     try:
         for fb, b in zip(fbs, batches):
@@ -41,23 +43,43 @@ def test_gpu_no_sync_and_no_allocation_in_steady_state(nnp_enabled):
     torch.cuda.synchronize()
     assert p._hs_stager.allocations == 1
     assert fbs[-11].global_num_tokens_gpu.tolist() == [4 * x for x in batches[-1].global_num_tokens]
+    assert p._num_token_non_padded.tolist() == [32]
 
 
-def _war_stress(stager_cls, fills=10_000, dp=8, sleep_cycles=200_000):
+def test_gpu_fills_do_not_wait_for_a_busy_device(nnp_enabled, staging_impl):
+    """Sync-debug mode sees only torch's syncs; csrc's copies are raw CUDA calls. Two
+    fills (one per slot) behind ~50 ms of device work must return with it still running."""
+    _, cls, make_nnp = plugin_classes()
+    p = make_proposer(cls, DEV)
+    fbs = [make_forward_batch(32, DEV, make_nnp) for _ in range(3)]
+    p._fill_dp_moe_sync_metadata(fbs[0], make_batch([1, 2], [1, 1]))  # allocates
+    torch.cuda.synchronize()
+    busy = torch.cuda.Event()
+    torch.cuda._sleep(100_000_000)
+    busy.record()
+    p._fill_dp_moe_sync_metadata(fbs[1], make_batch([3, 4], [1, 2]))
+    p._fill_dp_moe_sync_metadata(fbs[2], make_batch([5, 6], [2, 2]))
+    still_busy = not busy.query()
+    torch.cuda.synchronize()
+    assert still_busy, "a fill waited for the device"
+    assert p._hs_stager.blocking_waits == 0
+    assert fbs[1].global_num_tokens_gpu.tolist() == [12, 16] and fbs[2].global_num_tokens_gpu.tolist() == [20, 24]
+
+
+def _war_stress(stager_cls, impl, fills=10_000, dp=8, sleep_cycles=400_000):
     _, cls, make_nnp = plugin_classes()
     p = make_proposer(cls, DEV, per_req=1, logprob_per_req=1)
-    p._hs_stager = stager_cls(rows=2)
+    p._hs_stager = stager_cls(rows=2, scalar=True, impl=impl)
     rng = random.Random(7)
-    expected = torch.empty((fills, 2, dp), dtype=torch.int64)
+    counts = [([rng.randint(0, 1 << 20) for _ in range(dp)], [rng.randint(0, 1 << 20) for _ in range(dp)])
+              for _ in range(fills)]
+    batches = [make_batch(gnt, lp, coordination=True) for gnt, lp in counts]
+    expected = torch.tensor(counts, dtype=torch.int64)
     seen = torch.empty((fills, 2, dp), dtype=torch.int64, device=DEV)
     fb = make_forward_batch(8, DEV, make_nnp)
     for i in range(fills):
-        gnt = [rng.randint(0, 1 << 20) for _ in range(dp)]
-        lp = [rng.randint(0, 1 << 20) for _ in range(dp)]
-        expected[i, 0] = torch.tensor(gnt)
-        expected[i, 1] = torch.tensor(lp)
-        torch.cuda._sleep(sleep_cycles)  # ~100 us: slower than the host's fill, which runs ahead
-        p._fill_dp_moe_sync_metadata(fb, make_batch(gnt, lp, coordination=True))
+        torch.cuda._sleep(sleep_cycles)  # ~200 us of device work per fill: the host runs ahead
+        p._fill_dp_moe_sync_metadata(fb, batches[i])
         seen[i, 0].copy_(fb.global_num_tokens_gpu)  # the delayed device reader
         seen[i, 1].copy_(fb.global_num_tokens_for_logprob_gpu)
     torch.cuda.synchronize()
@@ -65,14 +87,14 @@ def _war_stress(stager_cls, fills=10_000, dp=8, sleep_cycles=200_000):
     return mismatches, p._hs_stager.blocking_waits
 
 
-def test_gpu_war_stress_zero_mismatches():
-    mismatches, waits = _war_stress(TwoSlotStager)
-    print(f"WAR stress with event guard: mismatches={mismatches} blocking_waits={waits}")
+def test_gpu_war_stress_zero_mismatches(staging_impl):
+    mismatches, waits = _war_stress(TwoSlotStager, staging_impl)
+    print(f"WAR stress ({staging_impl}) with event guard: mismatches={mismatches} blocking_waits={waits}")
     assert mismatches == 0
     assert waits > 0, "the device never lagged: the stress did not exercise the guard"
 
 
-def test_gpu_war_stress_detects_hazard_without_the_wait():
-    mismatches, _ = _war_stress(NoWaitStager)
-    print(f"WAR stress without event guard: mismatches={mismatches}")
+def test_gpu_war_stress_detects_hazard_without_the_wait(staging_impl):
+    mismatches, _ = _war_stress(NoWaitStager, staging_impl)
+    print(f"WAR stress ({staging_impl}) without event guard: mismatches={mismatches}")
     assert mismatches > 0, "the stress test cannot see the hazard it guards against"

@@ -93,11 +93,11 @@ def test_enabled_applies_verifies_and_logs_status_block():
     assert status.pop("dspark_dp_meta") == ["applied", ""]
     assert status.pop("eagle_fixed_shape_tail") == ["applied", ""]
     assert status.pop("draft_input_reuse") == ["applied", ""]
-    for name in ("event_ring", "accept_lens_snapshot"):
+    for name in ("event_ring", "accept_lens_snapshot", "target_dp_meta"):
         assert status.pop(name) == ["applied", ""], name
     # default: the #31468 built-ins verified, the #45450 switches opt-in.
     assert status == {**{n: ["upstream present", ""] for n in BUILTINS},
-                      **{n: ["skipped", "not selected"] for n in [*SWITCH_FLAGS, "audit", "pinned_d2h_ring", "target_dp_meta"]}}
+                      **{n: ["skipped", "not selected"] for n in [*SWITCH_FLAGS, "audit", "pinned_d2h_ring"]}}
     assert res["cls"] == "HostsyncDraftBlockProposer" and res["slots"] == ["dspark_dp_meta"]
     assert res["bases"] == ["HostsyncDraftBlockProposer", "DSparkDpMetaProposer", "DraftBlockProposer"]
     assert res["nnp"] is None and res["sched"] is True
@@ -127,7 +127,9 @@ def test_opt_in_slots_apply_and_run_through_the_hook_registry():
     from sglang_hostsync_plugin import runtime
     import sglang.srt.managers.utils as mutils, sglang.srt.utils.common as ucommon
     from sglang.srt.model_executor import forward_batch_info
-    from sglang_hostsync_plugin.drivers.target_dp_meta import make_forward_batch, make_schedule_batch
+    from sglang_hostsync_plugin.drivers import Patcher
+    from sglang_hostsync_plugin.drivers.target_dp_meta import (make_decode_batch, make_forward_batch, make_model_runner,
+        make_schedule_batch, stand_in_parallel_state)
     from sglang_hostsync_plugin.slots import target_dp_meta
     rt = runtime.current()
     runtime.startup_check(rt)
@@ -135,7 +137,11 @@ def test_opt_in_slots_apply_and_run_through_the_hook_registry():
     fb = make_forward_batch(8, "cpu")
     fb._init_num_token_non_padded(device="cpu", is_draft_worker=False)
     fb.init_mlp_sync_metadata(make_schedule_batch([3, 0, 5], [1, 0, 1]), "cpu")
+    stand_in_parallel_state(Patcher(), "cpu")
+    eager = make_decode_batch(2, "cpu", [2, 4])
+    eager.prepare_mlp_sync_batch(make_model_runner())  # through the edited method
     print("RESULT" + json.dumps({
+        "padded": eager.global_num_tokens_gpu.tolist(),
         "status": [rt.state.statuses[n].state for n in ("pinned_d2h_ring", "target_dp_meta")],
         "rebound": mutils._async_d2h is ucommon.async_d2h and hasattr(ucommon.async_d2h, "__wrapped__"),
         "counts": fb.global_num_tokens_gpu.tolist(), "nnp": fb.global_num_token_non_padded.item(),
@@ -149,7 +155,8 @@ def test_opt_in_slots_apply_and_run_through_the_hook_registry():
     # managers/utils imports it as `_async_d2h`: the patch must reach that alias too.
     assert res["rebound"] is True
     # The ForwardBatch methods went through target_dp_meta's stagers.
-    assert res["counts"] == [3, 0, 5] and res["nnp"] == 8 and res["staged"] == [1, 1]
+    assert res["counts"] == [3, 0, 5] and res["nnp"] == 8 and res["staged"] == [1, 1, 1]
+    assert res["padded"] == [4, 4]
 
 
 BOGUS_DIST = {

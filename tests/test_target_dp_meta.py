@@ -9,7 +9,8 @@ from sglang.srt.model_executor import forward_batch_info
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_hostsync_plugin.drivers import CallCounter
 from sglang_hostsync_plugin.drivers.target_dp_meta import (
-    fill, make_forward_batch, make_schedule_batch, snapshot, spec_info,
+    fill, make_decode_batch, make_forward_batch, make_model_runner, make_schedule_batch, prepare, prepare_snapshot,
+    snapshot, spec_info, stand_in_parallel_state,
 )
 from sglang_hostsync_plugin.slots import target_dp_meta as tdm
 
@@ -84,7 +85,7 @@ def test_seed_review_rows_differ_and_fills_get_their_own_tensors(nnp):
         assert fb.global_num_tokens_gpu.dtype == torch.int64 and fb.global_num_tokens_gpu.is_contiguous()
     ptrs = {fb.global_num_tokens_gpu.untyped_storage().data_ptr() for fb, _, _ in fbs}
     assert len(ptrs) == 3  # fresh device storage per ForwardBatch, never aliased
-    counts, _ = tdm.stagers()
+    counts = tdm.stagers()[0]
     assert counts.allocations == 1 and counts.slot == 1  # host slots 0, 1, 0: the third reused the first
 
 
@@ -93,7 +94,7 @@ def test_no_pinned_or_host_allocation_after_first_fill(nnp, monkeypatch):
     calls = CallCounter(monkeypatch, torch, "tensor")
     for i in range(20):
         fill("plugin", make_forward_batch(8, DEV), make_schedule_batch([i, 2], [1, i]), DEV)
-    counts, non_padded = tdm.stagers()
+    counts, non_padded, _ = tdm.stagers()
     assert calls.n == 0 and counts.allocations == 1 and non_padded.allocations == 1
     calls.n = 0
     fill("stock", make_forward_batch(8, DEV), make_schedule_batch([1, 2], [1, 1]), DEV)
@@ -105,3 +106,61 @@ def test_stager_follows_dp_changes(nnp):
         fb = fill("plugin", make_forward_batch(8, DEV), make_schedule_batch(list(range(dp)), [1] * dp), DEV)
         assert fb.global_num_tokens_gpu.tolist() == list(range(dp))
     assert tdm.stagers()[0].allocations == 3
+
+
+# prepare_mlp_sync_batch: SGLang's method with the padded-count H2D replaced.
+
+@pytest.fixture
+def parallel(monkeypatch):
+    def stand_in(**kw):
+        stand_in_parallel_state(monkeypatch, DEV, **kw)
+    return stand_in
+
+
+def _prepare_case(rng):
+    dp = rng.choice([1, 2, 4, 8])
+    rank = rng.randrange(dp)
+    idle = rng.random() < 0.2
+    bs = 0 if idle else rng.randint(1, 8)
+    counts = [rng.choice([0, rng.randint(1, 12)]) for _ in range(dp)]  # idle ranks included
+    counts[rank] = bs
+    return dict(dp_rank=rank, padding=rng.choice(["max_len", "sum_len"]), attn_tp_size=rng.choice([1, 2, 4])), bs, counts
+
+
+def test_prepare_mlp_sync_batch_bit_identical(parallel):
+    rng = random.Random(1948)
+    model_runner = make_model_runner()
+    for _ in range(200):
+        state, bs, counts = _prepare_case(rng)
+        parallel(**state)
+        stock = prepare_snapshot(prepare("stock", make_decode_batch(bs, DEV, counts), model_runner))
+        plugin = prepare_snapshot(prepare("plugin", make_decode_batch(bs, DEV, counts), model_runner))
+        assert plugin == stock, (state, bs, counts)
+    padded = tdm.stagers()[2]
+    assert padded.allocations >= 1 and padded.slot in (0, 1)  # the staged path ran, not the fallback
+
+
+def test_prepare_mlp_sync_batch_allocates_no_count_tensor(parallel, monkeypatch):
+    parallel()
+    model_runner = make_model_runner()
+    prepare("plugin", make_decode_batch(3, DEV, [3, 5]), model_runner)
+    fbs = [make_decode_batch(3, DEV, [3, 5]) for _ in range(11)]
+    calls = CallCounter(monkeypatch, torch, "tensor")
+    for fb in fbs[:10]:
+        prepare("plugin", fb, model_runner)
+    assert calls.n == 0 and fbs[9].global_num_tokens_gpu.tolist() == [5, 5]
+    prepare("stock", fbs[10], model_runner)
+    assert calls.n == 1  # stock: a pinned tensor per eager forward
+
+
+def test_prepare_mlp_sync_batch_falls_back_for_other_count_tensors(parallel):
+    """A global_num_tokens_gpu the stager cannot write (int32 here) gets SGLang's own copy_."""
+    parallel()
+    model_runner = make_model_runner()
+    out = []
+    for arm in ("stock", "plugin"):
+        fb = make_decode_batch(2, DEV, [2, 6])
+        fb.global_num_tokens_gpu = fb.global_num_tokens_gpu.to(torch.int32)
+        out.append(prepare_snapshot(prepare(arm, fb, model_runner)))
+    assert out[0] == out[1] and out[1]["global_num_tokens_gpu"][0] == "torch.int32"
+    assert tdm.stagers()[2].allocations == 0

@@ -30,7 +30,7 @@ def test_catalogue_has_every_switch_and_builtin_with_kind_and_default():
     assert builtins == list(BUILTINS)
     assert config.parse_slot_spec("dspark_mega", CATALOGUE).names == tuple(SWITCH_FLAGS)
     assert set(config.parse_slot_spec("default", CATALOGUE).names) == {
-        "dspark_dp_meta", "eagle_fixed_shape_tail", "draft_input_reuse", "event_ring",
+        "dspark_dp_meta", "target_dp_meta", "eagle_fixed_shape_tail", "draft_input_reuse", "event_ring",
         "accept_lens_snapshot", *BUILTINS}
 
 

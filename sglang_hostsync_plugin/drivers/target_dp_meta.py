@@ -68,3 +68,71 @@ def snapshot(fb) -> dict:
             v = (str(v.dtype), tuple(v.shape), v.device.type, v.cpu().tolist())
         out[name] = v
     return out
+
+
+# prepare_mlp_sync_batch (the eager forward's DP padding) on a real ForwardBatch. The
+# parallel state it reads is stood in for, in its module's globals (both arms see it).
+PREPARE_FIELDS = ("global_num_tokens_cpu", "global_num_tokens_gpu", "global_num_tokens_padded_cpu",
+                  "global_dp_buffer_len", "batch_size", "input_ids", "positions", "seq_lens", "out_cache_loc",
+                  "req_pool_indices", "forward_mode", "dp_padding_mode")
+STOCK_PREPARE = ForwardBatch.prepare_mlp_sync_batch
+
+
+def stand_in_parallel_state(patcher, device, padding: str = "max_len", dp_rank: int = 0, attn_tp_size: int = 1) -> None:
+    from sglang.srt.layers.dp_attention import DpPaddingMode
+    from sglang.srt.model_executor import forward_batch_info as fbi
+
+    mode = DpPaddingMode.MAX_LEN if padding == "max_len" else DpPaddingMode.SUM_LEN
+    patcher.setattr(fbi, "DpPaddingMode", SimpleNamespace(
+        get_dp_padding_mode=lambda is_extend, counts: mode, MAX_LEN=DpPaddingMode.MAX_LEN,
+        SUM_LEN=DpPaddingMode.SUM_LEN))
+
+    parallel = SimpleNamespace(attn_tp_size=attn_tp_size, tp_group=None)
+    graph = SimpleNamespace(cuda_graph_config=SimpleNamespace(prefill=SimpleNamespace(bs=None)))
+    patcher.setattr(fbi, "get_parallel", lambda: parallel)
+    patcher.setattr(fbi, "get_exec", lambda: SimpleNamespace(graph=graph))
+    patcher.setattr(fbi, "dp_slot_in", lambda counts: dp_rank)
+    patcher.setattr(fbi, "set_dp_buffer_len_from_batch", lambda batch: None)
+    patcher.setattr(fbi, "set_is_extend_in_batch", lambda flag: None)
+    patcher.setattr(fbi, "mambaish_config", lambda config: None)
+    patcher.setattr(fbi, "_is_cpu", torch.device(device).type == "cpu")  # SGLang's CPU build: no pinned memory
+
+
+def make_model_runner():
+    backend = SimpleNamespace(get_cpu_graph_seq_len_fill_value=lambda: 1,
+                              get_cuda_graph_seq_len_fill_value=lambda: 1,
+                              late_layer_num_tokens=lambda batch: None)
+    return SimpleNamespace(attn_tp_sequence_sharded=lambda n: False, is_draft_worker=False, attn_backend=backend,
+                           model_config=SimpleNamespace(hf_config=SimpleNamespace()))
+
+
+def make_decode_batch(bs: int, device, counts: list[int]):
+    """A decode ForwardBatch after ``init_new`` + ``init_mlp_sync_metadata``: ``bs``
+    requests here, ``counts`` tokens on each DP rank."""
+    ids = torch.arange(bs, dtype=torch.int64, device=device)
+    fb = ForwardBatch(forward_mode=ForwardMode.DECODE, batch_size=bs, input_ids=ids.clone(),
+                      req_pool_indices=ids.clone(), seq_lens=ids + 5, out_cache_loc=ids.clone(),
+                      seq_lens_sum=int(bs * 5 + bs * (bs - 1) // 2), positions=ids.clone())
+    fb.is_extend_in_batch = False
+    fb.global_num_tokens_cpu = list(counts)
+    fb.global_num_tokens_for_logprob_cpu = list(counts)
+    fb.global_num_tokens_gpu = torch.tensor(counts, dtype=torch.int64, device=device)
+    return fb
+
+
+def prepare(arm, fb, model_runner):
+    if arm == "plugin":
+        tdm.prepare_mlp_sync_batch_hook(STOCK_PREPARE, fb, model_runner)
+    else:
+        STOCK_PREPARE(fb, model_runner)
+    return fb
+
+
+def prepare_snapshot(fb) -> dict:
+    out = {}
+    for name in PREPARE_FIELDS:
+        v = getattr(fb, name)
+        if isinstance(v, torch.Tensor):
+            v = (str(v.dtype), tuple(v.shape), v.device.type, v.cpu().tolist())
+        out[name] = v
+    return out

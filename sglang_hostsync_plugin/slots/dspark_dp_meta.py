@@ -11,9 +11,12 @@ With the slot:
   batch's GPU tensors are views of the current device slot. Each slot's event is
   waited on before the host rewrites it, so a second fill in one step cannot
   overwrite a pending copy. Allocated at the first fill; reallocated if dp or the
-  device changes.
+  device changes. The copies and the event record are one C++ call where csrc
+  builds (``SGLANG_HOSTSYNC_STAGING_IMPL``, see ``staging``).
 - ``global_num_token_non_padded`` is a 0-dim view of the proposer's persistent
-  ``_num_token_non_padded``, which the fill already writes with the same count;
+  ``_num_token_non_padded``, which the fill already writes with the same count
+  (under DP-MoE sync from the stage's own pinned int32 slot, in the same stage,
+  instead of a ``fill_`` kernel);
   ``_make_num_token_non_padded`` no longer allocates or copies (its only callers
   are ``_run_forward``, which calls the fill right after, and the fill itself).
 
@@ -26,8 +29,8 @@ from __future__ import annotations
 
 from sglang.srt.speculative.spec_info import spec_scale_global_num_tokens
 
-from ..slot import HookTarget, Slot, SlotKind, TargetKind
-from ..staging import TwoSlotStager
+from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck
+from ..staging import TwoSlotStager, check_staging_impl
 
 MODULE = "sglang.srt.speculative.dspark_components.dspark_draft"
 
@@ -52,13 +55,15 @@ class DSparkDpMetaProposer:
         )
         num_tokens = forward_batch.input_ids.numel()
         nnp = self._num_token_non_padded
+        staged = self._dp_moe_sync and batch.global_num_tokens is not None
         if nnp is not None:
-            nnp.fill_(num_tokens)
+            if not staged:
+                nnp.fill_(num_tokens)
             forward_batch.num_token_non_padded = nnp
             # Stock gives _run_forward's batch its own H2D of this same count.
             forward_batch.global_num_token_non_padded = self._hs_global_non_padded(nnp)
         forward_batch.num_token_non_padded_cpu = num_tokens
-        if not self._dp_moe_sync or batch.global_num_tokens is None:
+        if not staged:
             return
         if batch.dp_spec_prefill_coordination_applied:
             gnt = batch.global_num_tokens
@@ -74,11 +79,13 @@ class DSparkDpMetaProposer:
         forward_batch.global_num_tokens_cpu = gnt
         forward_batch.global_num_tokens_for_logprob_cpu = gnt_logprob
         if self._hs_stager is None:
-            self._hs_stager = TwoSlotStager(rows=2)
+            self._hs_stager = TwoSlotStager(rows=2, scalar=True)
+        # The count reaches nnp in the same stage as the rows (no fill_ launch).
         (
             forward_batch.global_num_tokens_gpu,
             forward_batch.global_num_tokens_for_logprob_gpu,
-        ) = self._hs_stager.stage(self.draft_model_runner.device, gnt, gnt_logprob)
+        ) = self._hs_stager.stage(self.draft_model_runner.device, gnt, gnt_logprob,
+                                  scalar_into=nnp, scalar_value=num_tokens)
 
 
 def make_num_token_non_padded_hook(original, num_tokens, device):
@@ -92,6 +99,7 @@ SLOT = Slot(
     origin="sglang#47677",
     summary="DSpark draft DP-MoE counts: one persistent two-slot pinned buffer, one H2D",
     default=True,
+    precheck=config_precheck(check_staging_impl),
     targets=(
         HookTarget(
             path=f"{MODULE}.DraftBlockProposer",

@@ -25,7 +25,6 @@ import triton
 import triton.language as tl
 
 from .. import csrc
-from ..config import HostsyncConfigError
 from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck
 
 logger = logging.getLogger("sglang.srt.plugins.hostsync")
@@ -33,10 +32,8 @@ logger = logging.getLogger("sglang.srt.plugins.hostsync")
 NAME = "eagle_fixed_shape_tail"
 TARGET = "sglang.srt.speculative.eagle_worker_common.duplicate_prefix_tail_to_draft_branches"
 ENV_IMPL = "SGLANG_HOSTSYNC_EAGLE_TAIL_IMPL"
-IMPLS = ("auto", "triton", "cuda")
-# csrc: faster than Triton in the first H200 run, within noise in the rerun
-# (benchmarks/results/2026-11-29-h200-slots*/bench_eagle_tail.txt).
-PREFERRED = "cuda"
+# auto takes csrc: faster than Triton in the first H200 run, within noise in the
+# rerun (benchmarks/results/2026-11-29-h200-slots*/bench_eagle_tail.txt).
 
 
 @triton.jit
@@ -82,20 +79,7 @@ def _as_int64(t: torch.Tensor) -> torch.Tensor:
 
 def choose_impl(env=None) -> tuple[str, str]:
     """(implementation, why) for this process."""
-    env = os.environ if env is None else env
-    wanted = env.get(ENV_IMPL, "auto").strip().lower() or "auto"
-    if wanted not in IMPLS:
-        raise HostsyncConfigError(f"{ENV_IMPL}={wanted!r}: use one of {', '.join(IMPLS)}")
-    missing = csrc.unavailable_reason()
-    if wanted == "triton":
-        return "triton", f"{ENV_IMPL}=triton"
-    if wanted == "cuda":
-        if missing:
-            raise HostsyncConfigError(f"{ENV_IMPL}=cuda but csrc cannot be built here: {missing}")
-        return "cuda", f"{ENV_IMPL}=cuda"
-    if PREFERRED == "cuda" and missing:
-        return "triton", f"auto: csrc unavailable ({missing})"
-    return PREFERRED, "auto: csrc where it builds"
+    return csrc.choose_impl(ENV_IMPL, "triton", os.environ if env is None else env)
 
 
 _impl: str | None = None

@@ -12,6 +12,13 @@ DP counts from fresh pinned ``torch.tensor``s, one H2D each. Covered sites
 - ``ForwardBatch._init_num_token_non_padded`` (~1364-1382): the
   ``global_num_token_non_padded`` scalar (int32, 1 pinned tensor, 1 H2D) goes
   through its own two-slot pinned stager into a new 0-dim device tensor.
+- ``ForwardBatch.prepare_mlp_sync_batch`` (~1948-1954, the eager forward's DP
+  padding; CUDA-graph replays skip it): the padded ``global_num_tokens`` (int64, 1
+  pinned tensor, 1 H2D into ``global_num_tokens_gpu``) goes through a third two-slot
+  stager straight into ``global_num_tokens_gpu``. The site sits in the middle of a
+  230-line method, so the method is SGLang's own source with those six lines
+  replaced (``source_edit``; source pinned). Where ``global_num_tokens_gpu`` is not
+  a 1-D contiguous int64 tensor of the right length, SGLang's two lines run.
 
 The device tensors stay fresh per ForwardBatch (the caching allocator's, no
 cudaMalloc after warm-up): many consumers keep or modify them in place (e.g.
@@ -19,12 +26,8 @@ cudaMalloc after warm-up): many consumers keep or modify them in place (e.g.
 pinned slots are reused, each rewritten only after the event recorded after its
 last H2D fired. The hooks replace SGLang's bodies (sources pinned); the count
 logic calls SGLang's own ``spec_scale_global_num_tokens``.
-
-Not covered: the pinned tensor + ``copy_`` in ``ForwardBatch.prepare_mlp_sync_batch``
-(~1948), in the middle of a 230-line method (issue 4 note).
-
-Not in ``default``: its GPU tests (``tests/test_gpu_target_dp_meta.py``) have not
-run on a GPU yet.
+Each stager's copies and event record are one C++ call where csrc builds
+(``SGLANG_HOSTSYNC_STAGING_IMPL``, see ``staging``).
 """
 
 from __future__ import annotations
@@ -34,28 +37,32 @@ import torch
 from sglang.srt.model_executor import forward_batch_info
 from sglang.srt.speculative.spec_info import spec_scale_global_num_tokens
 
-from ..slot import HookTarget, Slot, SlotKind, TargetKind
-from ..staging import TwoSlotStager
+from ..source_edit import edit_function
+from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck
+from ..staging import TwoSlotStager, check_staging_impl
 
 NAME = "target_dp_meta"
 FORWARD_BATCH = "sglang.srt.model_executor.forward_batch_info.ForwardBatch"
 
 _counts: TwoSlotStager | None = None
 _non_padded: TwoSlotStager | None = None
+_padded: TwoSlotStager | None = None
 
 
-def stagers() -> tuple[TwoSlotStager, TwoSlotStager]:
-    """The process's stagers (one scheduler thread builds every ForwardBatch)."""
-    global _counts, _non_padded
+def stagers() -> tuple[TwoSlotStager, TwoSlotStager, TwoSlotStager]:
+    """The process's stagers (one scheduler thread builds every ForwardBatch):
+    counts, num_token_non_padded, padded counts."""
+    global _counts, _non_padded, _padded
     if _counts is None:
         _counts = TwoSlotStager(rows=2, fresh_device=True)
         _non_padded = TwoSlotStager(rows=1, dtype=torch.int32, fresh_device=True)
-    return _counts, _non_padded
+        _padded = TwoSlotStager(rows=1, fresh_device=True)  # writes into= the batch's tensor
+    return _counts, _non_padded, _padded
 
 
 def reset() -> None:
-    global _counts, _non_padded
-    _counts = _non_padded = None
+    global _counts, _non_padded, _padded
+    _counts = _non_padded = _padded = None
 
 
 def init_mlp_sync_metadata_hook(original, self, batch, device, *, is_draft_worker: bool = False) -> None:
@@ -101,12 +108,46 @@ def init_num_token_non_padded_hook(original, self, *, device, is_draft_worker: b
     self.global_num_token_non_padded_cpu = num_tokens
 
 
+def stage_padded_counts(fb, global_num_tokens: list) -> None:
+    """``prepare_mlp_sync_batch``'s H2D of the padded counts into ``global_num_tokens_gpu``."""
+    dst = fb.global_num_tokens_gpu
+    padded = stagers()[2]
+    if padded.fits(dst, len(global_num_tokens)):
+        padded.stage(dst.device, global_num_tokens, into=dst)
+    else:  # SGLang's two lines
+        pinned = torch.tensor(global_num_tokens, pin_memory=fb.use_pin_memory)
+        dst.copy_(pinned, non_blocking=fb.use_pin_memory)
+
+
+PADDED_COUNTS_H2D = (
+    """        global_num_tokens_pinned = torch.tensor(
+            global_num_tokens, pin_memory=self.use_pin_memory
+        )
+        self.global_num_tokens_gpu.copy_(
+            global_num_tokens_pinned, non_blocking=self.use_pin_memory
+        )
+""",
+    """        _hostsync_stage_padded_counts(self, global_num_tokens)
+""",
+)
+_prepare_mlp_sync_batch = None
+
+
+def prepare_mlp_sync_batch_hook(original, self, model_runner):
+    global _prepare_mlp_sync_batch
+    if _prepare_mlp_sync_batch is None:  # built from the pinned source the installer verified
+        _prepare_mlp_sync_batch = edit_function(
+            original, (PADDED_COUNTS_H2D,), {"_hostsync_stage_padded_counts": stage_padded_counts})
+    return _prepare_mlp_sync_batch(self, model_runner)
+
+
 SLOT = Slot(
     name=NAME,
     kind=SlotKind.OWNED,
     origin="sglang#47677 (target side)",
     summary="target ForwardBatch DP counts: persistent pinned staging, one H2D for both count rows",
-    default=False,  # GPU tests not run yet: see the docstring
+    default=True,
+    precheck=config_precheck(check_staging_impl),
     targets=(
         HookTarget(
             f"{FORWARD_BATCH}.init_mlp_sync_metadata", TargetKind.FUNCTION, hook=init_mlp_sync_metadata_hook,
@@ -115,6 +156,10 @@ SLOT = Slot(
         HookTarget(
             f"{FORWARD_BATCH}._init_num_token_non_padded", TargetKind.FUNCTION, hook=init_num_token_non_padded_hook,
             params=("self", "device", "is_draft_worker"), source_sha="2db8b5d5db002f7e",
+        ),
+        HookTarget(
+            f"{FORWARD_BATCH}.prepare_mlp_sync_batch", TargetKind.FUNCTION, hook=prepare_mlp_sync_batch_hook,
+            params=("self", "model_runner"), source_sha="314a988fac1c4001",
         ),
     ),
 )

@@ -1,0 +1,56 @@
+"""Surgical edits of an upstream function, for a few lines in the middle of a long
+method that no smaller hook reaches: the function is recompiled from its own
+source with each snippet replaced exactly once, so everything else stays SGLang's
+code. Callers pin the upstream source (``HookTarget.source_sha``): the snippets are
+then known to be there.
+
+The copy runs in the function's live module globals (later patches of module
+names still reach it) and keeps the file name and line numbers in tracebacks.
+Names the new text needs come in as closure variables, not as module globals.
+"""
+
+from __future__ import annotations
+
+import __future__
+import ast
+import inspect
+import textwrap
+import types
+
+
+class SourceEditError(RuntimeError):
+    pass
+
+
+def edit_function(func: types.FunctionType, edits: tuple[tuple[str, str], ...], names: dict) -> types.FunctionType:
+    """``func`` recompiled with each ``(old, new)`` of ``edits`` applied; ``old`` must
+    occur exactly once. ``names``: what ``new`` refers to, bound as closure cells."""
+    lines, first_line = inspect.getsourcelines(func)
+    source = "".join(lines)  # as in the file: snippets carry the file's indentation
+    if source.lstrip().startswith("@"):
+        raise SourceEditError(f"{func.__qualname__}: decorated functions are not supported")
+    for old, new in edits:
+        count = source.count(old)
+        if count != 1:
+            raise SourceEditError(f"{func.__qualname__}: expected one {old.strip().splitlines()[0]!r}, found {count}")
+        source = source.replace(old, new)
+    source = textwrap.dedent(source)
+    # def _factory(<names>): <func>; return <func>  -- the names become closure cells.
+    body = textwrap.indent(source, "    ")
+    factory_src = f"def _hostsync_factory({', '.join(names)}):\n{body}\n    return {func.__name__}\n"
+    tree = ast.parse(factory_src)
+    ast.increment_lineno(tree, first_line - 2)
+    flags = 0
+    if func.__globals__.get("annotations") is __future__.annotations:
+        flags |= __future__.annotations.compiler_flag
+    code = compile(tree, func.__code__.co_filename, "exec", flags=flags, dont_inherit=True)
+    scratch: dict = {}
+    exec(code, func.__globals__ | {"__builtins__": func.__globals__.get("__builtins__")}, scratch)
+    factory = types.FunctionType(scratch["_hostsync_factory"].__code__, func.__globals__)
+    edited = factory(**names)
+    edited.__qualname__ = func.__qualname__
+    edited.__module__ = func.__module__
+    edited.__defaults__ = func.__defaults__
+    edited.__kwdefaults__ = func.__kwdefaults__
+    edited.__doc__ = func.__doc__
+    return edited

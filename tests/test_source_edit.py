@@ -1,0 +1,88 @@
+"""source_edit: a function recompiled from its own source with snippets replaced."""
+
+import importlib.util
+import textwrap
+import traceback
+
+import pytest
+
+from sglang_hostsync_plugin.source_edit import SourceEditError, edit_function
+
+TOY = '''
+from __future__ import annotations
+
+SCALE = 2
+
+
+class Box:
+    def total(self, values: list[Unknown]) -> int:
+        out = 0
+        for v in values:
+            out += v * SCALE
+        if out < 0:
+            raise ValueError("negative")
+        return out
+
+
+def twice(x):
+    return x + x
+
+
+@staticmethod
+def decorated(x):
+    return x
+'''
+
+
+@pytest.fixture
+def toy(tmp_path):
+    path = tmp_path / "toy_mod.py"
+    path.write_text(textwrap.dedent(TOY))
+    spec = importlib.util.spec_from_file_location("toy_mod", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_replaces_once_binds_names_and_keeps_live_globals(toy):
+    seen = []
+    edited = edit_function(toy.Box.total, (("            out += v * SCALE\n", "            out += hook(v) * SCALE\n"),),
+                           {"hook": lambda v: seen.append(v) or v})
+    assert edited(toy.Box(), [1, 2, 3]) == 12 and seen == [1, 2, 3]
+    toy.SCALE = 10  # the module's globals are the copy's globals
+    assert edited(toy.Box(), [1]) == 10
+    assert edited.__qualname__ == "Box.total" and edited.__module__ == "toy_mod"
+    assert toy.Box.total(toy.Box(), [1]) == 10  # the original is untouched
+
+
+def test_tracebacks_point_at_the_original_file_and_lines(toy):
+    edited = edit_function(toy.Box.total, (("out += v * SCALE", "out += v"),), {})
+    with pytest.raises(ValueError) as err:
+        edited(toy.Box(), [-1])
+    frame = traceback.extract_tb(err.tb)[-1]
+    assert frame.filename == toy.__file__ and frame.line == 'raise ValueError("negative")'
+    assert edited.__code__.co_firstlineno == toy.Box.total.__code__.co_firstlineno
+
+
+@pytest.mark.parametrize("old, count", [("not in the source", 0), ("v", None)])
+def test_a_snippet_must_occur_exactly_once(toy, old, count):
+    with pytest.raises(SourceEditError, match=r"expected one .* found (0|[2-9])"):
+        edit_function(toy.Box.total, ((old, "x"),), {})
+
+
+def test_decorated_functions_are_refused(toy):
+    with pytest.raises(SourceEditError, match="decorated"):
+        edit_function(toy.decorated.__func__ if hasattr(toy.decorated, "__func__") else toy.decorated,
+                      (("return x", "return 0"),), {})
+
+
+def test_target_dp_meta_edit_builds_from_the_pinned_method():
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+    from sglang_hostsync_plugin.slots import target_dp_meta as tdm
+
+    stock = ForwardBatch.prepare_mlp_sync_batch
+    edited = edit_function(stock, (tdm.PADDED_COUNTS_H2D,), {"_hostsync_stage_padded_counts": tdm.stage_padded_counts})
+    assert "global_num_tokens_pinned" in stock.__code__.co_varnames
+    assert "global_num_tokens_pinned" not in edited.__code__.co_varnames
+    assert edited.__code__.co_freevars == ("_hostsync_stage_padded_counts",)
+    assert edited.__globals__ is stock.__globals__
