@@ -112,6 +112,7 @@ def test_gpu_prepare_mlp_sync_batch_bit_identical_and_no_added_sync(monkeypatch,
         plugin = prepare_snapshot(prepare("plugin", make_decode_batch(bs, DEV, counts), model_runner))
         assert plugin == stock
     assert tdm.stagers()[2].impl == staging_impl
+    stand_in_parallel_state(monkeypatch, DEV)  # rank 0 of the [4, 6] batches below
     syncs = {}
     for arm in ("stock", "plugin"):
         fbs = [make_decode_batch(4, DEV, [4, 6]) for _ in range(200)]
