@@ -59,10 +59,10 @@ def fill(arm, fb, batch, device, *, is_draft_worker=False):
     return fb
 
 
-def snapshot(fb) -> dict:
+def snapshot(fb, fields=FIELDS) -> dict:
     """The fields as comparable values: tensors as (dtype, shape, device type, values)."""
     out = {}
-    for name in FIELDS:
+    for name in fields:
         v = getattr(fb, name)
         if isinstance(v, torch.Tensor):
             v = (str(v.dtype), tuple(v.shape), v.device.type, v.cpu().tolist())
@@ -129,10 +129,4 @@ def prepare(arm, fb, model_runner):
 
 
 def prepare_snapshot(fb) -> dict:
-    out = {}
-    for name in PREPARE_FIELDS:
-        v = getattr(fb, name)
-        if isinstance(v, torch.Tensor):
-            v = (str(v.dtype), tuple(v.shape), v.device.type, v.cpu().tolist())
-        out[name] = v
-    return out
+    return snapshot(fb, PREPARE_FIELDS)
