@@ -13,13 +13,15 @@ import time
 
 import torch
 
+from sglang_hostsync_plugin.drivers import abba
 from sglang_hostsync_plugin.drivers.draft_input import BLOCK, Patcher, make_batch, make_req, new_input, plugin_class
 from sglang.srt.runtime_context import get_context
 from sglang.srt.speculative import dflash_info_v2
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 
 
-def measure(cls, bs, steps, mp):
+def sample(cls, bs, steps, mp):
+    """(host µs per step, counts per step) over ``steps`` steps after 50 warm-up ones."""
     rng = random.Random(bs)
     batches = [make_batch([make_req(rng, 4) for _ in range(bs)], "cuda", 4) for _ in range(steps + 50)]
     counts = {"pinned": 0, "device": 0}
@@ -47,26 +49,36 @@ def measure(cls, bs, steps, mp):
                 torch.cuda.synchronize()
     mp.setattr(torch, "empty", real_empty)
     torch.cuda.synchronize()
-    times.sort()
+    return times, {k: v / steps for k, v in counts.items()}
+
+
+def pooled(runs):
+    times = sorted(x for t, _ in runs for x in t)
     return {"host_us_median": statistics.median(times), "host_us_p90": times[int(0.9 * len(times))],
-            "pinned_allocs_per_step": counts["pinned"] / steps, "device_allocs_per_step": counts["device"] / steps}
+            "pinned_allocs_per_step": sum(c["pinned"] for _, c in runs) / len(runs),
+            "device_allocs_per_step": sum(c["device"] for _, c in runs) / len(runs)}
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
     ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=4, help="interleaved (ABBA) rounds per arm; samples pooled")
     args = ap.parse_args()
+    per_round = args.steps // args.rounds
     rows = []
     mp = Patcher()
     try:
         mp.setattr(dflash_info_v2, "alloc_for_spec_decode", lambda *a, **k: None)
+        plugin_cls = plugin_class()
         for bs in (1, 4, 16, 32):
-            rows.append({"bs": bs, "stock": measure(DFlashDraftInputV2, bs, args.steps, mp),
-                         "plugin": measure(plugin_class(), bs, args.steps, mp)})
+            runs = abba({"stock": lambda: sample(DFlashDraftInputV2, bs, per_round, mp),
+                         "plugin": lambda: sample(plugin_cls, bs, per_round, mp)}, args.rounds)
+            rows.append({"bs": bs, "stock": pooled(runs["stock"]), "plugin": pooled(runs["plugin"])})
     finally:
         mp.undo()
-    print(f"draft-input prepare host time per step (us), {torch.cuda.get_device_name()}, steps={args.steps}")
+    print(f"draft-input prepare host time per step (us), {torch.cuda.get_device_name()}, "
+          f"steps={per_round * args.rounds} in {args.rounds} interleaved rounds per arm")
     print(" bs | stock med    p90  pin/step dev/step | plugin med    p90  pin/step dev/step | med ratio")
     for r in rows:
         s, p = r["stock"], r["plugin"]

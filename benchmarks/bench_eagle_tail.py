@@ -4,7 +4,9 @@ Per call: host time (launch to return, median/p90 µs), GPU time (CUDA events,
 median µs), and syncs per call (torch sync-debug "warn" counts). EAGLE page_size>1,
 topk>1 draft-branch tail copy on a real SGLang MHATokenToKVPool.
 
-    python benchmarks/bench_eagle_tail.py [--json out.json]
+    python benchmarks/bench_eagle_tail.py [--rounds 4] [--json out.json]
+
+Each arm runs --rounds rounds of 300/rounds calls, interleaved (ABBA), samples pooled.
 """
 
 import argparse
@@ -16,6 +18,7 @@ import warnings
 
 import torch
 
+from sglang_hostsync_plugin.drivers import abba
 from sglang_hostsync_plugin.drivers.eagle_tail import make_case, make_pool
 from sglang.srt.speculative import eagle_worker_common as ewc
 from sglang_hostsync_plugin.slots import eagle_fixed_shape_tail as eft
@@ -30,7 +33,8 @@ def plugin_call(impl):
     return call
 
 
-def measure(fn, pool, args, iters=300):
+def sample(fn, pool, args, iters):
+    """(host µs, GPU µs) per call, ``iters`` calls after a warm-up."""
     for _ in range(20):
         fn(pool, *args)
     torch.cuda.synchronize()
@@ -46,32 +50,40 @@ def measure(fn, pool, args, iters=300):
         end.record()
         torch.cuda.synchronize()
         gpu.append(start.elapsed_time(end) * 1e3)
+    return host, gpu
+
+
+def measure(runs, fn, pool, args):
+    """One arm's row from its rounds of ``sample``, plus its syncs per call."""
+    host = sorted(x for h, _ in runs for x in h)
+    gpu = [x for _, g in runs for x in g]
     torch.cuda.set_sync_debug_mode("warn")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         fn(pool, *args)
     torch.cuda.set_sync_debug_mode("default")
     syncs = sum("synchroniz" in str(w.message) for w in caught)
-    host.sort()
     return {"host_us_median": statistics.median(host), "host_us_p90": host[int(0.9 * len(host))],
             "gpu_us_median": statistics.median(gpu), "syncs_per_call": syncs}
 
 
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--json")
     args_ns = ap.parse_args()
+    iters = 300 // args_ns.rounds
     rows = []
     for bs, topk, page_size in [(1, 4, 16), (4, 4, 64), (16, 4, 64), (32, 4, 64), (64, 4, 64), (64, 8, 64)]:
         rng = random.Random(bs * 1000 + topk)
         size, args = make_case(rng, bs, topk, page_size, num_steps=3, device="cuda")
         pool = make_pool(size, page_size, "cuda", 0)
         full = (*args, topk, page_size)
-        res = {"bs": bs, "topk": topk, "page_size": page_size,
-               "stock": measure(ewc.duplicate_prefix_tail_to_draft_branches, pool, full)}
-        for impl in ("triton", "cuda"):
-            res[impl] = measure(plugin_call(impl), pool, full)
-        rows.append(res)
+        fns = {"stock": ewc.duplicate_prefix_tail_to_draft_branches,
+               "triton": plugin_call("triton"), "cuda": plugin_call("cuda")}
+        runs = abba({arm: (lambda fn=fn: sample(fn, pool, full, iters)) for arm, fn in fns.items()}, args_ns.rounds)
+        rows.append({"bs": bs, "topk": topk, "page_size": page_size,
+                     **{arm: measure(runs[arm], fn, pool, full) for arm, fn in fns.items()}})
     print(f"{'bs':>3} {'topk':>4} {'page':>4} | {'host µs med/p90 stock':>22} {'triton':>14} {'cuda':>14} | "
           f"{'ratio tri/cuda':>14} | {'gpu µs stock/tri/cuda':>22} | syncs s/t/c")
     for r in rows:

@@ -2,7 +2,10 @@
 each covered path, stock vs plugin, one process, same inputs (GPU). Also the
 per-step Event() constructions and pinned allocations each arm makes.
 
-    python benchmarks/bench_events.py [--steps 2000] [--json out.json]
+    python benchmarks/bench_events.py [--steps 2000] [--rounds 4] [--json out.json]
+
+Each arm runs --rounds times with steps/rounds steps, stock and plugin interleaved
+ABBA (the host's speed drifts); the samples and counts of all rounds are pooled.
 
 Paths (drivers in sglang_hostsync_plugin/drivers/):
 - event_ring: two runners' _publish_read_done, the scheduler's copy_done
@@ -23,15 +26,22 @@ import time
 import torch
 
 from sglang_hostsync_plugin.drivers import accept_lens, event_ring as er_driver, pinned_d2h
-from sglang_hostsync_plugin.drivers import Patcher, count_pinned_allocations
+from sglang_hostsync_plugin.drivers import Patcher, abba, count_pinned_allocations
 from sglang_hostsync_plugin.slots import accept_lens_snapshot as als
 from sglang_hostsync_plugin.slots import event_ring as er
 from sglang_hostsync_plugin.slots import pinned_d2h_ring as pdr
 
 
-def stats(values, warmup=50):
-    v = sorted(values[warmup:])
+def stats(values):
+    v = sorted(values)
     return {"median": statistics.median(v), "p90": v[int(0.9 * len(v))]}
+
+
+def pooled(runs):
+    """One row from the rounds of an arm: (samples, counts) each."""
+    samples = [x for run, _ in runs for x in run]
+    counts = {k: sum(c[k] for _, c in runs) / len(runs) for k in runs[0][1]}
+    return {**stats(samples), "per_step": counts}
 
 
 def event_path(plugin, steps):
@@ -42,7 +52,7 @@ def event_path(plugin, steps):
     loop.run(steps, start=50)
     loop.drain()
     torch.cuda.synchronize()
-    return {**stats(loop.host_us), "per_step": {"Event()": (device.constructed - before) / steps}}
+    return loop.host_us[50:], {"Event()": (device.constructed - before) / steps}
 
 
 def pinned_path(plugin, steps):
@@ -60,7 +70,7 @@ def pinned_path(plugin, steps):
     finally:
         patcher.undo()
     assert loop.mismatches == 0
-    return {**stats(loop.copy_us), "per_step": {"pinned allocs": count.n / steps}}
+    return loop.copy_us[50:], {"pinned allocs": count.n / steps}
 
 
 def accept_path(plugin, steps):
@@ -77,20 +87,23 @@ def accept_path(plugin, steps):
         loop.drain()
     finally:
         patcher.undo()
-    return {**stats(loop.host_us), "per_step": {"mismatches": loop.mismatches / loop.checked}}
+    return loop.host_us[50:], {"mismatches": loop.mismatches / loop.checked}
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--json")
     args = ap.parse_args()
     rows = []
+    per_round = args.steps // args.rounds
     for name, fn in (("event_ring", event_path), ("pinned_d2h_ring", pinned_path),
                      ("accept_lens_snapshot", accept_path)):
-        stock, plugin = fn(False, args.steps), fn(True, args.steps)
-        rows.append({"path": name, "stock": stock, "plugin": plugin})
-    print(f"host us per decode step, {args.steps} steps, {torch.cuda.get_device_name()}")
+        runs = abba({"stock": lambda: fn(False, per_round), "plugin": lambda: fn(True, per_round)}, args.rounds)
+        rows.append({"path": name, "stock": pooled(runs["stock"]), "plugin": pooled(runs["plugin"])})
+    print(f"host us per decode step, {per_round * args.rounds} steps in {args.rounds} interleaved rounds per arm, "
+          f"{torch.cuda.get_device_name()}")
     print(f"{'path':<22} | stock med  p90 | plugin med  p90 | ratio | per step stock -> plugin")
     for r in rows:
         s, p = r["stock"], r["plugin"]
@@ -100,7 +113,8 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                       "device": torch.cuda.get_device_name(), "steps": args.steps, "rows": rows}, f, indent=2)
+                       "device": torch.cuda.get_device_name(), "steps": per_round * args.rounds,
+                       "rounds": args.rounds, "rows": rows}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,6 @@
 staged), on the GPU: why the stager issues its copies and event record from csrc.
 Usage: python benchmarks/profile_staging_ops.py"""
 import statistics, time, random, ctypes
-import numpy as np
 import torch
 from sglang.srt.speculative.spec_info import spec_scale_global_num_tokens
 from types import SimpleNamespace

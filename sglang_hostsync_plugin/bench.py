@@ -34,6 +34,7 @@ import sys
 import time
 import zlib
 
+from .drivers import abba
 from .slots import audit
 
 # A server runs one algorithm: each step drives the owned slots' paths for that one.
@@ -361,11 +362,10 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for algorithm in args.algorithms:
         for bs in args.bs:
-            runs = {"stock": [], "plugin": []}
             # ABBA order: this host's speed drifts by up to 2x over seconds.
-            for k in range(args.repeats):
-                for arm in (("stock", "plugin") if k % 2 == 0 else ("plugin", "stock")):
-                    runs[arm].append(run_arm(arm, bs, steps, cycles, algorithm=algorithm, opt_in=tuple(args.opt_in)))
+            runs = abba({arm: (lambda arm=arm: run_arm(arm, bs, steps, cycles, algorithm=algorithm,
+                                                       opt_in=tuple(args.opt_in)))
+                         for arm in ("stock", "plugin")}, args.repeats)
             rows.extend(merge_repeats(runs[arm]) for arm in ("stock", "plugin"))
     where = torch.cuda.get_device_name() if cuda else "CPU (no CUDA)"
     print(f"hostsync decode-loop bench: {where}; {steps} steps x {args.repeats} interleaved runs per arm; "

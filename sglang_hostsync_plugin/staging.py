@@ -91,6 +91,7 @@ class TwoSlotStager:
         self.scalar_np = self.scalar_host.numpy() if self.scalar else None
         self.events = None
         self._stage_op = None
+        self._scalar_checked = None  # checked against the new device on next use
         if device.type == "cuda":
             self.events = [torch.cuda.Event(), torch.cuda.Event()]
             with torch.cuda.device(device):

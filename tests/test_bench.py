@@ -42,3 +42,12 @@ def test_png_writer(tmp_path):
     bench._png(str(path), {"stock": [-0.1, -0.2, -0.05], "plugin": [1.9, 2.0, 2.1]}, width=40, height=20)
     data = path.read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n") and b"IHDR" in data and data.endswith(b"IEND\xaeB`\x82")
+
+
+def test_abba_interleaves_and_collects_every_run():
+    from sglang_hostsync_plugin.drivers import abba
+
+    calls = []
+    out = abba({"a": lambda: calls.append("a") or len(calls), "b": lambda: calls.append("b") or len(calls)}, 4)
+    assert calls == ["a", "b", "b", "a", "a", "b", "b", "a"]
+    assert out == {"a": [1, 4, 5, 8], "b": [2, 3, 6, 7]}

@@ -40,3 +40,15 @@ def count_pinned_allocations(patcher, on=False) -> CallCounter:
     import torch
 
     return CallCounter(patcher, torch, "empty", when=lambda kwargs: bool(kwargs.get("pin_memory")), on=on)
+
+
+def abba(arms: dict, rounds: int) -> dict:
+    """Call each of ``arms`` (name -> no-argument callable) ``rounds`` times, the order
+    reversed every round (A B, B A, A B, ...), so a drift in host speed hits every arm
+    alike. Returns name -> the list of its results."""
+    names = list(arms)
+    out = {name: [] for name in names}
+    for k in range(rounds):
+        for name in (names if k % 2 == 0 else names[::-1]):
+            out[name].append(arms[name]())
+    return out
