@@ -13,6 +13,8 @@ import logging
 import os
 import shutil
 
+from .config import HostsyncConfigError
+
 logger = logging.getLogger("sglang.srt.plugins.hostsync")
 
 # nvcc's own warnings are errors: the sources must compile warning-free.
@@ -63,8 +65,6 @@ def load(name: str, verbose: bool = False):
 def choose_impl(env_var: str, fallback: str, env) -> tuple[str, str]:
     """(implementation, why) from ``env_var`` = ``auto`` | ``<fallback>`` | ``cuda``:
     ``auto`` takes the csrc one (``cuda``) where it can be built, else ``fallback``."""
-    from .config import HostsyncConfigError
-
     choices = ("auto", fallback, "cuda")
     wanted = env.get(env_var, "auto").strip().lower() or "auto"
     if wanted not in choices:
