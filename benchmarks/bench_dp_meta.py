@@ -25,7 +25,9 @@ import time
 import torch
 
 from sglang_hostsync_plugin import csrc
-from sglang_hostsync_plugin.drivers import Patcher, dp_meta, target_dp_meta as tdrv
+import os as _os, sys as _sys
+_sys.path.insert(0, _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "..", "tests"))  # hostsync_drivers
+from hostsync_drivers import Patcher, dp_meta, target_dp_meta as tdrv
 from sglang_hostsync_plugin.slots import target_dp_meta as tdm
 from sglang_hostsync_plugin.staging import TwoSlotStager
 

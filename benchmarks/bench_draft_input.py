@@ -13,8 +13,10 @@ import time
 
 import torch
 
-from sglang_hostsync_plugin.drivers import abba
-from sglang_hostsync_plugin.drivers.draft_input import BLOCK, Patcher, make_batch, make_req, new_input, plugin_class
+import os as _os, sys as _sys
+_sys.path.insert(0, _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "..", "tests"))  # hostsync_drivers
+from hostsync_drivers import abba
+from hostsync_drivers.draft_input import BLOCK, Patcher, make_batch, make_req, new_input, plugin_class
 from sglang.srt.runtime_context import get_context
 from sglang.srt.speculative import dflash_info_v2
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2

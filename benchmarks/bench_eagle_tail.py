@@ -18,8 +18,10 @@ import warnings
 
 import torch
 
-from sglang_hostsync_plugin.drivers import abba
-from sglang_hostsync_plugin.drivers.eagle_tail import make_case, make_pool
+import os as _os, sys as _sys
+_sys.path.insert(0, _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "..", "tests"))  # hostsync_drivers
+from hostsync_drivers import abba
+from hostsync_drivers.eagle_tail import make_case, make_pool
 from sglang.srt.speculative import eagle_worker_common as ewc
 from sglang_hostsync_plugin.slots import eagle_fixed_shape_tail as eft
 

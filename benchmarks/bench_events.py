@@ -25,8 +25,10 @@ import time
 
 import torch
 
-from sglang_hostsync_plugin.drivers import accept_lens, event_ring as er_driver, pinned_d2h
-from sglang_hostsync_plugin.drivers import Patcher, abba, count_pinned_allocations
+import os as _os, sys as _sys
+_sys.path.insert(0, _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "..", "tests"))  # hostsync_drivers
+from hostsync_drivers import accept_lens, event_ring as er_driver, pinned_d2h
+from hostsync_drivers import Patcher, abba, count_pinned_allocations
 from sglang_hostsync_plugin.slots import accept_lens_snapshot as als
 from sglang_hostsync_plugin.slots import event_ring as er
 from sglang_hostsync_plugin.slots import pinned_d2h_ring as pdr

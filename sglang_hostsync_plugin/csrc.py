@@ -12,6 +12,9 @@ import importlib.resources
 import logging
 import os
 import shutil
+import subprocess
+import sys
+import time
 
 from .config import HostsyncConfigError
 
@@ -21,13 +24,23 @@ logger = logging.getLogger("sglang.srt.plugins.hostsync")
 NVCC_FLAGS = ("-O3", "-Werror", "all-warnings")
 
 
+KERNELS = ("eagle_tail", "h2d_stage")
+
+
 def source_path(name: str) -> str:
-    """Path of ``csrc/<name>``: in the source tree (a checkout or an editable
-    install), else the copy installed as package data ``sglang_hostsync_plugin._csrc``."""
-    in_tree = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "csrc", name)
-    if os.path.exists(in_tree):
-        return in_tree
-    return str(importlib.resources.files("sglang_hostsync_plugin._csrc") / name)
+    """Path of ``csrc/<name>``: the copy installed as package data
+    ``sglang_hostsync_plugin._csrc``, or in a source checkout (an editable install,
+    where the package dir sits next to ``csrc/`` and ``setup.py``)."""
+    try:
+        packaged = importlib.resources.files("sglang_hostsync_plugin._csrc") / name
+        if packaged.is_file():
+            return str(packaged)
+    except ModuleNotFoundError:  # a checkout on sys.path, not installed
+        pass
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if os.path.exists(os.path.join(root, "setup.py")):
+        return os.path.join(root, "csrc", name)
+    raise FileNotFoundError(f"csrc/{name} is not installed with sglang_hostsync_plugin")
 
 
 def unavailable_reason() -> str | None:
@@ -60,6 +73,61 @@ def load(name: str, verbose: bool = False):
     )
     logger.info("hostsync: built csrc/%s.cu", name)
     return module
+
+
+_prebuild: subprocess.Popen | None = None
+
+
+def start_prebuild(names: tuple[str, ...]) -> subprocess.Popen | None:
+    """Start building ``names`` in a background process (once per process), so the
+    build overlaps model loading; ``load`` in a scheduler then waits on torch's build
+    lock or loads from its cache. Returns the process, or None when nothing to do."""
+    global _prebuild
+    if not names or _prebuild is not None:
+        return None
+    _prebuild = subprocess.Popen([sys.executable, "-m", "sglang_hostsync_plugin", "prebuild", *names],
+                                 stdin=subprocess.DEVNULL)
+    logger.info("hostsync: building csrc %s in the background (pid %d); schedulers wait for it before ready",
+                ", ".join(f"{n}.cu" for n in names), _prebuild.pid)
+    return _prebuild
+
+
+def prebuild(names: tuple[str, ...] = KERNELS) -> int:
+    """Build (or load from torch's extension cache) each kernel; 0 when all built,
+    or when nothing can be built here (no CUDA toolchain: the Python paths are used)."""
+    unknown = [n for n in names if n not in KERNELS]
+    if unknown:
+        print(f"hostsync prebuild: unknown kernel(s) {unknown}; known: {', '.join(KERNELS)}", file=sys.stderr)
+        return 2
+    reason = unavailable_reason()
+    if reason:
+        print(f"hostsync prebuild: nothing built ({reason}); the slots use their Triton/Python paths")
+        return 0
+    rc = 0
+    for name in names:
+        t0 = time.perf_counter()
+        try:
+            load(name)
+        except Exception as exc:  # a build error names the kernel and goes on with the next
+            print(f"hostsync prebuild: csrc/{name}.cu FAILED: {exc}", file=sys.stderr)
+            rc = 1
+            continue
+        print(f"hostsync prebuild: csrc/{name}.cu ready ({time.perf_counter() - t0:.1f} s)", flush=True)
+    return rc
+
+
+def load_for_slot(slot: str, name: str, explicit: bool) -> str:
+    """``load(name)`` for a slot's ``prepare``; when the kernel was only chosen by
+    ``auto``, a failure is a warning and the caller falls back (returns the reason)."""
+    t0 = time.perf_counter()
+    try:
+        load(name)
+    except Exception as exc:
+        if explicit:
+            raise
+        logger.warning("hostsync: %s: csrc/%s.cu unavailable (%s); using the fallback path", slot, name, exc)
+        return f"fallback: {exc}"
+    return f"csrc/{name}.cu loaded in {time.perf_counter() - t0:.1f} s"
 
 
 def choose_impl(env_var: str, fallback: str, env) -> tuple[str, str]:

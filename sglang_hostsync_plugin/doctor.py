@@ -21,6 +21,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sglang-hostsync")
     sub = parser.add_subparsers(dest="command", required=True)
     doc = sub.add_parser("doctor", help="check every slot against the installed sglang")
+    pre = sub.add_parser("prebuild", help="build the csrc kernels into torch's extension cache (for images)")
+    pre.add_argument("kernels", nargs="*", help="default: all (eagle_tail, h2d_stage)")
+    sub.add_parser("e2e", help="stock vs plugin in real servers (python -m sglang_hostsync_plugin.e2e --help)")
     doc.add_argument("--json", action="store_true", help="print one JSON object")
     srv = doc.add_argument_group("server arguments (as for sglang serve)")
     srv.add_argument("--speculative-algorithm", default=None)
@@ -36,7 +39,16 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["e2e"]:  # the end-to-end benchmark has its own parser
+        from .e2e import main as e2e_main
+
+        return e2e_main(argv[1:])
     args = _parser().parse_args(argv)
+    if args.command == "prebuild":
+        from . import csrc
+
+        return csrc.prebuild(tuple(args.kernels) or csrc.KERNELS)
     installed = version.installed_sglang()
     facts = None
     if args.speculative_algorithm is not None:

@@ -16,7 +16,9 @@ from __future__ import annotations
 import logging
 import os
 
-from . import config, installer, ranks, registry, report, switches, version
+import time
+
+from . import config, csrc, installer, ranks, registry, report, switches, version
 from .slot import ServingFacts
 
 logger = logging.getLogger("sglang.srt.plugins.hostsync")
@@ -72,26 +74,65 @@ def validate(server_args=None) -> config.Selection:
 
     With ``server_args``, also turns on the selected upstream switches' env flags
     here, before any process is spawned."""
-    version.check_sglang_version()
+    rt = _runtime
     strict = config.strict_mode()  # raises on a malformed value
-    catalogue = registry.catalogue()
-    selection = config.selected_slots(catalogue)
-    switches.check_contrary_env(_selected(selection), os.environ)
-    if strict:
+    if rt is not None:
+        # load_plugins() already activated the plugin in this process (the env switch
+        # was set before launch): its verdicts were computed on the upstream objects,
+        # before any hook was registered. The live objects are now the plugin's own.
+        if rt.error is not None:
+            raise rt.error
+        selection = rt.selection
+        refused = [(s.name, s.reason) for s in rt.state.failed()]
+    else:
+        version.check_sglang_version()
+        catalogue = registry.catalogue()
+        selection = config.selected_slots(catalogue)
+        switches.check_contrary_env(_selected(selection), os.environ)
         rows = report.doctor_rows({n: catalogue[n] for n in selection.names})
-        refused = [r for r in rows if not report.rows_ok([r])]
-        if refused:
-            raise HostsyncStartupError(
-                "hostsync: selected slots cannot be applied to this SGLang (strict mode): "
-                + "; ".join(f"{r.name}: {r.reason}" for r in refused)
-            )
+        refused = [(r.name, r.reason) for r in rows if not report.rows_ok([r])]
+    if strict and refused:
+        raise HostsyncStartupError(
+            "hostsync: selected slots cannot be applied to this SGLang (strict mode): "
+            + "; ".join(f"{name}: {reason}" for name, reason in refused)
+        )
     if server_args is not None:
         facts = ServingFacts.from_server_args(server_args, os.environ)
         for name, inert in switches.apply(_selected(selection), facts).items():
             if inert:
                 logger.info("hostsync: %s skipped: %s", name, inert)
-    _log_env_warnings(_selected(selection))
+        refused_names = {name for name, _ in refused}
+        csrc.start_prebuild(kernels_for([s for s in _selected(selection) if s.name not in refused_names], facts))
+    if rt is None:  # activate() already logged them in this process
+        _log_env_warnings(_selected(selection))
     return selection
+
+
+def kernels_for(slots, facts: ServingFacts) -> tuple[str, ...]:
+    """The csrc kernels ``slots`` will load for these server args, in order, once each."""
+    names: list[str] = []
+    for slot in slots:
+        for name in slot.kernels(facts) if slot.kernels else ():
+            if name not in names:
+                names.append(name)
+    return tuple(names)
+
+
+def prepare_slots(rt: Runtime, server_args) -> None:
+    """Each applied slot's ``prepare`` (kernel loads) before the scheduler is ready."""
+    facts = ServingFacts.from_server_args(server_args, os.environ)
+    catalogue = registry.catalogue()
+    for name in rt.state.applied():
+        slot = catalogue[name]
+        if slot.prepare is None:
+            continue
+        t0 = time.perf_counter()
+        try:
+            note = slot.prepare(facts)
+        except Exception as exc:
+            raise HostsyncStartupError(f"hostsync: {name}: preparing failed: {exc}") from exc
+        if note:
+            logger.info("hostsync: %s prepared in %.1f s: %s", name, time.perf_counter() - t0, note)
 
 
 def activate(error: Exception | None = None) -> Runtime:
@@ -181,6 +222,8 @@ def _launcher_gate(original, server_args, *args, **kwargs):
     if _runtime is not None:
         apply_switches(_runtime, server_args)
         startup_check(_runtime)
+        facts = ServingFacts.from_server_args(server_args, os.environ)
+        csrc.start_prebuild(kernels_for([registry.catalogue()[n] for n in _runtime.state.applied()], facts))
     return result
 
 
@@ -196,4 +239,5 @@ def _scheduler_gate(original, self, *args, **kwargs):
 
         digest = ranks.agree_on_slot_set(_runtime.state.applied(), get_world_group().cpu_group)
         logger.info("hostsync: slot-set digest %s agreed across ranks", digest)
+        prepare_slots(_runtime, kwargs["server_args"] if "server_args" in kwargs else args[0])
     return result

@@ -59,6 +59,8 @@ class ServingFacts:
     dp_attention: bool = False
     two_batch_overlap: bool = False
     tp_size: int = 1
+    topk: int = 1  # speculative_eagle_topk
+    page_size: int = 1
     env: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -72,6 +74,8 @@ class ServingFacts:
             dp_attention=view.attn_dp_size > 1,
             two_batch_overlap=bool(view.enable_two_batch_overlap),
             tp_size=int(view.tp_size),
+            topk=int(view.speculative_eagle_topk or 1),
+            page_size=int(view.page_size or 1),
             env=dict(env),
         )
 
@@ -79,6 +83,13 @@ class ServingFacts:
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
         return SpeculativeAlgorithm.from_string(self.speculative_algorithm).is_dspark()
+
+    def is_eagle_family(self) -> bool:
+        """EAGLE, EAGLE3, NEXTN (parsed as EAGLE), FROZEN_KV_MTP and STANDALONE."""
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        algo = SpeculativeAlgorithm.from_string(self.speculative_algorithm)
+        return algo.is_eagle() or algo.is_standalone()
 
 
 @dataclass(frozen=True)
@@ -107,6 +118,12 @@ class Slot:
     env_warning: Callable[[Mapping[str, str]], str | None] | None = None
     # Named presets (besides default/all/none) that include this slot.
     presets: tuple[str, ...] = ()
+    # The csrc/ kernels the slot will use under these facts: the launcher starts
+    # building them in the background (``csrc.start_prebuild``) while the model loads.
+    kernels: Callable[[ServingFacts], tuple[str, ...]] | None = None
+    # Runs in each scheduler process after its init, before the server reports
+    # ready (loads those kernels); returns a note for the log.
+    prepare: Callable[[ServingFacts], str] | None = None
 
 
 def config_precheck(check: Callable[[], object]) -> Callable[[], str | None]:

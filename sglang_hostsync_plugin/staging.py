@@ -40,6 +40,26 @@ def staging_impl(env=None) -> str:
     return _impl
 
 
+def staging_kernels(used: bool, env) -> tuple[str, ...]:
+    """The csrc kernel the stagers load, when their path is ``used`` (Slot.kernels)."""
+    return ("h2d_stage",) if used and staging_impl(env) == "cuda" else ()
+
+
+def prepare_staging(slot: str, used: bool) -> str:
+    """Load the stagers' kernel before the server is ready (Slot.prepare); under
+    ``auto`` a kernel that does not build makes the stagers issue copies from Python."""
+    global _impl
+    if not used:
+        return ""
+    if staging_impl() != "cuda":
+        return f"staging from {_impl}"
+    explicit = os.environ.get(ENV_IMPL, "auto").strip().lower() == "cuda"
+    note = csrc.load_for_slot(slot, "h2d_stage", explicit)
+    if note.startswith("fallback"):
+        _impl = "python"
+    return note
+
+
 def check_staging_impl() -> None:
     """Raise HostsyncConfigError for a bad ``SGLANG_HOSTSYNC_STAGING_IMPL`` (slot precheck)."""
     staging_impl(os.environ)

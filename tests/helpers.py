@@ -17,8 +17,8 @@ def clean_env(**extra) -> dict:
 def run_python(code: str, timeout: float = 300, pythonpath: str | None = None, **env) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter: HookRegistry patches are process-global."""
     e = clean_env(**env)
-    if pythonpath:
-        e["PYTHONPATH"] = pythonpath + os.pathsep + e.get("PYTHONPATH", "")
+    # tests/ on the path: the child imports hostsync_drivers and the shared helpers.
+    e["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, os.path.join(REPO, "tests"), e.get("PYTHONPATH")) if p)
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True, text=True, timeout=timeout, env=e, cwd=REPO,

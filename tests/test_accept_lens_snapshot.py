@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import torch
 
 from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWorkerV2
-from sglang_hostsync_plugin.drivers.accept_lens import MAX_BS, Loop, install, random_steps
-from sglang_hostsync_plugin.drivers import Patcher
+from hostsync_drivers.accept_lens import MAX_BS, Loop, install, random_steps
+from hostsync_drivers import Patcher
 from sglang_hostsync_plugin.slots import accept_lens_snapshot as als
 
 

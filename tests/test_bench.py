@@ -5,7 +5,14 @@ import json
 import pytest
 import torch
 
-from sglang_hostsync_plugin import bench
+import importlib.util
+import os
+
+from helpers import REPO
+
+_spec = importlib.util.spec_from_file_location("bench_decode_loop", os.path.join(REPO, "benchmarks", "bench_decode_loop.py"))
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the reduced mode is what runs without CUDA")
@@ -39,13 +46,13 @@ def test_merge_repeats_reports_the_median_run_and_the_worst_run_ahead():
 
 def test_png_writer(tmp_path):
     path = tmp_path / "lead.png"
-    bench._png(str(path), {"stock": [-0.1, -0.2, -0.05], "plugin": [1.9, 2.0, 2.1]}, width=40, height=20)
+    bench.line_plot(str(path), {"stock": [-0.1, -0.2, -0.05], "plugin": [1.9, 2.0, 2.1]}, width=40, height=20)
     data = path.read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n") and b"IHDR" in data and data.endswith(b"IEND\xaeB`\x82")
 
 
 def test_abba_interleaves_and_collects_every_run():
-    from sglang_hostsync_plugin.drivers import abba
+    from hostsync_drivers import abba
 
     calls = []
     out = abba({"a": lambda: calls.append("a") or len(calls), "b": lambda: calls.append("b") or len(calls)}, 4)

@@ -2,8 +2,8 @@
 
 import torch
 
-from sglang_hostsync_plugin.drivers import CallCounter
-from sglang_hostsync_plugin.drivers.draft_input import fresh_ring, new_input, plugin_class, run_steps
+from hostsync_drivers import CallCounter
+from hostsync_drivers.draft_input import fresh_ring, new_input, plugin_class, run_steps
 from sglang.srt.speculative.dflash_info_v2 import DFlashDraftInputV2
 from sglang_hostsync_plugin.slots import draft_input_reuse as dir_slot
 
@@ -56,7 +56,7 @@ def test_idle_and_empty_batches(monkeypatch):
     fresh_ring(monkeypatch)
     cls = plugin_class()
     info = new_input(cls, 0, "cpu", monkeypatch)
-    from sglang_hostsync_plugin.drivers.draft_input import make_batch
+    from hostsync_drivers.draft_input import make_batch
     info.prepare_for_decode(make_batch([], "cpu", 4))  # bs == 0 returns before any buffer
     assert dir_slot.ring().allocations == 0 and info._hs_pending is None
     assert isinstance(cls.create_idle_input("cpu"), DFlashDraftInputV2)

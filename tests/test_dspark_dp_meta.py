@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from sglang_hostsync_plugin.drivers.dp_meta import (compare_stock_and_plugin, make_batch, make_proposer, plugin_classes,
+from hostsync_drivers.dp_meta import (compare_stock_and_plugin, make_batch, make_proposer, plugin_classes,
                            random_case, step)
 from sglang_hostsync_plugin import csrc, staging
 from sglang_hostsync_plugin.config import HostsyncConfigError

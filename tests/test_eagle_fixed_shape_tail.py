@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from sglang_hostsync_plugin.drivers.eagle_tail import changed, make_case, pools_equal, run_both
+from hostsync_drivers.eagle_tail import changed, make_case, pools_equal, run_both
 from sglang_hostsync_plugin import csrc
 from sglang_hostsync_plugin.config import HostsyncConfigError
 from sglang_hostsync_plugin.slots import eagle_fixed_shape_tail as eft

@@ -4,7 +4,7 @@ with a simulated device (drivers.event_ring.SimDevice)."""
 import pytest
 
 from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
-from sglang_hostsync_plugin.drivers.event_ring import Loop, SimDevice
+from hostsync_drivers.event_ring import Loop, SimDevice
 from sglang_hostsync_plugin.slots import event_ring
 
 STEPS = 200

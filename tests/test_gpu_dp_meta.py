@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from sglang_hostsync_plugin.drivers.dp_meta import (NoWaitStager, compare_stock_and_plugin, make_batch, make_forward_batch, make_proposer,
+from hostsync_drivers.dp_meta import (NoWaitStager, compare_stock_and_plugin, make_batch, make_forward_batch, make_proposer,
                            plugin_classes, random_case)
 from sglang_hostsync_plugin.staging import TwoSlotStager
 

@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from sglang_hostsync_plugin.drivers.draft_input import BLOCK, Recorder, fresh_ring, make_batch, make_req, new_input, plugin_class, run_steps
+from hostsync_drivers.draft_input import BLOCK, Recorder, fresh_ring, make_batch, make_req, new_input, plugin_class, run_steps
 from sglang.srt.mem_cache.allocation_sizing import page_aligned_decode_alloc_lens
 from sglang.srt.runtime_context import get_context
 from sglang.srt.speculative import dflash_info_v2

@@ -13,7 +13,7 @@ import textwrap
 import pytest
 import torch
 
-from sglang_hostsync_plugin.drivers.eagle_tail import changed, make_case, make_pool, pools_equal, run_both
+from hostsync_drivers.eagle_tail import changed, make_case, make_pool, pools_equal, run_both
 from sglang.srt.speculative import eagle_worker_common as ewc
 from sglang_hostsync_plugin.slots import eagle_fixed_shape_tail as eft
 

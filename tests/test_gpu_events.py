@@ -4,8 +4,8 @@ Skipped without CUDA (CI); run on the H200 by scripts/gpu_run.sh."""
 import pytest
 import torch
 
-from sglang_hostsync_plugin.drivers import accept_lens, event_ring as er_driver, pinned_d2h
-from sglang_hostsync_plugin.drivers import Patcher, count_pinned_allocations
+from hostsync_drivers import accept_lens, event_ring as er_driver, pinned_d2h
+from hostsync_drivers import Patcher, count_pinned_allocations
 from sglang_hostsync_plugin.slots import accept_lens_snapshot as als
 from sglang_hostsync_plugin.slots import event_ring
 from sglang_hostsync_plugin.slots import pinned_d2h_ring as pdr

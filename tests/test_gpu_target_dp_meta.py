@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from sglang.srt.model_executor import forward_batch_info
-from sglang_hostsync_plugin.drivers.dp_meta import NoWaitStager
-from sglang_hostsync_plugin.drivers.target_dp_meta import (
+from hostsync_drivers.dp_meta import NoWaitStager
+from hostsync_drivers.target_dp_meta import (
     fill, make_decode_batch, make_forward_batch, make_model_runner, make_schedule_batch, prepare, prepare_snapshot,
     snapshot, stand_in_parallel_state,
 )

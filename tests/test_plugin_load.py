@@ -127,8 +127,8 @@ def test_opt_in_slots_apply_and_run_through_the_hook_registry():
     from sglang_hostsync_plugin import runtime
     import sglang.srt.managers.utils as mutils, sglang.srt.utils.common as ucommon
     from sglang.srt.model_executor import forward_batch_info
-    from sglang_hostsync_plugin.drivers import Patcher
-    from sglang_hostsync_plugin.drivers.target_dp_meta import (make_decode_batch, make_forward_batch, make_model_runner,
+    from hostsync_drivers import Patcher
+    from hostsync_drivers.target_dp_meta import (make_decode_batch, make_forward_batch, make_model_runner,
         make_schedule_batch, stand_in_parallel_state)
     from sglang_hostsync_plugin.slots import target_dp_meta
     rt = runtime.current()
@@ -297,7 +297,7 @@ def test_event_and_snapshot_hooks_run_through_the_hook_registry():
     from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
     from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWorkerV2
     from sglang.srt.speculative.dspark_components.dspark_verify import DsparkVerifyEpilogue
-    from sglang_hostsync_plugin.drivers.event_ring import SimDevice
+    from hostsync_drivers.event_ring import SimDevice
     from sglang_hostsync_plugin.slots import accept_lens_snapshot as als, event_ring
 
     device = SimDevice()

@@ -7,8 +7,8 @@ import torch
 
 from sglang.srt.model_executor import forward_batch_info
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
-from sglang_hostsync_plugin.drivers import CallCounter
-from sglang_hostsync_plugin.drivers.target_dp_meta import (
+from hostsync_drivers import CallCounter
+from hostsync_drivers.target_dp_meta import (
     fill, make_decode_batch, make_forward_batch, make_model_runner, make_schedule_batch, prepare, prepare_snapshot,
     snapshot, spec_info, stand_in_parallel_state,
 )

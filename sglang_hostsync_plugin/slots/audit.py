@@ -19,9 +19,19 @@ already a step ahead. The run-ahead fraction is the share of steps with a positi
 lead. Events come from a ring and are read back only once they have completed, so
 the meter itself never waits.
 
+Only pairs of decode steps count towards the lead and the run-ahead fraction: the
+step before a prefill, or before the first step after the scheduler idled, waits for
+requests, not for the host.
+
 A summary goes to SGLang's log every ``SGLANG_HOSTSYNC_AUDIT_EVERY`` steps (default
 1000) and at shutdown. With ``SGLANG_HOSTSYNC_AUDIT_JSON=<path>``, the same summary
-is written there as JSON.
+is written there as JSON. With ``SGLANG_HOSTSYNC_AUDIT_TRACE=<path>``, one line per
+step is appended there (``TRACE_HEADER``; written in batches, once the step's GPU
+finish is known): the end-to-end benchmark cuts it into its measurement windows by
+host time (``time.perf_counter``, the same monotonic clock in every process).
+Host µs per step is the scheduler thread's CPU time between two step launches; a
+blocking sync that spins counts in it. Neither output ever raises into the serving
+loop: a write that fails is logged once and that output is switched off.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ import atexit
 import collections
 import json
 import logging
+import math
 import os
 import statistics
 import sys
@@ -46,6 +57,8 @@ NAME = "audit"
 RUN_BATCH = "sglang.srt.managers.scheduler.Scheduler.run_batch"
 ENV_EVERY = "SGLANG_HOSTSYNC_AUDIT_EVERY"
 ENV_JSON = "SGLANG_HOSTSYNC_AUDIT_JSON"
+ENV_TRACE = "SGLANG_HOSTSYNC_AUDIT_TRACE"
+TRACE_HEADER = "#hostsync-audit-trace v1\tstep\tt_launch\tt_finish\tdecode\thost_us\tsites\n"
 SYNC_MESSAGE = "called a synchronizing CUDA operation"
 
 # (path suffix, function, reason): syncs that are meant to be there.
@@ -63,10 +76,16 @@ DRAIN_EVERY = 8  # completed events are read back in batches (amortizes the Pyth
 
 # --- run-ahead arithmetic (pure, CPU-testable) ---------------------------------
 
-def launch_leads(gpu_finish: dict[int, float], host_launch: list[float]) -> list[float]:
+def launch_leads(gpu_finish: dict[int, float], host_launch: list[float],
+                 decode: list[bool] | None = None) -> list[float]:
     """lead[N] = GPU finish of step N - host launch of step N+1 (seconds, one clock),
-    for every step N whose finish was measured and that has a next launch."""
-    return [gpu_finish[n] - host_launch[n + 1] for n in sorted(gpu_finish) if n + 1 < len(host_launch)]
+    for every step N whose finish was measured and that has a next launch; with
+    ``decode`` (per step), only where steps N and N+1 are both decode steps."""
+    return [
+        gpu_finish[n] - host_launch[n + 1]
+        for n in sorted(gpu_finish)
+        if n + 1 < len(host_launch) and (decode is None or (decode[n] and decode[n + 1]))
+    ]
 
 
 def run_ahead_fraction(leads: list[float]) -> float:
@@ -94,6 +113,8 @@ class AuditState:
     syncs: dict[str, SyncSite] = field(default_factory=dict)
     foreign_syncs: int = 0  # seen on other threads (not counted, not printed)
     host_launch: list[float] = field(default_factory=list)  # by step
+    decode: list[bool] = field(default_factory=list)  # by step
+    step_sites: list[str] = field(default_factory=list)  # counted syncs since the last launch
     gpu_finish: dict[int, float] = field(default_factory=dict)  # step -> host-clock time
     meter_ns: int = 0  # host time the meter itself spent
 
@@ -104,7 +125,7 @@ class AuditState:
         return sum(s.count for s in self.syncs.values() if s.allowed)
 
     def summary(self) -> dict:
-        leads = launch_leads(self.gpu_finish, self.host_launch)
+        leads = launch_leads(self.gpu_finish, self.host_launch, self.decode or None)
         steps = max(self.steps, 1)
         return {
             "steps": self.steps,
@@ -188,6 +209,8 @@ class SyncAudit:
             if site is None:
                 site = self.state.syncs[where] = SyncSite(where, allowed=_allow_reason(filename, function, self.allowlist))
             site.count += 1
+            if not site.allowed:
+                self.state.step_sites.append(where)
         return None
 
 
@@ -248,9 +271,91 @@ class RunAheadMeter:
             self.free.append(index)
 
 
+@dataclass(frozen=True)
+class TraceStep:
+    step: int
+    t_launch: float  # host clock, seconds
+    t_finish: float  # GPU finish on the host clock; nan when not measured
+    decode: bool
+    host_us: float  # scheduler-thread CPU time since the previous launch; nan for the first
+    sites: tuple[str, ...]  # counted (not allowlisted) syncs since the previous launch
+
+
+def format_trace_line(t: TraceStep) -> str:
+    return (f"{t.step}\t{t.t_launch:.6f}\t{t.t_finish:.6f}\t{int(t.decode)}\t{t.host_us:.1f}\t"
+            + ";".join(s.replace(";", ",").replace("\t", " ") for s in t.sites) + "\n")
+
+
+def parse_trace(text: str) -> list[TraceStep]:
+    """The steps of a trace file, in step order (a torn last line is dropped)."""
+    steps = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        cells = line.split("\t")
+        if len(cells) != 6:
+            continue
+        steps.append(TraceStep(int(cells[0]), float(cells[1]), float(cells[2]), cells[3] == "1",
+                               float(cells[4]), tuple(x for x in cells[5].split(";") if x)))
+    return sorted(steps, key=lambda t: t.step)
+
+
+class _Output:
+    """A file the audit writes; the first failure is logged and switches it off."""
+
+    def __init__(self, path: str | None):
+        self.path = path or None
+        self.broken = False
+
+    def _failed(self, exc: OSError) -> None:
+        self.broken = True
+        logger.error("hostsync audit: cannot write %s (%s); this output is off from now on", self.path, exc)
+
+    def write(self, text: str, append: bool) -> None:
+        if self.path is None or self.broken:
+            return
+        try:
+            with open(self.path, "a" if append else "w") as f:
+                f.write(text)
+        except OSError as exc:
+            self._failed(exc)
+
+
+class Trace:
+    """Per-step records, written once each step's GPU finish is resolved."""
+
+    def __init__(self, path: str | None):
+        self.out = _Output(path)
+        self.pending: collections.deque = collections.deque()  # (step, t_launch, decode, host_us, sites)
+        self.out.write(TRACE_HEADER, append=False)
+
+    def add(self, step: int, t_launch: float, decode: bool, host_us: float, sites: list[str]) -> None:
+        if self.out.path is not None and not self.out.broken:
+            self.pending.append((step, t_launch, decode, host_us, tuple(sites)))
+
+    def flush(self, gpu_finish: dict[int, float], upto: int) -> None:
+        lines = []
+        while self.pending and self.pending[0][0] <= upto:
+            step, t_launch, decode, host_us, sites = self.pending.popleft()
+            lines.append(format_trace_line(TraceStep(step, t_launch, gpu_finish.get(step, math.nan), decode, host_us, sites)))
+        if lines:
+            self.out.write("".join(lines), append=True)
+
+
 _audit: SyncAudit | None = None
 _meter: RunAheadMeter | None = None
+_trace: Trace | None = None
+_json: _Output | None = None
 _every = 1000
+_last_thread_ns: int | None = None
+
+
+def _resolved_upto() -> int:
+    """The last step whose GPU finish is known or will never be (no event)."""
+    last = _audit.state.steps - 1
+    if _meter is not None and _meter.pending:
+        return min(last, _meter.pending[0][1] - 1)
+    return last
 
 
 def _log_summary(reason: str) -> None:
@@ -258,28 +363,52 @@ def _log_summary(reason: str) -> None:
         return
     summary = _audit.state.summary()
     logger.info("hostsync audit (%s): %s", reason, json.dumps(summary))
-    path = os.environ.get(ENV_JSON)
-    if path:
-        with open(path, "w") as f:
-            json.dump(summary, f, indent=2)
+    if _json is not None:
+        _json.write(json.dumps(summary, indent=2), append=False)
+    if _trace is not None:
+        _trace.flush(_audit.state.gpu_finish, _resolved_upto() if reason != "shutdown" else _audit.state.steps)
 
 
-def run_batch_hook(original, scheduler, *args, **kwargs):
-    global _audit, _meter, _every
+def _is_decode(batch) -> bool:
+    mode = getattr(batch, "forward_mode", None)  # None: a stand-in batch (tests)
+    return True if mode is None else bool(mode.is_decode())
+
+
+def _arm(scheduler) -> None:
+    global _audit, _meter, _every, _trace, _json
+    _audit = SyncAudit()
+    _every = summary_every()
+    _json = _Output(os.environ.get(ENV_JSON))
+    _trace = Trace(os.environ.get(ENV_TRACE))
+    _audit.arm()
+    import torch
+
+    if torch.cuda.is_available():
+        _meter = RunAheadMeter(_audit.state, scheduler.forward_stream)
+    atexit.register(_log_summary, "shutdown")
+
+
+def run_batch_hook(original, scheduler, batch=None, *args, **kwargs):
+    global _last_thread_ns
     if _audit is None:
-        _audit = SyncAudit()
-        _every = summary_every()
-        _audit.arm()
-        import torch
-
-        if torch.cuda.is_available():
-            _meter = RunAheadMeter(_audit.state, scheduler.forward_stream)
-        atexit.register(_log_summary, "shutdown")
-    result = original(scheduler, *args, **kwargs)
-    _audit.state.steps += 1
+        _arm(scheduler)
+    result = original(scheduler, batch, *args, **kwargs)
+    state = _audit.state
+    now_thread = time.thread_time_ns()
+    host_us = math.nan if _last_thread_ns is None else (now_thread - _last_thread_ns) / 1e3
+    _last_thread_ns = now_thread
+    state.decode.append(_is_decode(batch))
+    step = state.steps
+    state.steps += 1
     if _meter is not None:
         _meter.finished_launching()
-    if _audit.state.steps % _every == 0:
+    else:
+        state.host_launch.append(time.perf_counter_ns() / 1e9)
+    _trace.add(step, state.host_launch[step], state.decode[step], host_us, state.step_sites)
+    state.step_sites = []
+    if state.steps % DRAIN_EVERY == 0:
+        _trace.flush(state.gpu_finish, _resolved_upto())
+    if state.steps % _every == 0:
         _log_summary(f"every {_every} steps")
     return result
 
@@ -296,13 +425,38 @@ def summary_every(env=None) -> int:
     return every
 
 
+def check_outputs(env=None) -> None:
+    """Raises ValueError when a file output's path cannot be written (at startup,
+    so a bad path never surfaces inside the serving loop)."""
+    env = os.environ if env is None else env
+    for name in (ENV_JSON, ENV_TRACE):
+        path = env.get(name)
+        if not path:
+            continue
+        if os.path.isdir(path):
+            raise ValueError(f"{name}={path!r} is a directory; give a file path")
+        existed = os.path.exists(path)
+        try:
+            with open(path, "a"):
+                pass
+        except OSError as exc:
+            raise ValueError(f"{name}={path!r} cannot be written: {exc.strerror or exc}") from None
+        if not existed:
+            os.remove(path)
+
+
+def check_config(env=None) -> None:
+    summary_every(env)
+    check_outputs(env)
+
+
 SLOT = Slot(
     name=NAME,
     kind=SlotKind.TOOL,
     origin="hostsync",
     summary="sync audit (per thread, with allowlist) and run-ahead meter on the scheduler's decode loop",
     default=False,
-    precheck=config_precheck(summary_every),
+    precheck=config_precheck(check_config),
     targets=(
         HookTarget(RUN_BATCH, TargetKind.FUNCTION, hook=run_batch_hook,
                    params=("self", "batch", "pp_proxy_tensors"), source_sha="4e9bb4d5e649e2f1"),

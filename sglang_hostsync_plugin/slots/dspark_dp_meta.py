@@ -30,7 +30,7 @@ from __future__ import annotations
 from sglang.srt.speculative.spec_info import spec_scale_global_num_tokens
 
 from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck
-from ..staging import TwoSlotStager, check_staging_impl
+from ..staging import TwoSlotStager, check_staging_impl, prepare_staging, staging_kernels
 
 MODULE = "sglang.srt.speculative.dspark_components.dspark_draft"
 
@@ -93,6 +93,11 @@ def make_num_token_non_padded_hook(original, num_tokens, device):
     return None
 
 
+def _path_used(facts) -> bool:
+    """The DP-MoE fill runs for DSpark drafts under attention DP."""
+    return facts.is_dspark() and facts.dp_attention
+
+
 SLOT = Slot(
     name="dspark_dp_meta",
     kind=SlotKind.OWNED,
@@ -100,6 +105,8 @@ SLOT = Slot(
     summary="DSpark draft DP-MoE counts: one persistent two-slot pinned buffer, one H2D",
     default=True,
     precheck=config_precheck(check_staging_impl),
+    kernels=lambda facts: staging_kernels(_path_used(facts), facts.env),
+    prepare=lambda facts: prepare_staging("dspark_dp_meta", _path_used(facts)),
     targets=(
         HookTarget(
             path=f"{MODULE}.DraftBlockProposer",

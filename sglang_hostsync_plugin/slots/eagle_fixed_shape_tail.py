@@ -94,6 +94,30 @@ def _tail_slots(rows, prefix_base, last_page, num_new_pages, topk, page_size):
     return fn(rows, _as_int64(prefix_base), _as_int64(last_page), _as_int64(num_new_pages), topk, page_size)
 
 
+def _path_used(facts) -> bool:
+    """SGLang calls the tail copy for EAGLE-family drafts with topk > 1 and page > 1."""
+    return facts.is_eagle_family() and facts.topk > 1 and facts.page_size > 1
+
+
+def kernels(facts) -> tuple[str, ...]:
+    return ("eagle_tail",) if _path_used(facts) and choose_impl(facts.env)[0] == "cuda" else ()
+
+
+def prepare(facts) -> str:
+    """Pick the kernel and load it now, so no request waits for a build."""
+    global _impl
+    if not _path_used(facts):
+        return ""
+    _impl, why = choose_impl()
+    logger.info("hostsync: %s uses the %s kernel (%s)", NAME, _impl, why)
+    if _impl != "cuda":
+        return "triton kernel"
+    note = csrc.load_for_slot(NAME, "eagle_tail", explicit=why == f"{ENV_IMPL}=cuda")
+    if note.startswith("fallback"):
+        _impl = "triton"
+    return note
+
+
 def duplicate_prefix_tail(original, token_to_kv_pool, rows, prefix_base, last_page, num_new_pages, topk, page_size):
     if topk <= 1:
         return None
@@ -109,6 +133,8 @@ SLOT = Slot(
     summary="fixed-shape kernel for the draft-branch prefix-tail KV copy (no numel() sync)",
     default=True,
     precheck=config_precheck(choose_impl),
+    kernels=kernels,
+    prepare=prepare,
     targets=(
         HookTarget(
             TARGET, TargetKind.FUNCTION, hook=duplicate_prefix_tail,

@@ -39,7 +39,7 @@ from sglang.srt.speculative.spec_info import spec_scale_global_num_tokens
 
 from ..source_edit import edit_function
 from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck
-from ..staging import TwoSlotStager, check_staging_impl
+from ..staging import TwoSlotStager, check_staging_impl, prepare_staging, staging_kernels
 
 NAME = "target_dp_meta"
 FORWARD_BATCH = "sglang.srt.model_executor.forward_batch_info.ForwardBatch"
@@ -148,6 +148,9 @@ SLOT = Slot(
     summary="target ForwardBatch DP counts: persistent pinned staging, one H2D for both count rows",
     default=True,
     precheck=config_precheck(check_staging_impl),
+    # The staged sites run under attention DP (and EP / DP gather, which imply it here).
+    kernels=lambda facts: staging_kernels(facts.dp_attention, facts.env),
+    prepare=lambda facts: prepare_staging(NAME, facts.dp_attention),
     targets=(
         HookTarget(
             f"{FORWARD_BATCH}.init_mlp_sync_metadata", TargetKind.FUNCTION, hook=init_mlp_sync_metadata_hook,

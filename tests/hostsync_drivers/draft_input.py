@@ -14,7 +14,7 @@ import torch
 from sglang.srt.runtime_context import get_context
 from sglang.srt.speculative import dflash_info_v2, draft_worker_common
 from sglang_hostsync_plugin import installer
-from sglang_hostsync_plugin.drivers import Patcher  # noqa: F401 (re-exported)
+from hostsync_drivers import Patcher  # noqa: F401 (re-exported)
 from sglang_hostsync_plugin.slots import draft_input_reuse as dir_slot
 
 BLOCK = 4

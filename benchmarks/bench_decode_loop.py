@@ -1,4 +1,4 @@
-"""``python -m sglang_hostsync_plugin.bench``: a decode loop, stock vs plugin, one run.
+"""``python benchmarks/bench_decode_loop.py``: a decode loop, stock vs plugin, one run.
 
 A server runs one speculative algorithm, so the bench runs one loop per algorithm.
 Each step drives real SGLang 0.5.23 objects through the code paths that algorithm's
@@ -29,13 +29,14 @@ import argparse
 import gc
 import json
 import statistics
-import struct
 import sys
 import time
-import zlib
 
-from .drivers import abba
-from .slots import audit
+import os as _os, sys as _sys
+_sys.path.insert(0, _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "..", "tests"))  # hostsync_drivers
+from hostsync_drivers import abba
+from sglang_hostsync_plugin.e2e.png import line_plot
+from sglang_hostsync_plugin.slots import audit
 
 # A server runs one algorithm: each step drives the owned slots' paths for that one.
 ALGORITHMS = {
@@ -48,7 +49,7 @@ PATHS = ("target_dp_meta", "dspark_dp_meta", "eagle_fixed_shape_tail", "draft_in
          *OPT_IN)
 GPU_PATHS = ("event_ring", "accept_lens_snapshot", *OPT_IN)  # their drivers need CUDA streams and events
 GPU_ONLY = ("syncs_per_step", "run_ahead_fraction", "launch_lead_ms", "steps_per_s")
-BENCH_ALLOW = (("sglang_hostsync_plugin/bench.py", "wait_for_results",
+BENCH_ALLOW = (("benchmarks/bench_decode_loop.py", "wait_for_results",
                 "the bench's stand-in for result processing's copy_done wait"),)
 DP = 8
 TOPK, PAGE = 4, 16
@@ -67,8 +68,8 @@ def _paths(arm: str, bs: int, device: str, patcher, algorithm: str, opt_in: tupl
     from sglang.srt.model_executor import forward_batch_info
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    from .drivers import dp_meta, draft_input, eagle_tail, target_dp_meta
-    from .slots import eagle_fixed_shape_tail as eft
+    from hostsync_drivers import dp_meta, draft_input, eagle_tail, target_dp_meta
+    from sglang_hostsync_plugin.slots import eagle_fixed_shape_tail as eft
 
     plugin = arm == "plugin"
     rng = random.Random(bs)
@@ -118,8 +119,8 @@ def _paths(arm: str, bs: int, device: str, patcher, algorithm: str, opt_in: tupl
         return {p: paths[p] for p in wanted}
     import torch
 
-    from .drivers import accept_lens, event_ring as er_driver
-    from .slots import accept_lens_snapshot as als, event_ring as er
+    from hostsync_drivers import accept_lens, event_ring as er_driver
+    from sglang_hostsync_plugin.slots import accept_lens_snapshot as als, event_ring as er
 
     # The scheduler's events; the previous step's copy_done is waited on in result processing.
     events = er_driver.Loop(er_driver.CountingDevice(), plugin=plugin, device=device)
@@ -148,8 +149,8 @@ def _paths(arm: str, bs: int, device: str, patcher, algorithm: str, opt_in: tupl
 
     paths.update(event_ring=(event_launch, event_process), accept_lens_snapshot=(accept_launch, accept_process))
     if "pinned_d2h_ring" in opt_in:
-        from .drivers import pinned_d2h
-        from .slots import pinned_d2h_ring as pdr
+        from hostsync_drivers import pinned_d2h
+        from sglang_hostsync_plugin.slots import pinned_d2h_ring as pdr
 
         if plugin:
             pinned_d2h.install(patcher, pdr.PinnedRing())
@@ -197,7 +198,7 @@ def run_arm(arm: str, bs: int, steps: int, cycles: int, warmup: int = 20, algori
 
     from sglang.srt.runtime_context import get_context
 
-    from .drivers.draft_input import BLOCK, Patcher
+    from hostsync_drivers.draft_input import BLOCK, Patcher
 
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
@@ -307,45 +308,10 @@ def merge_repeats(runs: list[dict]) -> dict:
     return row
 
 
-def _png(path: str, series: dict[str, list[float]], width: int = 900, height: int = 320) -> None:
-    """A line plot of launch lead (ms) per step, one color per arm, zero line in grey."""
-    colors = {"stock": (200, 40, 40), "plugin": (30, 90, 200)}
-    values = [v for s in series.values() for v in s] or [0.0]
-    lo, hi = min(min(values), 0.0), max(max(values), 0.0)
-    span = (hi - lo) or 1.0
-    pixels = [[(255, 255, 255)] * width for _ in range(height)]
-
-    def y_of(v):
-        return int((hi - v) / span * (height - 21)) + 10
-
-    for x in range(width):
-        pixels[y_of(0.0)][x] = (150, 150, 150)
-    for arm, s in series.items():
-        n = max(len(s) - 1, 1)
-        prev = None
-        for i, v in enumerate(s):
-            point = (int(i / n * (width - 1)), y_of(v))
-            if prev is not None:
-                steps = max(abs(point[0] - prev[0]), abs(point[1] - prev[1]), 1)
-                for k in range(steps + 1):
-                    x = prev[0] + (point[0] - prev[0]) * k // steps
-                    y = prev[1] + (point[1] - prev[1]) * k // steps
-                    pixels[y][x] = colors.get(arm, (0, 0, 0))
-            prev = point
-    raw = b"".join(b"\x00" + bytes(c for px in row for c in px) for row in pixels)
-
-    def chunk(kind, data):
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    with open(path, "wb") as f:
-        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-                + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
-
-
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    ap = argparse.ArgumentParser(prog="python -m sglang_hostsync_plugin.bench")
+    ap = argparse.ArgumentParser(prog="python benchmarks/bench_decode_loop.py")
     ap.add_argument("--algorithms", nargs="+", choices=sorted(ALGORITHMS), default=list(ALGORITHMS))
     ap.add_argument("--bs", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--steps", type=int, default=300)
@@ -402,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
                        "needs_gpu": [] if cuda else list(GPU_ONLY), "rows": rows}, f, indent=2)
     if args.png and cuda:
         first = args.algorithms[0]
-        _png(args.png, {r["arm"]: r["leads_ms"] for r in rows if r["bs"] == args.bs[0] and r["algorithm"] == first})
+        line_plot(args.png, {r["arm"]: r["leads_ms"] for r in rows if r["bs"] == args.bs[0] and r["algorithm"] == first})
     return 0
 
 

@@ -20,7 +20,7 @@ import torch
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.managers import utils as manager_utils
 from sglang.srt.managers.utils import GenerationBatchResult
-from sglang_hostsync_plugin.drivers import Patcher
+from hostsync_drivers import Patcher
 from sglang_hostsync_plugin.slots import pinned_d2h_ring as pdr
 
 

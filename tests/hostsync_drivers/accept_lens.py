@@ -24,7 +24,7 @@ from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.speculative.dspark_components.dspark_verify import DsparkVerifyEpilogue
 from sglang.srt.speculative.dspark_components.dspark_worker_v2 import DSparkWorkerV2
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from sglang_hostsync_plugin.drivers import Patcher
+from hostsync_drivers import Patcher
 from sglang_hostsync_plugin.slots import accept_lens_snapshot as als
 
 MAX_BS = 64

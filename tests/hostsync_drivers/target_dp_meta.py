@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import torch
 
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
-from sglang_hostsync_plugin.drivers import dp_meta
+from hostsync_drivers import dp_meta
 from sglang_hostsync_plugin.slots import target_dp_meta as tdm
 
 FIELDS = (

@@ -1,0 +1,190 @@
+"""What the end-to-end benchmark runs: server configurations, arms and their launch
+commands. Pure data and string building; nothing here starts a process."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+
+from ..config import ENV_ENABLE, ENV_SLOTS
+from ..slots.audit import ENV_EVERY, ENV_TRACE
+
+# Dummy-weight models written by the benchmark (no download): a Llama-3-8B-shaped
+# target and a 2-layer draft of the same width (STANDALONE speculative decoding).
+LLAMA_8B = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+    "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256, "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "hidden_act": "silu", "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "bos_token_id": 128000, "eos_token_id": 128001,
+}
+MODELS = {"target": LLAMA_8B, "draft": {**LLAMA_8B, "num_hidden_layers": 2}}
+
+
+@dataclass(frozen=True)
+class Config:
+    """One server configuration of the matrix."""
+
+    name: str
+    algorithm: str  # SGLang's --speculative-algorithm
+    topk: int = 1
+    page_size: int = 1
+    num_steps: int = 3
+    draft_tokens: int = 4
+    uses_draft_model: bool = True
+
+    def server_args(self, draft_path: str | None) -> list[str]:
+        args = ["--speculative-algorithm", self.algorithm,
+                "--speculative-num-draft-tokens", str(self.draft_tokens),
+                "--page-size", str(self.page_size)]
+        if self.uses_draft_model:
+            args += ["--speculative-num-steps", str(self.num_steps), "--speculative-eagle-topk", str(self.topk)]
+            if draft_path:
+                args += ["--speculative-draft-model-path", draft_path]
+        else:  # NGRAM: one branch per step, so the tree is a chain like topk 1
+            args += ["--speculative-ngram-max-bfs-breadth", str(self.topk)]
+        return args
+
+
+CONFIGS = {c.name: c for c in (
+    Config("standalone-t1-p1", "STANDALONE", topk=1, page_size=1, draft_tokens=4),
+    Config("standalone-t1-p16", "STANDALONE", topk=1, page_size=16, draft_tokens=4),
+    Config("standalone-t4-p1", "STANDALONE", topk=4, page_size=1, draft_tokens=8),
+    Config("standalone-t4-p16", "STANDALONE", topk=4, page_size=16, draft_tokens=8),
+    Config("ngram-p1", "NGRAM", topk=1, page_size=1, draft_tokens=8, uses_draft_model=False),
+)}
+
+
+@dataclass(frozen=True)
+class Arm:
+    """A server variant: ``slots`` None is stock SGLang (the plugin installed but off)."""
+
+    name: str
+    slots: str | None = None
+
+    def env(self) -> dict[str, str]:
+        if self.slots is None:
+            return {}
+        return {ENV_ENABLE: "1", ENV_SLOTS: self.slots}
+
+    @property
+    def audited(self) -> bool:
+        return self.slots is not None and "audit" in [t.strip() for t in self.slots.split(",")]
+
+
+STOCK = Arm("stock")
+ARMS = {a.name: a for a in (STOCK, Arm("audit", "audit"), Arm("plugin", "default,audit"))}
+
+
+def extra_arm(spec: str) -> Arm:
+    """``--slots SPEC`` as an arm, measured by the audit like the plugin arm."""
+    tokens = [t.strip() for t in spec.split(",") if t.strip()]
+    if "audit" not in tokens:
+        tokens.append("audit")
+    return Arm(f"slots:{spec}", ",".join(tokens))
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Everything that starts one server: argv and the environment it adds."""
+
+    config: str
+    arm: str
+    port: int
+    argv: tuple[str, ...]
+    env: dict[str, str] = field(default_factory=dict)
+    log: str = ""
+    trace: str = ""
+
+    def shell(self) -> str:
+        env = " ".join(f"{k}={v}" for k, v in sorted(self.env.items()))
+        return (env + " " if env else "") + " ".join(self.argv)
+
+
+@dataclass(frozen=True)
+class Options:
+    """The benchmark's knobs that change a launch command."""
+
+    model_path: str | None = None  # None: the embedded dummy-weight target
+    draft_model_path: str | None = None
+    attention_backend: str = "triton"
+    # Arms start together and SGLang takes the fraction of the memory free at its own
+    # start, so it sizes nothing: the KV pool is fixed by max_total_tokens instead.
+    mem_fraction_static: float = 0.85
+    max_total_tokens: int = 65536
+    random_seed: int = 1
+    simulate_acc_len: float = 3.0  # SGLANG_SIMULATE_ACC_LEN; 0 = real acceptance
+    cuda_graph_max_bs: int = 8
+    extra_server_args: tuple[str, ...] = ()
+    python: str = sys.executable
+    server_module: str = "sglang.launch_server"
+
+    @property
+    def dummy(self) -> bool:
+        return self.model_path is None
+
+
+def write_models(root: str) -> dict[str, str]:
+    """The embedded model configs as model directories under ``root``."""
+    paths = {}
+    for name, cfg in MODELS.items():
+        path = os.path.join(root, f"dummy-{name}")
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, "config.json"), "w") as f:
+            json.dump(cfg, f, indent=1)
+        paths[name] = path
+    return paths
+
+
+def launch(config: Config, arm: Arm, port: int, opts: Options, models: dict[str, str], out_dir: str) -> Launch:
+    target = opts.model_path or models["target"]
+    draft = (opts.draft_model_path or models.get("draft")) if config.uses_draft_model else None
+    argv = [opts.python, "-m", opts.server_module, "--model-path", target,
+            "--host", "127.0.0.1", "--port", str(port),
+            "--attention-backend", opts.attention_backend,
+            "--mem-fraction-static", str(opts.mem_fraction_static),
+            "--max-total-tokens", str(opts.max_total_tokens),
+            "--cuda-graph-max-bs-decode", str(opts.cuda_graph_max_bs),
+            "--random-seed", str(opts.random_seed),
+            "--disable-radix-cache", "--skip-tokenizer-init",
+            "--sampling-backend", "pytorch", "--grammar-backend", "none",
+            *config.server_args(draft)]
+    if opts.dummy:
+        argv += ["--load-format", "dummy"]
+    if arm.slots is not None:
+        argv.append("--enable-hostsync-plugin")
+    argv += list(opts.extra_server_args)
+    stem = f"{config.name}__{_safe(arm.name)}"
+    trace = os.path.join(out_dir, f"{stem}.trace.tsv") if arm.audited else ""
+    env = arm.env()
+    if trace:
+        # The summary's periodic log line is not needed: the benchmark reads the trace.
+        env.update({ENV_TRACE: trace, ENV_EVERY: "100000000"})
+    if opts.simulate_acc_len > 0:
+        env["SGLANG_SIMULATE_ACC_LEN"] = f"{opts.simulate_acc_len:g}"
+    return Launch(config.name, arm.name, port, tuple(argv), env, os.path.join(out_dir, f"{stem}.log"), trace)
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def parse_configs(spec: str) -> list[Config]:
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown or not names:
+        raise ValueError(f"unknown configuration(s) {unknown}; choose from {', '.join(CONFIGS)}")
+    return [CONFIGS[n] for n in names]
+
+
+def parse_arms(spec: str, extra_slots: list[str]) -> list[Arm]:
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ARMS]
+    if unknown:
+        raise ValueError(f"unknown arm(s) {unknown}; choose from {', '.join(ARMS)} (or add --slots LIST)")
+    arms = [ARMS[n] for n in names] + [extra_arm(s) for s in extra_slots]
+    if STOCK not in arms:
+        raise ValueError("the stock arm is the reference for ratios and output identity; keep it")
+    return arms

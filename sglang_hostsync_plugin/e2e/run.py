@@ -1,0 +1,343 @@
+"""``python -m sglang_hostsync_plugin.e2e``: stock SGLang vs the plugin in real servers.
+
+For each configuration, every arm's ``sglang.launch_server`` starts at once on the
+one GPU (own port, own ``--mem-fraction-static``); then the client drives them one
+at a time, so only one server is busy: a warm-up, a greedy identity pass (token
+ids and top-k logprobs, against stock), then for each concurrency ``--rounds``
+rounds with the arm order reversed every other round (ABBA). Audited arms write the
+audit slot's per-step trace; each measurement window is cut from it by host time.
+Output under ``--out``: ``e2e.json`` (every round, raw), ``e2e.md`` (the table),
+``e2e.png`` (tok/s/user per arm over stock) and each server's log.
+Exit status: 0 when every server started and every arm's greedy outputs equal
+stock's; 1 otherwise; 2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+from ..slots.audit import parse_trace
+from . import client, matrix, stats
+from .png import bar_chart
+
+HOSTSYNC_ENV_PREFIXES = ("SGLANG_HOSTSYNC_", "SGLANG_ENABLE_HOSTSYNC_PLUGIN")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m sglang_hostsync_plugin.e2e", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--configs", default=",".join(matrix.CONFIGS), help=f"comma list of {', '.join(matrix.CONFIGS)}")
+    ap.add_argument("--arms", default=",".join(matrix.ARMS), help="comma list of stock, audit, plugin")
+    ap.add_argument("--slots", action="append", default=[], metavar="LIST",
+                    help="an extra arm with this SGLANG_HOSTSYNC_SLOTS (audit is added); repeatable")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=6, help="requests per window (at least 2 per concurrent user)")
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--identity-prompts", type=int, default=4)
+    ap.add_argument("--identity-tokens", type=int, default=64)
+    ap.add_argument("--top-logprobs", type=int, default=5, help="0: compare token ids only")
+    ap.add_argument("--model-path", help="a real target checkpoint (default: embedded dummy-weight Llama-8B shape)")
+    ap.add_argument("--draft-model-path", help="a real draft checkpoint for STANDALONE")
+    ap.add_argument("--attention-backend", default="triton")
+    ap.add_argument("--mem-fraction-static", type=float, default=matrix.Options.mem_fraction_static,
+                    help="per server, of the GPU memory free when it starts")
+    ap.add_argument("--max-total-tokens", type=int, default=matrix.Options.max_total_tokens,
+                    help="per server: the KV pool size, which makes servers that start together fit")
+    ap.add_argument("--simulate-acc-len", type=float, default=3.0, help="SGLANG_SIMULATE_ACC_LEN; 0 for real acceptance")
+    ap.add_argument("--random-seed", type=int, default=1)
+    ap.add_argument("--port", type=int, default=31000, help="first port; one per arm")
+    ap.add_argument("--ready-timeout", type=float, default=900.0)
+    ap.add_argument("--time-budget", type=float, default=None, metavar="S",
+                    help="stop starting new work after S seconds (results so far are reported)")
+    ap.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                    help="appended to every launch command; repeatable (--server-arg=--foo)")
+    ap.add_argument("--server-module", default="sglang.launch_server", help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=None, help="output directory (default hostsync-e2e-<UTC time>)")
+    ap.add_argument("--dry-run", action="store_true", help="print the matrix and launch commands, start nothing")
+    return ap
+
+
+def options(args) -> matrix.Options:
+    return matrix.Options(
+        model_path=args.model_path, draft_model_path=args.draft_model_path,
+        attention_backend=args.attention_backend,
+        mem_fraction_static=args.mem_fraction_static, max_total_tokens=args.max_total_tokens,
+        random_seed=args.random_seed, simulate_acc_len=args.simulate_acc_len,
+        cuda_graph_max_bs=max(args.concurrency), extra_server_args=tuple(args.server_arg),
+        server_module=args.server_module,
+    )
+
+
+def plan(args) -> tuple[list[matrix.Config], list[matrix.Arm], matrix.Options]:
+    configs = matrix.parse_configs(args.configs)
+    arms = matrix.parse_arms(args.arms, args.slots)
+    if args.rounds < 1 or min(args.concurrency) < 1 or args.requests < 1:
+        raise ValueError("--rounds, --concurrency and --requests must be positive")
+    if args.model_path is None and any(c.uses_draft_model for c in configs) and args.draft_model_path:
+        raise ValueError("--draft-model-path needs --model-path (the dummy target has its own draft)")
+    return configs, arms, options(args)
+
+
+def launches(configs, arms, opts, out_dir: str, models: dict[str, str], port: int) -> list[matrix.Launch]:
+    return [matrix.launch(c, a, port + i, opts, models, out_dir) for c in configs for i, a in enumerate(arms)]
+
+
+def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1000, vocab - 1000) for _ in range(length)] for _ in range(n)]
+
+
+def _server_env(launch: matrix.Launch) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(HOSTSYNC_ENV_PREFIXES)}
+    env.update(launch.env)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class Server:
+    def __init__(self, launch: matrix.Launch):
+        self.launch = launch
+        self.base = f"http://127.0.0.1:{launch.port}"
+        self.log = open(launch.log, "w")
+        self.t0 = time.perf_counter()
+        self.proc = subprocess.Popen(list(launch.argv), stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=_server_env(launch), start_new_session=True)
+        self.info: dict = {"command": launch.shell(), "log": os.path.basename(launch.log)}
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+            if self.proc.poll() is not None:
+                break
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(wait)
+            except subprocess.TimeoutExpired:
+                continue
+        self.log.close()
+
+    def log_tail(self, n: int = 30) -> str:
+        self.log.flush()
+        with open(self.launch.log, errors="replace") as f:
+            return "".join(f.readlines()[-n:])
+
+    def status_block(self) -> list[str]:
+        """The plugin's startup status lines from this server's log."""
+        self.log.flush()
+        with open(self.launch.log, errors="replace") as f:
+            lines = f.read().splitlines()
+        for i, line in enumerate(lines):
+            if "hostsync: sglang " in line and "SGLANG_HOSTSYNC_SLOTS=" in line:
+                block = [line]
+                for more in lines[i + 1:]:
+                    if not more.startswith("  "):
+                        break
+                    block.append(more)
+                return block
+        return []
+
+
+def say(msg: str) -> None:
+    print(f"[e2e {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+class Budget:
+    def __init__(self, seconds: float | None):
+        self.deadline = None if seconds is None else time.perf_counter() + seconds
+
+    def spent(self) -> bool:
+        return self.deadline is not None and time.perf_counter() > self.deadline
+
+
+def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, result, budget: Budget) -> None:
+    servers = {}
+    for i, arm in enumerate(arms):
+        ln = matrix.launch(config, arm, port + i, opts, models, out_dir)
+        say(f"{config.name}/{arm.name}: {ln.shell()}")
+        servers[arm.name] = Server(ln)
+    try:
+        live = {}
+        for name, srv in servers.items():
+            key = f"{config.name}/{name}"
+            try:
+                client.wait_ready(srv.base, args.ready_timeout - (time.perf_counter() - srv.t0), srv.alive)
+                srv.info["ready_s"] = time.perf_counter() - srv.t0  # from its own launch
+                t = time.perf_counter()
+                client.generate(srv.base, prompt_pool[0], args.max_new_tokens)
+                srv.info["first_request_s"] = time.perf_counter() - t
+                srv.info["status_block"] = srv.status_block()
+                live[name] = srv
+                say(f"{key}: ready in {srv.info['ready_s']:.1f} s, first request {srv.info['first_request_s']:.2f} s")
+            except client.ClientError as exc:
+                srv.info.update(ready_s=None, error=str(exc), log_tail=srv.log_tail())
+                say(f"{key}: FAILED: {exc}\n{srv.info['log_tail']}")
+            result["servers"][key] = srv.info
+        if "stock" not in live:
+            say(f"{config.name}: the stock server did not start; nothing to compare")
+            return
+        identity_prompts = prompt_pool[: args.identity_prompts]
+        outputs = {}
+        for name, srv in live.items():
+            client.run_load(srv.base, prompt_pool[1:3], 1, args.max_new_tokens)  # warm-up
+            outputs[name] = _identity_outputs(srv, identity_prompts, args)
+            result["servers"][f"{config.name}/{name}"]["distinct_tokens"] = stats.distinct_tokens(outputs[name])
+        for name in live:
+            if name != "stock":
+                verdict = stats.compare_outputs(outputs["stock"], outputs[name])
+                result["identity"][f"{config.name}/{name}"] = verdict
+                say(f"{config.name}/{name}: greedy identical to stock: {verdict['identical']}"
+                    + ("" if verdict["identical"] else f" ({verdict['first_mismatch']})"))
+        order = [a for a in arms if a.name in live]
+        for conc in args.concurrency:
+            n = max(args.requests, 2 * conc)
+            for rnd in range(args.rounds):
+                if budget.spent():
+                    result["truncated"] = True
+                    say(f"{config.name}: time budget spent, stopping before c{conc} round {rnd}")
+                    break
+                for arm in (order if rnd % 2 == 0 else order[::-1]):
+                    batch = [prompt_pool[(rnd * n + k) % len(prompt_pool)] for k in range(n)]
+                    load = client.run_load(live[arm.name].base, batch, conc, args.max_new_tokens)
+                    result["rows"].append({
+                        "config": config.name, "concurrency": conc, "arm": arm.name, "round": rnd,
+                        "t_start": load.t_start, "t_end": load.t_end, "errors": list(load.errors),
+                        "load": stats.load_figures(load.results, load.wall),
+                    })
+                    f = result["rows"][-1]["load"]
+                    say(f"{config.name} c{conc} r{rnd} {arm.name}: {stats._fmt(f['tok_s_user_median'], '.1f')} tok/s/user"
+                        + (f", {len(load.errors)} errors" if load.errors else ""))
+        for name, srv in live.items():  # the trace is written in batches: a last request flushes it
+            client.generate(srv.base, prompt_pool[0], 32)
+    finally:
+        for srv in servers.values():
+            srv.stop()
+
+
+def _identity_outputs(srv: Server, identity_prompts, args) -> list[client.Result]:
+    results = []
+    for p in identity_prompts:
+        try:
+            results.append(client.generate(srv.base, p, args.identity_tokens, logprobs=args.top_logprobs))
+        except client.ClientError:
+            if not args.top_logprobs:
+                raise
+            results.append(client.generate(srv.base, p, args.identity_tokens))
+    return results
+
+
+def attach_audit(result: dict, launch_by_cell: dict[tuple, str]) -> dict[tuple, list]:
+    """Cut every audited row's window out of its server's trace; returns the
+    windows per cell (for pooling) and stores per-round figures in the rows."""
+    traces: dict[str, list] = {}
+    windows: dict[tuple, list] = {}
+    for row in result["rows"]:
+        path = launch_by_cell.get((row["config"], row["arm"]))
+        if not path:
+            continue
+        if path not in traces:
+            try:
+                with open(path) as f:
+                    traces[path] = parse_trace(f.read())
+            except OSError:
+                traces[path] = []
+        w = stats.window(traces[path], row["t_start"], row["t_end"])
+        fig = stats.audit_figures(w)
+        fig.pop("leads_ms")
+        row["audit"] = fig
+        windows.setdefault((row["config"], row["concurrency"], row["arm"]), []).append(w)
+    return windows
+
+
+def report(result: dict, out_dir: str, windows: dict) -> str:
+    cell_rows = stats.cells(result["rows"], windows)
+    for c in cell_rows:
+        c.pop("tok_s_user_all", None)
+    result["cells"] = cell_rows
+    md = stats.markdown(cell_rows, result["servers"], result["identity"])
+    header = (f"# hostsync e2e: {result['meta']['date']}\n\n`{result['meta']['command']}`\n\n"
+              f"Rounds {result['meta']['rounds']}, {result['meta']['max_new_tokens']} new tokens per request, "
+              f"arms started together on one GPU (ready times include that contention).\n\n")
+    with open(os.path.join(out_dir, "e2e.md"), "w") as f:
+        f.write(header + md)
+    arms = [a for a in result["meta"]["arms"] if a != "stock"]
+    groups, keys = [], sorted({(c["config"], c["concurrency"]) for c in cell_rows})
+    by = {(c["config"], c["concurrency"], c["arm"]): c for c in cell_rows}
+    for key in keys:
+        groups.append([(by.get((*key, a)) or {}).get("ratio_tok_s_user") or 0.0 for a in arms])
+    if groups:
+        bar_chart(os.path.join(out_dir, "e2e.png"), groups)
+    return md
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        configs, arms, opts = plan(args)
+    except ValueError as exc:
+        print(f"e2e: {exc}", file=sys.stderr)
+        return 2
+    out_dir = os.path.abspath(args.out or datetime.datetime.now(datetime.timezone.utc).strftime("hostsync-e2e-%Y%m%d-%H%M%S"))
+    models = {"target": os.path.join(out_dir, "models", "dummy-target"),
+              "draft": os.path.join(out_dir, "models", "dummy-draft")}
+    if args.dry_run:
+        print(f"matrix: {len(configs)} configurations x {len(arms)} arms x concurrency {args.concurrency} "
+              f"x {args.rounds} rounds; servers of one configuration run at once")
+        for ln in launches(configs, arms, opts, out_dir, models, args.port):
+            print(f"{ln.config} / {ln.arm}:\n  {ln.shell()}")
+        return 0
+    os.makedirs(out_dir, exist_ok=True)
+    if opts.dummy:
+        models = matrix.write_models(os.path.join(out_dir, "models"))
+    vocab = matrix.MODELS["target"]["vocab_size"] if opts.dummy else 32000
+    pool = prompts(max(args.identity_prompts, args.requests, 2 * max(args.concurrency)) * args.rounds + 3,
+                   args.prompt_len, vocab, args.random_seed)
+    result = {
+        "meta": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                 "command": " ".join(["python -m sglang_hostsync_plugin.e2e", *(argv if argv is not None else sys.argv[1:])]),
+                 "configs": [c.name for c in configs], "arms": [a.name for a in arms],
+                 "arm_slots": {a.name: a.slots for a in arms}, "concurrency": args.concurrency,
+                 "rounds": args.rounds, "max_new_tokens": args.max_new_tokens, "options": vars(args)},
+        "servers": {}, "identity": {}, "rows": [],
+    }
+    json_path = os.path.join(out_dir, "e2e.json")
+    budget = Budget(args.time_budget)
+    # SIGTERM (a timeout) unwinds like Ctrl-C, so every server is stopped.
+    signal.signal(signal.SIGTERM, _interrupt)
+    for config in configs:
+        if budget.spent():
+            result["truncated"] = True
+            say(f"time budget spent: {config.name} not run")
+            continue
+        run_config(config, arms, opts, args, out_dir, models, args.port, pool, result, budget)
+        with open(json_path, "w") as f:  # after every configuration: partial results survive a timeout
+            json.dump(result, f, indent=1)
+    traces = {(ln.config, ln.arm): ln.trace for ln in launches(configs, arms, opts, out_dir, models, args.port) if ln.trace}
+    windows = attach_audit(result, traces)
+    md = report(result, out_dir, windows)
+    with open(json_path, "w") as f:
+        json.dump(result, f, indent=1)
+    print(md)
+    failed = [k for k, s in result["servers"].items() if s.get("ready_s") is None]
+    different = [k for k, v in result["identity"].items() if not v["identical"]]
+    if failed or different:
+        say(f"servers that failed: {failed or 'none'}; outputs different from stock: {different or 'none'}")
+        return 1
+    return 0

@@ -1,0 +1,187 @@
+"""The benchmark's arithmetic: per-window audit figures from the trace, per-cell
+aggregates over rounds, output identity, and the report (markdown, JSON rows)."""
+
+from __future__ import annotations
+
+import collections
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+
+from ..slots.audit import TraceStep, run_ahead_fraction
+from .client import Result
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear-interpolated percentile (``q`` in 0..100); None for no values."""
+    xs = sorted(v for v in values if v is not None and not math.isnan(v))
+    if not xs:
+        return None
+    pos = (len(xs) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def median(values: Sequence[float]) -> float | None:
+    return percentile(values, 50.0)
+
+
+def window(steps: Iterable[TraceStep], t_start: float, t_end: float) -> list[TraceStep]:
+    """The steps launched inside [t_start, t_end] (host clock)."""
+    return [s for s in steps if t_start <= s.t_launch <= t_end]
+
+
+def audit_figures(steps: list[TraceStep]) -> dict:
+    """syncs/step with sites, decode-pair launch leads, run-ahead, host µs/step."""
+    by_step = {s.step: s for s in steps}
+    leads = [
+        (s.t_finish - by_step[s.step + 1].t_launch) * 1e3
+        for s in steps
+        if s.decode and s.step + 1 in by_step and by_step[s.step + 1].decode and not math.isnan(s.t_finish)
+    ]
+    sites = collections.Counter(site for s in steps for site in s.sites)
+    n = len(steps)
+    return {
+        "steps": n,
+        "syncs_per_step": sum(sites.values()) / n if n else None,
+        "sync_sites": {k: v / n for k, v in sites.most_common()} if n else {},
+        "run_ahead_fraction": run_ahead_fraction(leads) if leads else None,
+        "launch_lead_ms_median": median(leads),
+        "launch_lead_ms_p10": percentile(leads, 10.0),
+        "lead_pairs": len(leads),
+        "host_us_per_step_median": median([s.host_us for s in steps if s.decode]),
+        "leads_ms": leads,
+    }
+
+
+def pool_audit(windows: list[list[TraceStep]]) -> dict:
+    """Audit figures over several windows (rounds): steps pooled, pairs kept within a window."""
+    figures = [audit_figures(w) for w in windows]
+    steps = sum(f["steps"] for f in figures)
+    leads = [v for f in figures for v in f["leads_ms"]]
+    sites = collections.Counter()
+    for w in windows:
+        sites.update(site for s in w for site in s.sites)
+    return {
+        "steps": steps,
+        "syncs_per_step": sum(sites.values()) / steps if steps else None,
+        "sync_sites": {k: v / steps for k, v in sites.most_common()} if steps else {},
+        "run_ahead_fraction": run_ahead_fraction(leads) if leads else None,
+        "run_ahead_fraction_min_round": min((f["run_ahead_fraction"] for f in figures if f["run_ahead_fraction"] is not None), default=None),
+        "launch_lead_ms_median": median(leads),
+        "launch_lead_ms_p10": percentile(leads, 10.0),
+        "lead_pairs": len(leads),
+        "host_us_per_step_median": median([s.host_us for w in windows for s in w if s.decode]),
+    }
+
+
+def load_figures(results: Sequence[Result], wall: float) -> dict:
+    per_user = [r.tok_per_s for r in results]
+    accept = [r.accept_length for r in results if r.accept_length is not None]
+    tokens = sum(r.completion_tokens for r in results)
+    return {
+        "requests": len(results),
+        "tok_s_user_median": median(per_user),
+        "tok_s_user_p10": percentile(per_user, 10.0),
+        "tok_s_total": tokens / wall if wall > 0 else None,
+        "accept_length": statistics.fmean(accept) if accept else None,
+        "tok_s_user_all": per_user,
+    }
+
+
+def compare_outputs(reference: Sequence[Result], got: Sequence[Result]) -> dict:
+    """Greedy identity of ``got`` against ``reference`` (same prompts, same order):
+    token ids always, per-position token and top-k logprobs where both have them."""
+    if len(reference) != len(got):
+        return {"identical": False, "first_mismatch": f"{len(got)} outputs, expected {len(reference)}",
+                "logprobs_compared": False, "prompts": len(reference)}
+    logprobs = all(r.logprobs is not None for r in (*reference, *got))
+    for i, (ref, out) in enumerate(zip(reference, got)):
+        if ref.output_ids != out.output_ids:
+            j = next((k for k, (a, b) in enumerate(zip(ref.output_ids, out.output_ids)) if a != b),
+                     min(len(ref.output_ids), len(out.output_ids)))
+            return {"identical": False, "first_mismatch": f"prompt {i}, token {j}: output ids differ",
+                    "logprobs_compared": logprobs, "prompts": len(reference)}
+        if logprobs and ref.logprobs != out.logprobs:
+            j = next((k for k, (a, b) in enumerate(zip(ref.logprobs, out.logprobs)) if a != b),
+                     min(len(ref.logprobs), len(out.logprobs)))
+            return {"identical": False, "first_mismatch": f"prompt {i}, position {j}: logprobs differ",
+                    "logprobs_compared": True, "prompts": len(reference)}
+    return {"identical": True, "first_mismatch": None, "logprobs_compared": logprobs, "prompts": len(reference)}
+
+
+def distinct_tokens(results: Sequence[Result]) -> int:
+    """How varied the outputs are (two alternating tokens make identity weak evidence)."""
+    return len({t for r in results for t in r.output_ids})
+
+
+def _fmt(v, spec: str = ".2f", none: str = "-") -> str:
+    return none if v is None else format(v, spec)
+
+
+def _ratio(a, b) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def cells(rows: list[dict], windows: dict[tuple, list[list[TraceStep]]] | None = None) -> list[dict]:
+    """One row per (configuration, concurrency, arm): rounds pooled, ratio to stock.
+    ``windows[(config, concurrency, arm)]``: that cell's trace window per round."""
+    grouped: dict[tuple, list[dict]] = collections.defaultdict(list)
+    for r in rows:
+        grouped[(r["config"], r["concurrency"], r["arm"])].append(r)
+    out = []
+    for (config, conc, arm), rs in grouped.items():
+        per_user = [v for r in rs for v in r["load"]["tok_s_user_all"]]
+        accept = [r["load"]["accept_length"] for r in rs if r["load"]["accept_length"] is not None]
+        out.append({
+            "config": config, "concurrency": conc, "arm": arm, "rounds": len(rs),
+            "requests": sum(r["load"]["requests"] for r in rs),
+            "errors": sum(len(r.get("errors", ())) for r in rs),
+            "tok_s_user_median": median(per_user),
+            "tok_s_user_p10": percentile(per_user, 10.0),
+            "tok_s_user_round_medians": [r["load"]["tok_s_user_median"] for r in rs],
+            "tok_s_total_median": median([r["load"]["tok_s_total"] for r in rs]),
+            "accept_length": statistics.fmean(accept) if accept else None,
+            "audit": pool_audit(windows[(config, conc, arm)]) if windows and (config, conc, arm) in windows else None,
+        })
+    stock = {(c["config"], c["concurrency"]): c for c in out if c["arm"] == "stock"}
+    for c in out:
+        ref = stock.get((c["config"], c["concurrency"]))
+        c["ratio_tok_s_user"] = _ratio(c["tok_s_user_median"], ref["tok_s_user_median"] if ref else None)
+        c["ratio_tok_s_total"] = _ratio(c["tok_s_total_median"], ref["tok_s_total_median"] if ref else None)
+    return out
+
+
+def markdown(cell_rows: list[dict], servers: dict[str, dict], identity: dict[str, dict]) -> str:
+    """The report: one table of cells, one of servers (ready time, identity)."""
+    lines = [
+        "| config | conc | arm | tok/s/user median (p10) | ratio | total tok/s | accept len | syncs/step | run-ahead (worst round) | lead ms median (p10) | host µs/step |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for c in sorted(cell_rows, key=lambda c: (c["config"], c["concurrency"], c["arm"] != "stock", c["arm"])):
+        a = c["audit"] or {}
+        lines.append(
+            f"| {c['config']} | {c['concurrency']} | {c['arm']} | {_fmt(c['tok_s_user_median'], '.1f')} "
+            f"({_fmt(c['tok_s_user_p10'], '.1f')}) | {_fmt(c['ratio_tok_s_user'], '.3f')} | "
+            f"{_fmt(c['tok_s_total_median'], '.0f')} | {_fmt(c['accept_length'])} | "
+            f"{_fmt(a.get('syncs_per_step'))} | {_fmt(a.get('run_ahead_fraction'), '.3f')} "
+            f"({_fmt(a.get('run_ahead_fraction_min_round'), '.3f')}) | {_fmt(a.get('launch_lead_ms_median'))} "
+            f"({_fmt(a.get('launch_lead_ms_p10'))}) | {_fmt(a.get('host_us_per_step_median'), '.0f')} |"
+        )
+    lines += ["", "| server | ready s | first request s | greedy identical to stock | logprobs compared | distinct output tokens |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    for name, s in servers.items():
+        ident = identity.get(name)
+        verdict = "reference" if ident is None else ("yes" if ident["identical"] else f"NO: {ident['first_mismatch']}")
+        lines.append(
+            f"| {name} | {_fmt(s.get('ready_s'), '.1f', 'failed')} | {_fmt(s.get('first_request_s'), '.3f')} | {verdict} | "
+            f"{'-' if ident is None else ('yes' if ident['logprobs_compared'] else 'no')} | {s.get('distinct_tokens', '-')} |"
+        )
+    sites = collections.Counter()
+    for c in cell_rows:
+        for site, per_step in ((c["audit"] or {}).get("sync_sites") or {}).items():
+            sites[(c["config"], c["arm"], site)] = max(sites[(c["config"], c["arm"], site)], per_step)
+    if sites:
+        lines += ["", "Sync sites (per step, worst concurrency):", ""]
+        lines += [f"- {cfg} / {arm}: `{site}` {v:.2f}" for (cfg, arm, site), v in sorted(sites.items())]
+    return "\n".join(lines) + "\n"

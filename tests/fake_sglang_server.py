@@ -1,0 +1,98 @@
+"""A stand-in for ``python -m sglang.launch_server`` that the e2e benchmark's CPU
+tests launch (``--server-module fake_sglang_server``): ``/health`` and ``/generate``
+on 127.0.0.1 with SGLang's response shape, and, when the audit trace is asked for,
+trace lines in the audit slot's own format (one "step" per 4 tokens).
+
+Behaviour switches for the tests come from the arm's slot list: a slot token
+``perturb`` changes the logprob of the last output position, ``crash`` exits before
+ready. Outputs depend only on the prompt, like greedy decoding."""
+
+import argparse
+import json
+import math
+import os
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from sglang_hostsync_plugin.slots.audit import ENV_TRACE, TRACE_HEADER, TraceStep, format_trace_line
+
+STEP_S = 0.0005  # host time per fake decode step
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--enable-hostsync-plugin", action="store_true")
+    args, _ = ap.parse_known_args()
+    slots = os.environ.get("SGLANG_HOSTSYNC_SLOTS", "") if args.enable_hostsync_plugin else ""
+    tokens = {t.strip() for t in slots.split(",")}
+    if "crash" in tokens:
+        print("fake server: crashing before ready", flush=True)
+        sys.exit(3)
+    if args.enable_hostsync_plugin:
+        print("hostsync: sglang 0.5.23, SGLANG_HOSTSYNC_SLOTS=%r, strict=True" % slots, flush=True)
+        print("  audit                        applied", flush=True)
+    trace_path = os.environ.get(ENV_TRACE)
+    lock = threading.Lock()
+    state = {"step": 0}
+    stock_like = tokens <= {"audit", ""}
+    if trace_path:
+        with open(trace_path, "w") as f:
+            f.write(TRACE_HEADER)
+
+    def record_steps(n):
+        if not trace_path:
+            return
+        lines = []
+        with lock:
+            for _ in range(n):
+                t = time.perf_counter()
+                # Stock-like arms: one sync per step and a negative lead; the plugin: none, positive.
+                sites = ("sglang/srt/speculative/eagle_worker_common.py:102 (duplicate_prefix_tail_to_draft_branches)",) if stock_like else ()
+                lead = -0.0002 if stock_like else 0.002
+                lines.append(format_trace_line(TraceStep(state["step"], t, t + STEP_S + lead, True, 300.0, sites)))
+                state["step"] += 1
+                time.sleep(STEP_S)
+        with open(trace_path, "a") as f:
+            f.write("".join(lines))
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def _send(self, code, body):
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            self._send(200 if self.path == "/health" else 404, {})
+
+        def do_POST(self):
+            if self.path != "/generate":
+                return self._send(404, {})
+            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            ids, n = req["input_ids"], req["sampling_params"]["max_new_tokens"]
+            out = [(sum(ids) * 31 + 7 * k) % 50000 for k in range(n)]
+            record_steps(max(1, n // 4))
+            meta = {"completion_tokens": n, "spec_accept_length": 3.0 if stock_like else 3.0}
+            if req.get("return_logprob"):
+                k = req.get("top_logprobs_num", 0)
+                lp = [-math.log(50000) - 1e-6 * t for t in out]
+                if "perturb" in tokens:
+                    lp[-1] += 1e-7
+                meta["output_token_logprobs"] = [[v, t, None] for v, t in zip(lp, out)]
+                meta["output_top_logprobs"] = [[[v, t, None]] * k for v, t in zip(lp, out)]
+            self._send(200, {"output_ids": out, "meta_info": meta})
+
+    ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()
+
+
+if __name__ == "__main__":
+    main()

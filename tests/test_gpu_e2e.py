@@ -1,0 +1,83 @@
+"""Real servers (GPU; skipped without CUDA and SGLang's GPU stack): the plugin server
+starts with every default slot applied, its greedy outputs equal stock's, a
+deliberately wrong slot (tests/perturb_slot) is caught by the same comparison, and
+the audit counts no sync per step in EAGLE topk 4 page 16 with the plugin while it
+counts stock's.
+
+``HOSTSYNC_E2E_DIR``: check an e2e output directory made in the same device run
+(scripts/gpu_run.sh, BENCHES=e2e), so the servers start once; else the test runs a
+reduced e2e itself."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from helpers import REPO
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA and a real SGLang server")
+
+PERTURB = os.path.join(REPO, "tests", "perturb_slot")
+CONFIG = "standalone-t4-p16"
+PERTURB_ARM = "slots:default,perturb_kv"
+
+
+@pytest.fixture(scope="module")
+def e2e():
+    path = os.environ.get("HOSTSYNC_E2E_DIR")
+    if not path:
+        path = os.path.join(os.environ.get("OUT", "/tmp"), "test_gpu_e2e")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([PERTURB, os.environ.get("PYTHONPATH", "")]))
+        subprocess.run([sys.executable, "-m", "sglang_hostsync_plugin.e2e", "--configs", CONFIG, "--slots",
+                        "default,perturb_kv", "--concurrency", "1", "--rounds", "1", "--out", path],
+                       env=env, timeout=1200, check=False)
+    with open(os.path.join(path, "e2e.json")) as f:
+        return json.load(f)
+
+
+def test_every_server_started(e2e):
+    failed = {k: s.get("error") for k, s in e2e["servers"].items() if s.get("ready_s") is None}
+    assert not failed, failed
+
+
+def test_plugin_status_block_has_every_default_slot_applied(e2e):
+    from sglang_hostsync_plugin import registry
+
+    defaults = [n for n, s in registry.catalogue().items() if s.default]
+    for key, server in e2e["servers"].items():
+        if not key.endswith("/plugin"):
+            continue
+        block = server["status_block"]
+        assert block and "SGLANG_HOSTSYNC_SLOTS='default,audit'" in block[0], block
+        status = {line.split()[0]: line.split(None, 1)[1] for line in block[1:]}
+        for name in defaults + ["audit"]:
+            assert status.get(name, "").startswith(("applied", "upstream present")), (key, name, status.get(name))
+
+
+def test_greedy_outputs_identical_to_stock(e2e):
+    mine = {k: v for k, v in e2e["identity"].items() if not k.endswith(PERTURB_ARM)}
+    assert mine, "no arm was compared with stock"
+    assert all(v["identical"] for v in mine.values()), mine
+    assert all(v["logprobs_compared"] for v in mine.values()), mine
+
+
+def test_a_wrong_slot_breaks_identity(e2e):
+    perturbed = {k: v for k, v in e2e["identity"].items() if k.endswith(PERTURB_ARM)}
+    if not perturbed:
+        pytest.skip("this e2e run has no perturbed arm")
+    assert not any(v["identical"] for v in perturbed.values()), perturbed
+
+
+def test_plugin_has_no_sync_per_step_in_topk4_page16(e2e):
+    cells = {(c["config"], c["concurrency"], c["arm"]): c for c in e2e["cells"]}
+    plugin = [c for (cfg, _, arm), c in cells.items() if cfg == CONFIG and arm == "plugin"]
+    stock_code = [c for (cfg, _, arm), c in cells.items() if cfg == CONFIG and arm == "audit"]
+    assert plugin, "no plugin cell for " + CONFIG
+    for c in plugin:
+        assert c["audit"]["steps"] > 100 and c["audit"]["syncs_per_step"] == 0, c["audit"]
+    # The same audit in the stock-code arm sees SGLang's tail-copy syncs.
+    for c in stock_code:
+        assert c["audit"]["syncs_per_step"] > 1, c["audit"]
