@@ -58,21 +58,23 @@ def line_plot(path: str, series: dict[str, list[float]], width: int = 900, heigh
     canvas.save(path)
 
 
-def bar_chart(path: str, groups: list[list[float]], reference: float = 1.0,
+def bar_chart(path: str, groups: list[list[float | None]], reference: float = 1.0,
               width: int = 900, height: int = 320) -> None:
-    """Groups of bars (bar i of every group in color i), a grey line at ``reference``."""
-    values = [v for g in groups for v in g] + [reference, 0.0]
-    hi = max(values) * 1.05 or 1.0
+    """Groups of bars (bar i of every group in color i) drawn from a grey line at
+    ``reference`` up or down to their value; None draws nothing."""
+    values = [v for g in groups for v in g if v is not None]
+    span = max((abs(v - reference) for v in values), default=0.0) * 1.1 or 1.0
     canvas = Canvas(width, height)
 
     def y_of(v):
-        return height - 11 - int(v / hi * (height - 21))
+        return int((height - 1) / 2 - (v - reference) / span * (height / 2 - 10))
 
     slot = (width - 20) / max(len(groups), 1)
     for gi, group in enumerate(groups):
         bar = max(int(slot * 0.8 / max(len(group), 1)), 1)
         x0 = int(10 + gi * slot + slot * 0.1)
         for bi, v in enumerate(group):
-            canvas.rect(x0 + bi * bar, y_of(0.0), x0 + (bi + 1) * bar - 2, y_of(v), PALETTE[bi % len(PALETTE)])
+            if v is not None:
+                canvas.rect(x0 + bi * bar, y_of(reference), x0 + (bi + 1) * bar - 2, y_of(v), PALETTE[bi % len(PALETTE)])
     canvas.line((0, y_of(reference)), (width - 1, y_of(reference)), (150, 150, 150))
     canvas.save(path)

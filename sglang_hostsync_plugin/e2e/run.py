@@ -63,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--server-module", default="sglang.launch_server", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help="output directory (default hostsync-e2e-<UTC time>)")
     ap.add_argument("--dry-run", action="store_true", help="print the matrix and launch commands, start nothing")
+    ap.add_argument("--merge", nargs="+", metavar="DIR",
+                    help="start nothing: one report (in --out) from the e2e.json of earlier runs")
     return ap
 
 
@@ -266,25 +268,53 @@ def attach_audit(result: dict, launch_by_cell: dict[tuple, str]) -> dict[tuple, 
     return windows
 
 
+def _header(metas: list[dict]) -> str:
+    runs = "\n".join(f"- {m['date']}: `{m['command']}`" for m in metas)
+    return (f"# hostsync e2e\n\n{runs}\n\n"
+            f"Rounds {', '.join(str(m['rounds']) for m in metas)}; {metas[0]['max_new_tokens']} new tokens per request; "
+            "the arms of a configuration start together on one GPU (ready times include that contention) and "
+            "are driven one at a time, arm order reversed every other round.\n\n")
+
+
+def write_report(out_dir: str, metas: list[dict], cell_rows: list[dict], servers: dict, identity: dict) -> str:
+    """e2e.md, and e2e.png: one group per (configuration, concurrency) in sorted order,
+    one bar per non-stock arm (colors in arm order), tok/s/user over stock, line at 1."""
+    md = stats.markdown(cell_rows, servers, identity)
+    with open(os.path.join(out_dir, "e2e.md"), "w") as f:
+        f.write(_header(metas) + md)
+    arms = []
+    for m in metas:
+        arms += [a for a in m["arms"] if a != "stock" and a not in arms]
+    groups, keys = [], sorted({(c["config"], c["concurrency"]) for c in cell_rows})
+    by = {(c["config"], c["concurrency"], c["arm"]): c for c in cell_rows}
+    for key in keys:
+        groups.append([(by.get((*key, a)) or {}).get("ratio_tok_s_user") for a in arms])
+    if groups:
+        bar_chart(os.path.join(out_dir, "e2e.png"), groups)
+    return md
+
+
 def report(result: dict, out_dir: str, windows: dict) -> str:
     cell_rows = stats.cells(result["rows"], windows)
     for c in cell_rows:
         c.pop("tok_s_user_all", None)
     result["cells"] = cell_rows
-    md = stats.markdown(cell_rows, result["servers"], result["identity"])
-    header = (f"# hostsync e2e: {result['meta']['date']}\n\n`{result['meta']['command']}`\n\n"
-              f"Rounds {result['meta']['rounds']}, {result['meta']['max_new_tokens']} new tokens per request, "
-              f"arms started together on one GPU (ready times include that contention).\n\n")
-    with open(os.path.join(out_dir, "e2e.md"), "w") as f:
-        f.write(header + md)
-    arms = [a for a in result["meta"]["arms"] if a != "stock"]
-    groups, keys = [], sorted({(c["config"], c["concurrency"]) for c in cell_rows})
-    by = {(c["config"], c["concurrency"], c["arm"]): c for c in cell_rows}
-    for key in keys:
-        groups.append([(by.get((*key, a)) or {}).get("ratio_tok_s_user") or 0.0 for a in arms])
-    if groups:
-        bar_chart(os.path.join(out_dir, "e2e.png"), groups)
-    return md
+    return write_report(out_dir, [result["meta"]], cell_rows, result["servers"], result["identity"])
+
+
+def merge(dirs: list[str], out_dir: str) -> dict:
+    """One report from several runs (a matrix split over device calls)."""
+    merged = {"meta": [], "servers": {}, "identity": {}, "cells": []}
+    for d in dirs:
+        with open(os.path.join(d, "e2e.json")) as f:
+            r = json.load(f)
+        merged["meta"].append(r["meta"])
+        merged["servers"].update(r["servers"])
+        merged["identity"].update(r["identity"])
+        merged["cells"] += r.get("cells", [])
+    os.makedirs(out_dir, exist_ok=True)
+    merged["markdown"] = write_report(out_dir, merged["meta"], merged["cells"], merged["servers"], merged["identity"])
+    return merged
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -295,6 +325,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"e2e: {exc}", file=sys.stderr)
         return 2
     out_dir = os.path.abspath(args.out or datetime.datetime.now(datetime.timezone.utc).strftime("hostsync-e2e-%Y%m%d-%H%M%S"))
+    if args.merge:
+        print(merge(args.merge, out_dir)["markdown"])
+        return 0
     models = {"target": os.path.join(out_dir, "models", "dummy-target"),
               "draft": os.path.join(out_dir, "models", "dummy-draft")}
     if args.dry_run:

@@ -227,7 +227,7 @@ def _short(filename: str) -> str:
     path = filename.replace(os.sep, "/")
     for root in ("/sglang/", "/sglang_hostsync_plugin/", "/torch/"):
         if root in path:
-            return root.strip("/") + "/" + path.split(root, 1)[1]
+            return root.strip("/") + "/" + path.rsplit(root, 1)[1]
     return path
 
 

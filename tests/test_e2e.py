@@ -1,0 +1,268 @@
+"""The end-to-end benchmark's own logic on the CPU: the matrix and launch commands
+(checked against SGLang's real argument parser), the HTTP client against a fake
+server on localhost, the statistics, the identity check, the report, and a whole
+run against fake servers (tests/fake_sglang_server.py)."""
+
+import argparse
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+import time
+import zlib
+
+import pytest
+
+from helpers import REPO
+from sglang_hostsync_plugin.e2e import client, matrix, run, stats
+from sglang_hostsync_plugin.e2e.png import bar_chart, line_plot
+from sglang_hostsync_plugin.slots.audit import TraceStep, format_trace_line, parse_trace
+
+TESTS = os.path.join(REPO, "tests")
+
+
+def sglang_parse(argv):
+    """SGLang's own parser (our flag is added by the plugin's CLI hook, not here)."""
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    return parser.parse_args([a for a in argv if a != "--enable-hostsync-plugin"])
+
+
+# --- matrix and commands -------------------------------------------------------
+
+def test_every_configuration_and_arm_launches_with_sglangs_own_parser(tmp_path):
+    models = matrix.write_models(str(tmp_path / "models"))
+    assert json.load(open(os.path.join(models["draft"], "config.json")))["num_hidden_layers"] == 2
+    arms = matrix.parse_arms("stock,audit,plugin", ["default,-event_ring"])
+    for config in matrix.CONFIGS.values():
+        for i, arm in enumerate(arms):
+            ln = matrix.launch(config, arm, 40000 + i, matrix.Options(), models, str(tmp_path))
+            assert ln.argv[1:3] == ("-m", "sglang.launch_server")
+            ns = sglang_parse(list(ln.argv[3:]))
+            assert ns.speculative_algorithm == config.algorithm and ns.page_size == config.page_size
+            assert ns.port == 40000 + i and ns.load_format == "dummy" and ns.skip_tokenizer_init
+            assert ns.max_total_tokens == matrix.Options.max_total_tokens
+            if config.uses_draft_model:
+                assert ns.speculative_eagle_topk == config.topk and ns.speculative_draft_model_path == models["draft"]
+            else:
+                assert ns.speculative_draft_model_path is None and ns.speculative_ngram_max_bfs_breadth == 1
+            if arm.slots is None:  # stock: no flag, no plugin env, no trace
+                assert "--enable-hostsync-plugin" not in ln.argv and ln.trace == ""
+                assert not [k for k in ln.env if "HOSTSYNC" in k]
+            else:
+                assert "--enable-hostsync-plugin" in ln.argv
+                assert ln.env["SGLANG_HOSTSYNC_SLOTS"].split(",")[-1] == "audit"
+                assert ln.env["SGLANG_HOSTSYNC_AUDIT_TRACE"] == ln.trace and ln.trace.startswith(str(tmp_path))
+            assert ln.env["SGLANG_SIMULATE_ACC_LEN"] == "3"
+
+
+def test_real_checkpoints_replace_the_dummy_models(tmp_path):
+    opts = matrix.Options(model_path="/ckpt/target", draft_model_path="/ckpt/draft")
+    ln = matrix.launch(matrix.CONFIGS["standalone-t4-p16"], matrix.STOCK, 1, opts, {}, str(tmp_path))
+    ns = sglang_parse(list(ln.argv[3:]))
+    assert ns.model_path == "/ckpt/target" and ns.speculative_draft_model_path == "/ckpt/draft" and ns.load_format != "dummy"
+
+
+def test_bad_matrix_arguments_are_refused(capsys):
+    with pytest.raises(ValueError, match="unknown configuration"):
+        matrix.parse_configs("standalone-t4-p16,nope")
+    with pytest.raises(ValueError, match="keep it"):
+        matrix.parse_arms("audit,plugin", [])
+    assert run.main(["--arms", "plugin", "--dry-run"]) == 2
+    assert run.main(["--rounds", "0", "--dry-run"]) == 2
+    assert "stock arm" in capsys.readouterr().err
+
+
+def test_dry_run_prints_the_matrix_and_starts_nothing(tmp_path, capsys):
+    out = tmp_path / "never"
+    assert run.main(["--dry-run", "--out", str(out), "--configs", "standalone-t4-p16,ngram-p1", "--slots", "default"]) == 0
+    text = capsys.readouterr().out
+    assert "2 configurations x 4 arms" in text
+    assert text.count("sglang.launch_server") == 8 and "SGLANG_HOSTSYNC_SLOTS=default,audit" in text
+    assert not out.exists()
+
+
+# --- client against a fake server ------------------------------------------------
+
+@pytest.fixture
+def fake_server(tmp_path):
+    port = 39000 + os.getpid() % 500
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([sys.executable, "-m", "fake_sglang_server", "--port", str(port)], env=env)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        client.wait_ready(base, 60, lambda: proc.poll() is None, poll_s=0.1)
+        yield base
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_client_generate_load_and_logprobs(fake_server):
+    r = client.generate(fake_server, [1, 2, 3], 8, logprobs=2)
+    assert len(r.output_ids) == 8 and r.completion_tokens == 8 and r.accept_length == 3.0
+    assert len(r.logprobs) == 8 and r.logprobs[0][0][1] == r.output_ids[0] and len(r.logprobs[0][1]) == 2
+    assert r.tok_per_s > 0
+    prompts = [[i, i + 1] for i in range(7)]
+    load = client.run_load(fake_server, prompts, 3, 4)
+    assert len(load.results) == 7 and not load.errors and load.wall > 0
+    # Outputs come back in prompt order, whatever order the workers finished in.
+    assert [res.output_ids for res in load.results] == [client.generate(fake_server, p, 4).output_ids for p in prompts]
+
+
+def test_client_errors_are_clear():
+    dead = "http://127.0.0.1:9"  # discard port: nothing listens
+    with pytest.raises(client.ClientError, match="127.0.0.1:9"):
+        client.generate(dead, [1], 1, timeout=2)
+    with pytest.raises(client.ClientError, match="exited before it was ready"):
+        client.wait_ready(dead, 30, alive=lambda: False, poll_s=0.01)
+    with pytest.raises(client.ClientError, match="not ready after"):
+        client.wait_ready(dead, 0.05, poll_s=0.01)
+    load = client.run_load(dead, [[1], [2]], 2, 1, timeout=2)
+    assert not load.results and len(load.errors) == 2
+
+
+# --- statistics ------------------------------------------------------------------
+
+def step(n, t, finish, decode=True, sites=()):
+    return TraceStep(n, t, finish, decode, 100.0 + n, tuple(sites))
+
+
+def test_percentiles():
+    assert stats.median([3, 1, 2]) == 2 and stats.percentile([0, 10], 10) == 1.0
+    assert stats.median([]) is None and stats.percentile([math.nan, 5], 50) == 5
+
+
+def test_trace_roundtrip_and_torn_line():
+    steps = [step(1, 1.5, 1.6, sites=("a.py:1 (f)", "b.py:2 (g)")), step(0, 1.0, math.nan, decode=False)]
+    text = "#header\n" + "".join(format_trace_line(s) for s in steps) + "2\t2.0\t2.1"  # torn last line
+    got = parse_trace(text)
+    assert [s.step for s in got] == [0, 1] and got[1].sites == ("a.py:1 (f)", "b.py:2 (g)")
+    assert math.isnan(got[0].t_finish) and got[0].decode is False
+
+
+def test_audit_figures_count_decode_pairs_only():
+    # Steps 0-3 decode, 4 is a prefill (a new request), 5-6 decode again.
+    steps = [
+        step(0, 0.000, 0.012), step(1, 0.010, 0.022, sites=("x.py:1 (f)",)), step(2, 0.020, 0.029),
+        step(3, 0.030, 0.045), step(4, 0.100, 0.110, decode=False), step(5, 0.110, 0.121), step(6, 0.120, math.nan),
+    ]
+    fig = stats.audit_figures(steps)
+    # leads: 0->1 +2 ms, 1->2 +2 ms, 2->3 -1 ms; 3->4 and 4->5 excluded; 5->6 +1 ms; 6 has no finish.
+    assert fig["lead_pairs"] == 4
+    assert fig["run_ahead_fraction"] == 0.75
+    assert fig["launch_lead_ms_median"] == pytest.approx(1.5)
+    assert fig["syncs_per_step"] == pytest.approx(1 / 7) and fig["sync_sites"] == {"x.py:1 (f)": pytest.approx(1 / 7)}
+    assert fig["host_us_per_step_median"] == pytest.approx(102.5)  # decode steps 0-3, 5, 6
+    assert [s.step for s in stats.window(steps, 0.015, 0.105)] == [2, 3, 4]
+    pooled = stats.pool_audit([steps[:4], steps[5:]])
+    assert pooled["steps"] == 6 and pooled["lead_pairs"] == 4 and pooled["run_ahead_fraction_min_round"] == pytest.approx(2 / 3)
+
+
+def res(ids, lps=None, latency=1.0):
+    return client.Result(tuple(ids), latency, len(ids), 3.0, lps)
+
+
+def test_identity_check_can_fail_on_tokens_logprobs_and_counts():
+    lp = (((-1.0, 5), ((-1.0, 5),)), ((-2.0, 6), ((-2.0, 6),)))
+    ref = [res([5, 6], lp), res([7], lp[:1])]
+    assert stats.compare_outputs(ref, [res([5, 6], lp), res([7], lp[:1])])["identical"]
+    bad_tok = stats.compare_outputs(ref, [res([5, 6], lp), res([8], lp[:1])])
+    assert not bad_tok["identical"] and bad_tok["first_mismatch"] == "prompt 1, token 0: output ids differ"
+    nudged = (lp[0], ((-2.0000001, 6), ((-2.0, 6),)))
+    bad_lp = stats.compare_outputs(ref, [res([5, 6], nudged), res([7], lp[:1])])
+    assert not bad_lp["identical"] and "prompt 0, position 1: logprobs differ" == bad_lp["first_mismatch"]
+    assert not stats.compare_outputs(ref, ref[:1])["identical"]
+    no_lp = stats.compare_outputs([res([5])], [res([5])])
+    assert no_lp["identical"] and no_lp["logprobs_compared"] is False
+    assert stats.distinct_tokens(ref) == 3
+
+
+def load_row(config, conc, arm, rnd, per_user, total):
+    return {"config": config, "concurrency": conc, "arm": arm, "round": rnd, "errors": [],
+            "load": {"requests": len(per_user), "tok_s_user_median": stats.median(per_user),
+                     "tok_s_total": total, "accept_length": 3.0, "tok_s_user_all": per_user}}
+
+
+def test_cells_pool_rounds_and_divide_by_stock():
+    rows = [load_row("c", 1, "stock", 0, [100, 102], 200), load_row("c", 1, "stock", 1, [98, 100], 190),
+            load_row("c", 1, "plugin", 0, [110, 112], 220), load_row("c", 1, "plugin", 1, [114, 116], 230)]
+    windows = {("c", 1, "plugin"): [[step(0, 0, 0.01), step(1, 0.005, 0.02)]]}
+    cells = {c["arm"]: c for c in stats.cells(rows, windows)}
+    assert cells["stock"]["tok_s_user_median"] == 100 and cells["plugin"]["tok_s_user_median"] == 113
+    assert cells["plugin"]["ratio_tok_s_user"] == pytest.approx(1.13)
+    assert cells["plugin"]["tok_s_total_median"] == 225 and cells["plugin"]["ratio_tok_s_total"] == pytest.approx(225 / 195)
+    assert cells["plugin"]["audit"]["run_ahead_fraction"] == 1.0 and cells["stock"]["audit"] is None
+    md = stats.markdown(list(cells.values()), {"c/stock": {"ready_s": 60.0}, "c/plugin": {"ready_s": None}},
+                        {"c/plugin": {"identical": False, "first_mismatch": "prompt 0, token 3: output ids differ",
+                                      "logprobs_compared": True}})
+    assert "| c | 1 | plugin | 113.0 (110.6) | 1.130 |" in md
+    assert "| c/plugin | failed |" in md and "NO: prompt 0, token 3" in md
+
+
+def read_png(path):
+    data = open(path, "rb").read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    i, idat = 8, b""
+    while i < len(data):
+        n = struct.unpack(">I", data[i:i + 4])[0]
+        kind = data[i + 4:i + 8]
+        if kind == b"IDAT":
+            idat += data[i + 8:i + 8 + n]
+        i += 12 + n
+    raw = zlib.decompress(idat)
+    rows = [raw[r * (width * 3 + 1) + 1:(r + 1) * (width * 3 + 1)] for r in range(height)]
+    return width, height, lambda x, y: tuple(rows[y][3 * x:3 * x + 3])
+
+
+def test_png_charts_draw_what_they_are_given(tmp_path):
+    path = str(tmp_path / "bars.png")
+    bar_chart(path, [[1.2, None], [0.8, 1.0]], width=100, height=60)
+    w, h, px = read_png(path)
+    assert (w, h) == (100, 60)
+    mid = (h - 1) // 2
+    assert px(20, mid - 10) == (200, 40, 40)  # the first bar rises above the reference line
+    assert px(60, mid + 10) == (200, 40, 40)  # the third (0.8) falls below it
+    assert px(20, h - 2) == (255, 255, 255)
+    line_plot(str(tmp_path / "line.png"), {"stock": [-1.0, -1.0], "plugin": [1.0, 1.0]}, width=40, height=31)
+    w, h, px = read_png(str(tmp_path / "line.png"))
+    assert px(20, 10) == (30, 90, 200) and px(20, h - 11) == (200, 40, 40)
+
+
+# --- a whole run against fake servers -------------------------------------------
+
+def test_whole_run_against_fake_servers(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "run"
+    argv = ["--server-module", "fake_sglang_server", "--configs", "standalone-t4-p16", "--concurrency", "1", "2",
+            "--rounds", "2", "--requests", "3", "--max-new-tokens", "16", "--identity-tokens", "8",
+            "--slots", "default,perturb", "--slots", "crash", "--port", str(38000 + os.getpid() % 500), "--out", str(out)]
+    t0 = time.perf_counter()
+    assert run.main(argv) == 1  # the perturbed arm differs and the crashing one never started
+    result = json.load(open(out / "e2e.json"))
+    servers = result["servers"]
+    assert servers["standalone-t4-p16/slots:crash"]["ready_s"] is None
+    assert "exited before it was ready" in servers["standalone-t4-p16/slots:crash"]["error"]
+    assert servers["standalone-t4-p16/plugin"]["status_block"][1].split() == ["audit", "applied"]
+    ident = result["identity"]
+    assert ident["standalone-t4-p16/plugin"]["identical"] and ident["standalone-t4-p16/audit"]["identical"]
+    assert not ident["standalone-t4-p16/slots:default,perturb"]["identical"]
+    rows = result["rows"]
+    assert {(r["arm"], r["concurrency"]) for r in rows} == {(a, c) for a in ("stock", "audit", "plugin", "slots:default,perturb") for c in (1, 2)}
+    first_round = [r["arm"] for r in rows if r["concurrency"] == 1 and r["round"] == 0]
+    second_round = [r["arm"] for r in rows if r["concurrency"] == 1 and r["round"] == 1]
+    assert second_round == first_round[::-1]  # ABBA
+    cells = {(c["arm"], c["concurrency"]): c for c in result["cells"]}
+    assert cells[("plugin", 1)]["audit"]["syncs_per_step"] == 0 and cells[("plugin", 1)]["audit"]["run_ahead_fraction"] == 1.0
+    assert cells[("audit", 1)]["audit"]["syncs_per_step"] == 1.0 and cells[("audit", 1)]["audit"]["run_ahead_fraction"] == 0.0
+    assert cells[("stock", 1)]["audit"] is None and cells[("plugin", 2)]["ratio_tok_s_user"] > 0
+    md = (out / "e2e.md").read_text()
+    assert "| standalone-t4-p16/slots:crash | failed |" in md and (out / "e2e.png").exists()
+    merged = run.merge([str(out)], str(tmp_path / "merged"))
+    assert merged["cells"] == result["cells"] and (tmp_path / "merged" / "e2e.md").exists()
+    assert time.perf_counter() - t0 < 300
