@@ -1,0 +1,208 @@
+"""Startup defects of issue 14 that this tree fixes, each through the path where it
+lived: the env switch in the launcher, the audit's file outputs, the packaged
+kernel sources, and kernel builds moved out of the serving path."""
+
+import importlib.resources
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import REPO, clean_env, out, run_python
+from sglang_hostsync_plugin import csrc, runtime
+from sglang_hostsync_plugin.slot import ServingFacts
+from sglang_hostsync_plugin.slots import audit, eagle_fixed_shape_tail as eft
+
+# launch_server's own order: load_plugins() at import, then prepare_server_args.
+LAUNCHER = """
+import json, logging, sys
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang.srt.server_args import prepare_server_args
+try:
+    prepare_server_args(["--model-path", "dummy"] + sys.argv[1:])
+    err = None
+except Exception as exc:
+    err = f"{type(exc).__name__}: {exc}"
+print("RESULT" + json.dumps({"err": err}))
+"""
+
+
+def test_env_switch_launch_passes_argument_preparation_strict():
+    # Defect 1: with the switch exported, load_plugins() installs the replacement classes
+    # in the launcher; argument preparation must not shape-check those as upstream code.
+    proc = run_python(LAUNCHER, SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", SGLANG_HOSTSYNC_STRICT="1")
+    assert proc.returncode == 0, out(proc)
+    assert json.loads(proc.stdout.split("RESULT", 1)[1])["err"] is None, out(proc)
+    log = proc.stderr + proc.stdout
+    assert "hostsync: enabled; slots: dspark_dp_meta" in log, out(proc)
+    # The env warnings and the version line are logged once, by activate().
+    assert log.count("upstream shape changed") == 0
+
+
+def test_env_switch_and_flag_together_also_pass():
+    proc = subprocess.run([sys.executable, "-c", LAUNCHER, "--enable-hostsync-plugin"], capture_output=True, text=True,
+                          env=clean_env(SGLANG_ENABLE_HOSTSYNC_PLUGIN="1"), cwd=REPO, timeout=300)
+    assert proc.returncode == 0 and json.loads(proc.stdout.split("RESULT", 1)[1])["err"] is None, out(proc)
+
+
+def test_env_switch_launch_still_refuses_a_bad_slot_token():
+    proc = run_python(LAUNCHER, SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", SGLANG_HOSTSYNC_SLOTS="default,nope")
+    err = json.loads(proc.stdout.split("RESULT", 1)[1])["err"]
+    assert err.startswith("HostsyncConfigError") and "'nope'" in err, out(proc)
+
+
+# --- defect 4: the audit's file outputs ---------------------------------------------
+
+@pytest.mark.parametrize("bad", ["/proc/nope.json", "{tmp}", "{tmp}/missing/dir/a.json"])
+def test_bad_audit_output_paths_refuse_the_slot_at_startup(tmp_path, monkeypatch, bad):
+    path = bad.format(tmp=tmp_path)
+    for env in (audit.ENV_JSON, audit.ENV_TRACE):
+        monkeypatch.setenv(env, path)
+        reason = audit.SLOT.precheck()
+        assert reason and reason.startswith(f"bad configuration: {env}="), reason
+        monkeypatch.delenv(env)
+    assert audit.SLOT.precheck() is None
+
+
+def test_a_good_output_path_is_checked_without_leaving_a_file(tmp_path, monkeypatch):
+    monkeypatch.setenv(audit.ENV_TRACE, str(tmp_path / "t.tsv"))
+    assert audit.SLOT.precheck() is None and not (tmp_path / "t.tsv").exists()
+
+
+def test_output_that_fails_while_serving_is_logged_once_and_never_raises(tmp_path, caplog):
+    target = tmp_path / "gone" / "summary.json"
+    output = audit._Output(str(target))
+    with caplog.at_level("ERROR", logger="sglang.srt.plugins.hostsync"):
+        output.write("{}", append=False)
+        output.write("{}", append=False)
+    assert output.broken and caplog.text.count("cannot write") == 1
+
+
+def test_audit_trace_through_the_run_batch_hook(tmp_path, monkeypatch):
+    from audit_cases import FakeScheduler
+
+    monkeypatch.setattr(audit, "_audit", None)
+    monkeypatch.setattr(audit, "_meter", None)
+    monkeypatch.setattr(audit, "_trace", None)
+    monkeypatch.setattr(audit, "_last_thread_ns", None)
+    monkeypatch.setattr(audit.atexit, "register", lambda *a, **k: None)
+    path = tmp_path / "trace.tsv"
+    monkeypatch.setenv(audit.ENV_TRACE, str(path))
+
+    class Mode:
+        def __init__(self, decode):
+            self.decode = decode
+
+        def is_decode(self):
+            return self.decode
+
+    class Batch:
+        def __init__(self, decode):
+            self.forward_mode = Mode(decode)
+
+    try:
+        for i in range(audit.DRAIN_EVERY * 2):
+            audit.run_batch_hook(lambda s, b, pp_proxy_tensors=None: None, FakeScheduler(), Batch(i != 3))
+        steps = audit.parse_trace(path.read_text())
+        assert [s.step for s in steps] == list(range(audit.DRAIN_EVERY * 2))
+        assert [s.decode for s in steps[:5]] == [True, True, True, False, True]
+        assert all(s.sites == () for s in steps) and steps[1].host_us >= 0
+        # No meter without CUDA, so no lead: the trace still carries every launch time.
+        assert all(s.t_launch > 0 for s in steps)
+        # The decode flags reach the summary: step 3 is no lead pair's end or start.
+        assert audit._audit.state.decode[3] is False
+    finally:
+        audit._audit.disarm()
+
+
+# --- defect 8: packaged kernel sources come from the package --------------------------
+
+def test_source_path_prefers_the_packaged_copy(tmp_path, monkeypatch):
+    packaged = tmp_path / "pkg"
+    packaged.mkdir()
+    (packaged / "eagle_tail.cu").write_text("// packaged")
+    monkeypatch.setattr(importlib.resources, "files", lambda name: packaged)
+    assert csrc.source_path("eagle_tail.cu") == str(packaged / "eagle_tail.cu")
+
+
+def test_source_path_outside_a_checkout_never_looks_next_to_the_package(tmp_path, monkeypatch):
+    # An installed wheel: no packaged file, no setup.py beside the package; a planted
+    # <site-packages>/csrc/ file must not be picked up.
+    site = tmp_path / "site"
+    (site / "csrc").mkdir(parents=True)
+    (site / "csrc" / "eagle_tail.cu").write_text("// planted")
+    (site / "sglang_hostsync_plugin").mkdir()
+    monkeypatch.setattr(importlib.resources, "files", lambda name: tmp_path / "empty")
+    monkeypatch.setattr(csrc, "__file__", str(site / "sglang_hostsync_plugin" / "csrc.py"))
+    with pytest.raises(FileNotFoundError):
+        csrc.source_path("eagle_tail.cu")
+
+
+# --- defect 9: kernels build before the server is ready -------------------------------
+
+def facts(algo="STANDALONE", topk=4, page=16, dp=False, **env):
+    return ServingFacts(speculative_algorithm=algo, topk=topk, page_size=page, dp_attention=dp, env=env)
+
+
+def test_kernels_follow_the_server_arguments(monkeypatch):
+    from sglang_hostsync_plugin import registry
+
+    monkeypatch.setattr(csrc, "unavailable_reason", lambda: None)  # as on a CUDA machine
+    slots = list(registry.catalogue().values())
+    assert runtime.kernels_for(slots, facts()) == ("eagle_tail",)
+    assert runtime.kernels_for(slots, facts(algo="EAGLE3")) == ("eagle_tail",)
+    assert runtime.kernels_for(slots, facts(topk=1)) == ()
+    assert runtime.kernels_for(slots, facts(page=1)) == ()
+    assert runtime.kernels_for(slots, facts(algo="NGRAM")) == ()
+    assert runtime.kernels_for(slots, facts(SGLANG_HOSTSYNC_EAGLE_TAIL_IMPL="triton")) == ()
+    assert runtime.kernels_for(slots, facts(algo="DSPARK", topk=1, page=1, dp=True)) == ("h2d_stage",)
+    assert runtime.kernels_for(slots, facts(dp=True)) == ("h2d_stage", "eagle_tail")  # catalogue order
+    monkeypatch.setattr(csrc, "unavailable_reason", lambda: "no CUDA device")
+    assert runtime.kernels_for(slots, facts(dp=True)) == ()
+
+
+def test_prebuild_starts_once_in_the_background(monkeypatch):
+    started = []
+
+    class Proc:
+        pid = 4242
+
+    monkeypatch.setattr(csrc, "_prebuild", None)
+    monkeypatch.setattr(csrc.subprocess, "Popen", lambda argv, **kw: started.append(argv) or Proc())
+    assert csrc.start_prebuild(()) is None and not started
+    assert csrc.start_prebuild(("eagle_tail",)).pid == 4242
+    assert csrc.start_prebuild(("eagle_tail",)) is None
+    assert started == [[sys.executable, "-m", "sglang_hostsync_plugin", "prebuild", "eagle_tail"]]
+
+
+def test_prepare_loads_the_kernel_or_falls_back_under_auto(monkeypatch, caplog):
+    monkeypatch.setattr(csrc, "unavailable_reason", lambda: None)
+    loaded = []
+    monkeypatch.setattr(csrc, "load", lambda name: loaded.append(name))
+    monkeypatch.setattr(eft, "_impl", None)
+    assert eft.prepare(facts()).startswith("csrc/eagle_tail.cu loaded") and eft._impl == "cuda"
+    assert loaded == ["eagle_tail"]
+    assert eft.prepare(facts(topk=1)) == ""
+
+    def broken(name):
+        raise RuntimeError("nvcc exploded")
+
+    monkeypatch.setattr(csrc, "load", broken)
+    with caplog.at_level("WARNING", logger="sglang.srt.plugins.hostsync"):
+        assert eft.prepare(facts()).startswith("fallback") and eft._impl == "triton"
+    assert "nvcc exploded" in caplog.text
+    monkeypatch.setenv(eft.ENV_IMPL, "cuda")  # asked for explicitly: the failure stops startup
+    with pytest.raises(RuntimeError, match="nvcc exploded"):
+        eft.prepare(facts())
+
+
+def test_prebuild_command_without_a_gpu_builds_nothing_and_says_so():
+    proc = subprocess.run([sys.executable, "-m", "sglang_hostsync_plugin", "prebuild"], capture_output=True,
+                          text=True, env=clean_env(CUDA_VISIBLE_DEVICES=""), cwd=REPO, timeout=300)
+    assert proc.returncode == 0 and "nothing built" in proc.stdout, out(proc)
+    bad = subprocess.run([sys.executable, "-m", "sglang_hostsync_plugin", "prebuild", "nope"], capture_output=True,
+                         text=True, env=clean_env(), cwd=REPO, timeout=300)
+    assert bad.returncode == 2 and "unknown kernel" in bad.stderr, out(bad)
