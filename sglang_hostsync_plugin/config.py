@@ -22,17 +22,27 @@ ENV_STRICT = "SGLANG_HOSTSYNC_STRICT"
 ENV_ALLOW_UNSUPPORTED = "SGLANG_HOSTSYNC_ALLOW_UNSUPPORTED_SGLANG"
 
 _TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
+_FALSE = {"0", "false", "no", "off"}
 
 
 class HostsyncConfigError(ValueError):
     """Bad plugin configuration; raised before any model is loaded."""
 
 
+BAD_CONFIGURATION = "bad configuration: "  # how a slot's precheck reports its own bad env value
+
+
+def config_errors(reasons) -> list[str]:
+    """The reasons (name, reason) that are bad input rather than upstream drift: these
+    stop argument preparation in every mode, and make the doctor exit 2."""
+    return [f"{name}: {reason[len(BAD_CONFIGURATION):]}" for name, reason in reasons
+            if reason and reason.startswith(BAD_CONFIGURATION)]
+
+
 def env_bool(name: str, default: bool, env: Mapping[str, str] | None = None) -> bool:
     env = os.environ if env is None else env
     raw = env.get(name)
-    if raw is None:
+    if raw is None or not raw.strip():  # empty means unset (``VAR=`` must not flip a default)
         return default
     value = raw.strip().lower()
     if value in _TRUE:

@@ -62,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     seq_lens = None
     try:
         version.check_sglang_version(installed)  # raises unless pinned or overridden
+        config.strict_mode()  # malformed switches fail the server's startup too
+        config.plugin_enabled()
         catalogue = registry.catalogue()
         selection = config.selected_slots(catalogue)
         switches.check_contrary_env([catalogue[n] for n in selection.names], os.environ)
@@ -79,7 +81,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hostsync doctor: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
         return 2
     rows = report.doctor_rows(catalogue, facts)
-    ok = report.rows_ok(rows)
+    bad = config.config_errors((r.name, r.reason) for r in rows if r.name in selection.names)
+    if bad:  # the server would refuse these in argument preparation
+        print("hostsync doctor: " + "; ".join(bad), file=sys.stderr)
+        if args.json:
+            print(report.doctor_json(rows, sglang=installed, supported_sglang=version.SUPPORTED_SGLANG,
+                                     selected=list(selection.names), ok=False, error="; ".join(bad)))
+        return 2
+    # A bad env value of an unselected slot is shown, but is no drift: it is never read.
+    ok = report.rows_ok([r for r in rows if r.name in selection.names or not r.reason.startswith(config.BAD_CONFIGURATION)])
     if args.json:
         print(
             report.doctor_json(

@@ -91,6 +91,9 @@ def validate(server_args=None) -> config.Selection:
         switches.check_contrary_env(_selected(selection), os.environ)
         rows = report.doctor_rows({n: catalogue[n] for n in selection.names})
         refused = [(r.name, r.reason) for r in rows if not report.rows_ok([r])]
+    bad = config.config_errors(refused)
+    if bad:  # bad input fails argument preparation in every mode
+        raise config.HostsyncConfigError("hostsync: " + "; ".join(bad))
     if strict and refused:
         raise HostsyncStartupError(
             "hostsync: selected slots cannot be applied to this SGLang (strict mode): "

@@ -134,7 +134,7 @@ def config_precheck(check: Callable[[], object]) -> Callable[[], str | None]:
         try:
             check()
         except ValueError as exc:
-            return f"bad configuration: {exc}"
+            return f"bad configuration: {exc}"  # config.BAD_CONFIGURATION
         return None
 
     return precheck

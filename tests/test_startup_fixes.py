@@ -206,3 +206,54 @@ def test_prebuild_command_without_a_gpu_builds_nothing_and_says_so():
     bad = subprocess.run([sys.executable, "-m", "sglang_hostsync_plugin", "prebuild", "nope"], capture_output=True,
                          text=True, env=clean_env(), cwd=REPO, timeout=300)
     assert bad.returncode == 2 and "unknown kernel" in bad.stderr, out(bad)
+
+
+# --- defect 6 and part of 7: bad input is an error everywhere, and the doctor agrees --------
+
+def test_empty_strict_means_unset_not_lenient():
+    from sglang_hostsync_plugin import config
+
+    assert config.strict_mode({config.ENV_STRICT: ""}) is True
+    assert config.strict_mode({config.ENV_STRICT: "  "}) is True
+    assert config.plugin_enabled({config.ENV_ENABLE: ""}) is False
+
+
+@pytest.mark.parametrize("env", [
+    {"SGLANG_HOSTSYNC_STAGING_IMPL": "fast"},
+    {"SGLANG_HOSTSYNC_EAGLE_TAIL_IMPL": "fast"},
+    {"SGLANG_HOSTSYNC_AUDIT_EVERY": "often", "SGLANG_HOSTSYNC_SLOTS": "default,audit"},
+])
+def test_bad_slot_env_values_fail_argument_preparation_even_lenient(env):
+    for strict in ("0", "", "1"):
+        proc = subprocess.run([sys.executable, "-c", LAUNCHER, "--enable-hostsync-plugin"], capture_output=True,
+                              text=True, env=clean_env(SGLANG_HOSTSYNC_STRICT=strict, **env), cwd=REPO, timeout=300)
+        err = json.loads(proc.stdout.split("RESULT", 1)[1])["err"]
+        assert err and err.startswith("HostsyncConfigError") and list(env)[0] in err, (strict, out(proc))
+
+
+def doctor(**env):
+    return subprocess.run([sys.executable, "-m", "sglang_hostsync_plugin", "doctor", "--json"], capture_output=True,
+                          text=True, env=clean_env(**env), cwd=REPO, timeout=300)
+
+
+def test_doctor_exit_codes_match_what_the_server_does():
+    # (env, doctor exit code, what the server does)
+    table = [
+        ({}, 0, "starts"),
+        ({"SGLANG_HOSTSYNC_STAGING_IMPL": "fast"}, 2, "argument preparation fails"),
+        ({"SGLANG_HOSTSYNC_STAGING_IMPL": "fast", "SGLANG_HOSTSYNC_STRICT": "0"}, 2, "argument preparation fails"),
+        # audit is not selected: its bad value is never read, and the server starts.
+        ({"SGLANG_HOSTSYNC_AUDIT_EVERY": "often"}, 0, "starts"),
+        ({"SGLANG_HOSTSYNC_AUDIT_EVERY": "often", "SGLANG_HOSTSYNC_SLOTS": "default,audit"}, 2, "argument preparation fails"),
+        ({"SGLANG_HOSTSYNC_SLOTS": "default,nope"}, 2, "argument preparation fails"),
+        ({"SGLANG_HOSTSYNC_STRICT": "2"}, 2, "argument preparation fails"),
+    ]
+    for env, code, server in table:
+        proc = doctor(**env)
+        assert proc.returncode == code, (env, out(proc))
+        if code == 0:
+            assert json.loads(proc.stdout)["ok"] is True
+        launch = subprocess.run([sys.executable, "-c", LAUNCHER, "--enable-hostsync-plugin"], capture_output=True,
+                                text=True, env=clean_env(**env), cwd=REPO, timeout=300)
+        err = json.loads(launch.stdout.split("RESULT", 1)[1])["err"]
+        assert (err is None) == (server == "starts"), (env, err)

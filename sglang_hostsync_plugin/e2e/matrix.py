@@ -75,7 +75,9 @@ class Arm:
 
 
 STOCK = Arm("stock")
-ARMS = {a.name: a for a in (STOCK, Arm("audit", "audit"), Arm("plugin", "default,audit"))}
+ARMS = {a.name: a for a in (STOCK, Arm("audit", "audit"), Arm("plugin", "default,audit"),
+                             Arm("plugin-noaudit", "default"))}
+DEFAULT_ARMS = ("stock", "audit", "plugin")
 
 
 def extra_arm(spec: str) -> Arm:

@@ -34,7 +34,7 @@ HOSTSYNC_ENV_PREFIXES = ("SGLANG_HOSTSYNC_", "SGLANG_ENABLE_HOSTSYNC_PLUGIN")
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m sglang_hostsync_plugin.e2e", description=__doc__.split("\n\n")[0])
     ap.add_argument("--configs", default=",".join(matrix.CONFIGS), help=f"comma list of {', '.join(matrix.CONFIGS)}")
-    ap.add_argument("--arms", default=",".join(matrix.ARMS), help="comma list of stock, audit, plugin")
+    ap.add_argument("--arms", default=",".join(matrix.DEFAULT_ARMS), help=f"comma list of {', '.join(matrix.ARMS)}")
     ap.add_argument("--slots", action="append", default=[], metavar="LIST",
                     help="an extra arm with this SGLANG_HOSTSYNC_SLOTS (audit is added); repeatable")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])

@@ -307,10 +307,6 @@ class _Output:
         self.path = path or None
         self.broken = False
 
-    def _failed(self, exc: OSError) -> None:
-        self.broken = True
-        logger.error("hostsync audit: cannot write %s (%s); this output is off from now on", self.path, exc)
-
     def write(self, text: str, append: bool) -> None:
         if self.path is None or self.broken:
             return
@@ -318,7 +314,8 @@ class _Output:
             with open(self.path, "a" if append else "w") as f:
                 f.write(text)
         except OSError as exc:
-            self._failed(exc)
+            self.broken = True
+            logger.error("hostsync audit: cannot write %s (%s); this output is off from now on", self.path, exc)
 
 
 class Trace:
