@@ -12,6 +12,7 @@ caller stops startup.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import inspect
 import logging
 import pkgutil
@@ -52,6 +53,21 @@ def resolve(path: str):
     return getattr(owner, attr)
 
 
+def _import_error(path: str) -> ImportError | None:
+    """The import error behind an unresolvable path, when a module on it fails to
+    import (pkgutil reports that as a missing attribute of its parent package)."""
+    parts = path.split(".")
+    for i in range(1, len(parts)):
+        name = ".".join(parts[:i])
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            return None if exc.name == name else exc
+        except ImportError as exc:
+            return exc
+    return None
+
+
 def _param_names(fn) -> tuple[str, ...]:
     return tuple(inspect.signature(fn).parameters)
 
@@ -79,6 +95,7 @@ def check_target(target: HookTarget) -> str | None:
     try:
         obj = resolve(target.path)
     except (ImportError, AttributeError, ValueError) as exc:
+        exc = _import_error(target.path) or exc
         return f"target missing: {target.path} ({type(exc).__name__}: {exc})"
     if target.kind is TargetKind.FUNCTION:
         return _check_callable(target.path, obj, target.params, target.source_sha)
@@ -180,17 +197,38 @@ def install(
 
     ``register(path, hook, kind)`` is the HookRegistry call ("around" / "replace").
     """
-    by_class: dict[str, list[tuple[str, type]]] = {}
-    functions: list[tuple[str, str, Callable]] = []
+    checked: list[Slot] = []
     for slot in slots:
-        reason = slot.precheck() if slot.precheck else None
-        for target in slot.targets:
-            reason = reason or check_target(target)
+        try:
+            reason = slot.precheck() if slot.precheck else None
+            for target in slot.targets:
+                reason = reason or check_target(target)
+        except Exception as exc:  # a broken check refuses its slot, not the plugin
+            reason = f"check raised {type(exc).__name__}: {exc}"
         if reason:
             state.fail(slot.name, reason)
-            continue
-        if slot.kind is SlotKind.UPSTREAM_BUILTIN:
+        elif slot.kind is SlotKind.UPSTREAM_BUILTIN:
             state.statuses[slot.name] = SlotStatus(slot.name, UPSTREAM)
+        else:
+            checked.append(slot)
+    # Two slots on one function, or two mixins overriding one method: both are refused
+    # before anything is registered (neither is half-applied).
+    claims: dict[str, list[str]] = {}
+    for slot in checked:
+        for target in slot.targets:
+            keys = ([f"{target.path}.{m}" for m in overridden_methods(target.mixin)]
+                    if target.kind is TargetKind.CLASS else [target.path])
+            for key in keys:
+                claims.setdefault(key, []).append(slot.name)
+    for key, owners in claims.items():
+        if len(owners) > 1:
+            for name in owners:
+                others = ", ".join(o for o in owners if o != name)
+                state.fail(name, f"conflicts with slot(s) {others}: both hook {key}; select one")
+    by_class: dict[str, list[tuple[str, type]]] = {}
+    functions: list[tuple[str, str, Callable]] = []
+    for slot in checked:
+        if state.statuses.get(slot.name, SlotStatus(slot.name, PENDING)).state == FAILED:
             continue
         state.statuses[slot.name] = SlotStatus(slot.name, PENDING)
         state.active.add(slot.name)
@@ -201,9 +239,6 @@ def install(
                 functions.append((target.path, slot.name, target.hook))
     for path, slot, hook in functions:
         gated = _gate_function(state, slot, hook)
-        prev = state.registered.get(path)
-        if prev is not None:
-            raise RuntimeError(f"two slots hook {path}: {prev[1]} and {slot}")
         register(path, gated, "around")
         state.registered[path] = (gated, (slot,))
     for path, parts in by_class.items():

@@ -156,9 +156,14 @@ def activate(error: Exception | None = None) -> Runtime:
         rt.error = exc
         logger.error("hostsync: %s", exc)
     else:
-        installer.install(
-            rt.state, [catalogue[n] for n in rt.selection.names], _hook_registry_register
-        )
+        try:
+            installer.install(
+                rt.state, [catalogue[n] for n in rt.selection.names], _hook_registry_register
+            )
+        except Exception as exc:  # an installer bug must stop startup loudly, not half-apply
+            rt.error = HostsyncStartupError(f"hostsync: installing the slots failed: {type(exc).__name__}: {exc}")
+            rt.state.active.clear()
+            logger.error("%s", rt.error)
         installer.mark_unselected(rt.state, catalogue, rt.selection.names)
         _log_env_warnings(_selected(rt.selection))
         _note_env_warnings(rt)

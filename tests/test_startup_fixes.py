@@ -257,3 +257,86 @@ def test_doctor_exit_codes_match_what_the_server_does():
                                 text=True, env=clean_env(**env), cwd=REPO, timeout=300)
         err = json.loads(launch.stdout.split("RESULT", 1)[1])["err"]
         assert (err is None) == (server == "starts"), (env, err)
+
+
+# --- defects 2 and 3: one slot's failure stays that slot's --------------------------------
+
+CHECK = """
+import json
+{pre}
+from sglang.srt.plugins import load_plugins
+from sglang.srt.plugins.hook_registry import HookRegistry
+load_plugins()
+from sglang_hostsync_plugin import runtime
+rt = runtime.current()
+try:
+    runtime.startup_check(rt)
+    err = None
+except Exception as exc:
+    err = f"{{type(exc).__name__}}: {{exc}}"
+print("RESULT" + json.dumps({{"err": err, "status": {{n: [s.state, s.reason] for n, s in rt.state.statuses.items()}},
+    "run_batch_hooks": len(HookRegistry._hooks.get("sglang.srt.managers.scheduler.Scheduler.run_batch", []))}}))
+"""
+DRIFT = "from sglang.srt.speculative import spec_info\ndel spec_info.spec_scale_global_num_tokens"
+
+
+def check(pre="", **env):
+    proc = run_python(CHECK.format(pre=pre), SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", **env)
+    assert proc.returncode == 0, out(proc)
+    return json.loads(proc.stdout.split("RESULT", 1)[1]), proc
+
+
+def test_an_upstream_rename_refuses_only_the_slots_that_import_it():
+    res, proc = check(DRIFT, SGLANG_HOSTSYNC_STRICT="0")
+    st = res["status"]
+    for name in ("dspark_dp_meta", "target_dp_meta"):
+        assert st[name][0] == "failed" and "did not import: ImportError" in st[name][1], (name, st[name])
+        assert "spec_scale_global_num_tokens" in st[name][1]
+    # accept_lens_snapshot's target module (DSpark's worker) imports the renamed function too.
+    assert st["accept_lens_snapshot"][0] == "failed" and "target missing" in st["accept_lens_snapshot"][1]
+    failed = {n: reason for n, (state, reason) in st.items() if state == "failed"}
+    # Every refusal names the rename (host_envelope_bound's contract check imports it too).
+    assert all("spec_scale_global_num_tokens" in reason for reason in failed.values()), failed
+    assert st["eagle_fixed_shape_tail"][0] == "applied" and st["event_ring"][0] == "applied", st
+    assert res["err"] is None
+    strict, _ = check(DRIFT)
+    assert strict["err"].startswith("HostsyncStartupError") and "dspark_dp_meta" in strict["err"]
+    deselected, _ = check(DRIFT, SGLANG_HOSTSYNC_SLOTS="default," + ",".join(f"-{n}" for n in failed))
+    assert deselected["err"] is None, deselected
+
+
+RUN_BATCH_DIST = {
+    "rb_slots.py": '''
+from sglang_hostsync_plugin.hookspecs import hookimpl
+from sglang_hostsync_plugin.slot import HookTarget, Slot, SlotKind, TargetKind
+
+def wrap(original, *args, **kwargs):
+    return original(*args, **kwargs)
+
+@hookimpl
+def hostsync_slots():
+    return [Slot(name="rb_hook", kind=SlotKind.OWNED, origin="test", summary="", default=False,
+                 targets=(HookTarget("sglang.srt.managers.scheduler.Scheduler.run_batch", TargetKind.FUNCTION, hook=wrap),))]
+''',
+    "rb_slots-0.1.dist-info/METADATA": "Metadata-Version: 2.1\nName: rb-slots\nVersion: 0.1\n",
+    "rb_slots-0.1.dist-info/entry_points.txt": "[sglang_hostsync.slots]\nrb = rb_slots\n",
+}
+
+
+def test_two_slots_on_one_target_are_both_refused_and_nothing_of_them_is_hooked(tmp_path):
+    for rel, text in RUN_BATCH_DIST.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    proc = run_python(CHECK.format(pre=""), pythonpath=str(tmp_path), SGLANG_ENABLE_HOSTSYNC_PLUGIN="1",
+                      SGLANG_HOSTSYNC_SLOTS="default,audit,rb_hook", SGLANG_HOSTSYNC_STRICT="0")
+    assert proc.returncode == 0, out(proc)
+    res = json.loads(proc.stdout.split("RESULT", 1)[1])
+    st = res["status"]
+    assert st["audit"][0] == "failed" and "conflicts with slot(s) rb_hook" in st["audit"][1], st["audit"]
+    assert st["rb_hook"][0] == "failed" and "conflicts with slot(s) audit" in st["rb_hook"][1]
+    assert st["dspark_dp_meta"][0] == "applied" and res["err"] is None
+    assert res["run_batch_hooks"] == 0
+    strict = run_python(CHECK.format(pre=""), pythonpath=str(tmp_path), SGLANG_ENABLE_HOSTSYNC_PLUGIN="1",
+                        SGLANG_HOSTSYNC_SLOTS="default,audit,rb_hook")
+    err = json.loads(strict.stdout.split("RESULT", 1)[1])["err"]
+    assert err.startswith("HostsyncStartupError") and "rb_hook" in err and "audit" in err, out(strict)

@@ -1,34 +1,48 @@
 """Built-in slots: one module per slot (the upstream switches and built-ins, which
 are data plus one check each, one module per family); this module is their pluggy
-plugin."""
+plugin.
+
+The owned slots' modules import SGLang at their top, so each is imported on its own:
+one that fails to import (an upstream rename) becomes a stand-in slot of the same
+name that is refused with the import error, and every other slot is unaffected."""
 
 from __future__ import annotations
 
+import importlib
+import logging
+
 from ..hookspecs import hookimpl
-from . import (
-    accept_lens_snapshot,
-    audit,
-    draft_input_reuse,
-    dspark_dp_meta,
-    eagle_fixed_shape_tail,
-    event_ring,
-    pinned_d2h_ring,
-    target_dp_meta,
-    upstream_builtins,
-    upstream_switches,
+from ..slot import Slot, SlotKind
+from . import audit, upstream_builtins, upstream_switches
+
+logger = logging.getLogger("sglang.srt.plugins.hostsync")
+
+# (module, slot name, default): the catalogue order of the owned slots.
+OWNED = (
+    ("dspark_dp_meta", "dspark_dp_meta", True),
+    ("target_dp_meta", "target_dp_meta", True),
+    ("eagle_fixed_shape_tail", "eagle_fixed_shape_tail", True),
+    ("draft_input_reuse", "draft_input_reuse", True),
+    ("event_ring", "event_ring", True),
+    ("pinned_d2h_ring", "pinned_d2h_ring", False),
+    ("accept_lens_snapshot", "accept_lens_snapshot", True),
 )
+
+
+def _owned(module: str, name: str, default: bool) -> Slot:
+    try:
+        return importlib.import_module(f"{__name__}.{module}").SLOT
+    except Exception as exc:  # noqa: BLE001 (any import-time failure refuses this slot only)
+        reason = f"slot module did not import: {type(exc).__name__}: {exc}"
+        logger.error("hostsync: %s: %s", name, reason)
+        return Slot(name=name, kind=SlotKind.OWNED, origin="hostsync", summary="(its module did not import)",
+                    default=default, precheck=lambda: reason)
 
 
 @hookimpl
 def hostsync_slots():
     return [
-        dspark_dp_meta.SLOT,
-        target_dp_meta.SLOT,
-        eagle_fixed_shape_tail.SLOT,
-        draft_input_reuse.SLOT,
-        event_ring.SLOT,
-        pinned_d2h_ring.SLOT,
-        accept_lens_snapshot.SLOT,
+        *(_owned(*entry) for entry in OWNED),
         *upstream_switches.SLOTS, *upstream_builtins.SLOTS,
         audit.SLOT,
     ]
