@@ -104,8 +104,9 @@ def parse_slot_spec(spec: str, catalogue: Mapping[str, Slot]) -> Selection:
         elif name in catalogue:
             members = {name}
         else:
+            shown = raw.strip() if len(raw.strip()) <= 60 else raw.strip()[:57] + "..."
             raise HostsyncConfigError(
-                f"{ENV_SLOTS}: unknown token {raw.strip()!r}. "
+                f"{ENV_SLOTS}: unknown token {shown!r}. "
                 f"Presets: {', '.join(presets)}. Slots: {', '.join(order)}."
             )
         if negate:

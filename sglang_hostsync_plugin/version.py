@@ -38,6 +38,8 @@ def check_sglang_version(installed: str | None = ..., env=None) -> str | None:
         warning = f"{msg} Running anyway ({ENV_ALLOW_UNSUPPORTED}=1); slots are shape-checked one by one."
         logger.warning(warning)
         return warning
+    if installed is None:  # the override runs another version; it cannot stand in for none
+        raise HostsyncConfigError(f"{msg} Install sglang=={SUPPORTED_SGLANG}.")
     raise HostsyncConfigError(
         f"{msg} Install sglang=={SUPPORTED_SGLANG}, or set {ENV_ALLOW_UNSUPPORTED}=1 "
         "to run with per-slot contract checks."

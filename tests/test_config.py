@@ -87,3 +87,33 @@ def test_version_guard():
     assert "0.5.22" in warning and "0.5.23" in warning
     with pytest.raises(HostsyncConfigError, match="no sglang is installed"):
         version.check_sglang_version(None, env={config.ENV_ALLOW_UNSUPPORTED: "1"})
+
+
+def test_missing_sglang_message_does_not_suggest_the_override():
+    with pytest.raises(HostsyncConfigError) as exc:
+        version.check_sglang_version(None, env={})
+    assert "no sglang is installed" in str(exc.value) and config.ENV_ALLOW_UNSUPPORTED not in str(exc.value)
+
+
+def test_unknown_token_is_truncated_in_the_error():
+    cat = {"a": _slot("a")}
+    with pytest.raises(HostsyncConfigError) as exc:
+        parse_slot_spec("x" * 100_000, cat)
+    assert len(str(exc.value)) < 300 and "xxx..." in str(exc.value)
+
+
+def test_sdist_ships_no_partial_test_suite(tmp_path):
+    import subprocess
+    import sys
+    import tarfile
+
+    from helpers import REPO
+
+    proc = subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (archive,) = tmp_path.glob("*.tar.gz")
+    names = tarfile.open(archive).getnames()
+    assert not [n for n in names if "/tests/" in n or "/benchmarks/" in n], names
+    assert any(n.endswith("csrc/eagle_tail.cu") for n in names)
+    assert any(n.endswith("sglang_hostsync_plugin/e2e/run.py") for n in names)
