@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import __future__
 import ast
+import hashlib
 import inspect
+import sys
 import textwrap
 import types
 
@@ -22,11 +24,20 @@ class SourceEditError(RuntimeError):
     pass
 
 
-def edit_function(func: types.FunctionType, edits: tuple[tuple[str, str], ...], names: dict) -> types.FunctionType:
+def edit_function(func: types.FunctionType, edits: tuple[tuple[str, str], ...], names: dict,
+                  expected_sha: str | None = None) -> types.FunctionType:
     """``func`` recompiled with each ``(old, new)`` of ``edits`` applied; ``old`` must
-    occur exactly once. ``names``: what ``new`` refers to, bound as closure cells."""
+    occur exactly once. ``names``: what ``new`` refers to, bound as closure cells.
+    ``expected_sha`` (``installer.source_sha`` of the pinned upstream source): the
+    exact source compiled here must be that one, so a wrapper another plugin put
+    around the function is refused instead of recompiled."""
     lines, first_line = inspect.getsourcelines(func)
     source = "".join(lines)  # as in the file: snippets carry the file's indentation
+    if expected_sha is not None:
+        got = hashlib.sha256(source.encode()).hexdigest()[:16]
+        if got != expected_sha:
+            raise SourceEditError(f"{func.__qualname__}: source sha {got}, expected {expected_sha} "
+                                  "(changed upstream, or wrapped by another hook)")
     if source.lstrip().startswith("@"):
         raise SourceEditError(f"{func.__qualname__}: decorated functions are not supported")
     for old, new in edits:
@@ -44,9 +55,10 @@ def edit_function(func: types.FunctionType, edits: tuple[tuple[str, str], ...], 
     if func.__globals__.get("annotations") is __future__.annotations:
         flags |= __future__.annotations.compiler_flag
     code = compile(tree, func.__code__.co_filename, "exec", flags=flags, dont_inherit=True)
+    module_globals = vars(sys.modules[func.__module__]) if func.__module__ in sys.modules else func.__globals__
     scratch: dict = {}
-    exec(code, func.__globals__ | {"__builtins__": func.__globals__.get("__builtins__")}, scratch)
-    factory = types.FunctionType(scratch["_hostsync_factory"].__code__, func.__globals__)
+    exec(code, module_globals | {"__builtins__": module_globals.get("__builtins__")}, scratch)
+    factory = types.FunctionType(scratch["_hostsync_factory"].__code__, module_globals)
     edited = factory(**names)
     edited.__qualname__ = func.__qualname__
     edited.__module__ = func.__module__

@@ -86,3 +86,35 @@ def test_target_dp_meta_edit_builds_from_the_pinned_method():
     assert "global_num_tokens_pinned" not in edited.__code__.co_varnames
     assert edited.__code__.co_freevars == ("_hostsync_stage_padded_counts",)
     assert edited.__globals__ is stock.__globals__
+
+
+def test_edit_refuses_any_source_but_the_pinned_one():
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+    from sglang_hostsync_plugin.slots import target_dp_meta as tdm
+
+    stock = ForwardBatch.prepare_mlp_sync_batch
+    assert edit_function(stock, (tdm.PADDED_COUNTS_H2D,), {"_hostsync_stage_padded_counts": tdm.stage_padded_counts},
+                         expected_sha=tdm.PREPARE_SHA).__globals__ is stock.__globals__
+
+    def other_plugins_wrapper(self, model_runner):  # what HookRegistry hands over under another AROUND hook
+        return stock(self, model_runner)
+
+    with pytest.raises(SourceEditError, match="wrapped by another hook"):
+        edit_function(other_plugins_wrapper, (tdm.PADDED_COUNTS_H2D,), {}, expected_sha=tdm.PREPARE_SHA)
+
+
+def test_hook_under_another_plugins_wrapper_calls_it_and_says_so(monkeypatch, caplog):
+    from sglang_hostsync_plugin.slots import target_dp_meta as tdm
+
+    calls = []
+
+    def other_plugins_wrapper(self, model_runner):
+        calls.append((self, model_runner))
+        return "theirs"
+
+    monkeypatch.setattr(tdm, "_prepare_mlp_sync_batch", None)
+    with caplog.at_level("ERROR", logger="sglang.srt.plugins.hostsync"):
+        assert tdm.prepare_mlp_sync_batch_hook(other_plugins_wrapper, "batch", "runner") == "theirs"
+        assert tdm.prepare_mlp_sync_batch_hook(other_plugins_wrapper, "batch", "runner") == "theirs"
+    assert calls == [("batch", "runner")] * 2
+    assert caplog.text.count("staged copy is off") == 1

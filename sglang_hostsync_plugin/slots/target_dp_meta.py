@@ -32,14 +32,18 @@ Each stager's copies and event record are one C++ call where csrc builds
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from sglang.srt.model_executor import forward_batch_info
 from sglang.srt.speculative.spec_info import spec_scale_global_num_tokens
 
-from ..source_edit import edit_function
+from ..source_edit import SourceEditError, edit_function
 from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck
 from ..staging import TwoSlotStager, check_staging_impl, prepare_staging, staging_kernels
+
+logger = logging.getLogger("sglang.srt.plugins.hostsync")
 
 NAME = "target_dp_meta"
 FORWARD_BATCH = "sglang.srt.model_executor.forward_batch_info.ForwardBatch"
@@ -130,14 +134,20 @@ PADDED_COUNTS_H2D = (
     """        _hostsync_stage_padded_counts(self, global_num_tokens)
 """,
 )
+PREPARE_SHA = "314a988fac1c4001"
 _prepare_mlp_sync_batch = None
 
 
 def prepare_mlp_sync_batch_hook(original, self, model_runner):
     global _prepare_mlp_sync_batch
-    if _prepare_mlp_sync_batch is None:  # built from the pinned source the installer verified
-        _prepare_mlp_sync_batch = edit_function(
-            original, (PADDED_COUNTS_H2D,), {"_hostsync_stage_padded_counts": stage_padded_counts})
+    if _prepare_mlp_sync_batch is None:
+        try:  # only from the exact pinned source: a wrapper of another hook is left in charge
+            _prepare_mlp_sync_batch = edit_function(
+                original, (PADDED_COUNTS_H2D,), {"_hostsync_stage_padded_counts": stage_padded_counts},
+                expected_sha=PREPARE_SHA)
+        except SourceEditError as exc:
+            logger.error("hostsync: %s: prepare_mlp_sync_batch's staged copy is off: %s", NAME, exc)
+            _prepare_mlp_sync_batch = original
     return _prepare_mlp_sync_batch(self, model_runner)
 
 
@@ -162,7 +172,7 @@ SLOT = Slot(
         ),
         HookTarget(
             f"{FORWARD_BATCH}.prepare_mlp_sync_batch", TargetKind.FUNCTION, hook=prepare_mlp_sync_batch_hook,
-            params=("self", "model_runner"), source_sha="314a988fac1c4001",
+            params=("self", "model_runner"), source_sha=PREPARE_SHA,
         ),
     ),
 )
