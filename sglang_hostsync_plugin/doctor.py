@@ -10,6 +10,7 @@ backend makes FutureMap do its per-step seq_lens D2H."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -64,6 +65,10 @@ def main(argv: list[str] | None = None) -> int:
         version.check_sglang_version(installed)  # raises unless pinned or overridden
         config.strict_mode()  # malformed switches fail the server's startup too
         config.plugin_enabled()
+        if args.speculative_algorithm is not None:
+            from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+            SpeculativeAlgorithm.from_string(args.speculative_algorithm)  # ValueError names it
         catalogue = registry.catalogue()
         selection = config.selected_slots(catalogue)
         switches.check_contrary_env([catalogue[n] for n in selection.names], os.environ)
@@ -78,7 +83,11 @@ def main(argv: list[str] | None = None) -> int:
                 two_batch_overlap=args.enable_two_batch_overlap,
             )
     except (config.HostsyncConfigError, registry.SlotRegistryError, KeyError, ValueError) as exc:
-        print(f"hostsync doctor: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
+        message = exc.args[0] if isinstance(exc, KeyError) else str(exc)
+        print(f"hostsync doctor: {message}", file=sys.stderr)
+        if args.json:  # scripts read stdout
+            print(json.dumps({"sglang": installed, "supported_sglang": version.SUPPORTED_SGLANG,
+                              "ok": False, "error": message, "slots": []}, indent=2))
         return 2
     rows = report.doctor_rows(catalogue, facts)
     bad = config.config_errors((r.name, r.reason) for r in rows if r.name in selection.names)

@@ -247,12 +247,14 @@ def test_doctor_exit_codes_match_what_the_server_does():
         ({"SGLANG_HOSTSYNC_AUDIT_EVERY": "often", "SGLANG_HOSTSYNC_SLOTS": "default,audit"}, 2, "argument preparation fails"),
         ({"SGLANG_HOSTSYNC_SLOTS": "default,nope"}, 2, "argument preparation fails"),
         ({"SGLANG_HOSTSYNC_STRICT": "2"}, 2, "argument preparation fails"),
+        ({"SGLANG_HOSTSYNC_AUDIT_JSON": "/proc/nope.json", "SGLANG_HOSTSYNC_SLOTS": "default,audit"}, 2,
+         "argument preparation fails"),
     ]
     for env, code, server in table:
         proc = doctor(**env)
         assert proc.returncode == code, (env, out(proc))
-        if code == 0:
-            assert json.loads(proc.stdout)["ok"] is True
+        report = json.loads(proc.stdout)  # --json prints JSON on every exit, errors too
+        assert report["ok"] is (code == 0), (env, report)
         launch = subprocess.run([sys.executable, "-c", LAUNCHER, "--enable-hostsync-plugin"], capture_output=True,
                                 text=True, env=clean_env(**env), cwd=REPO, timeout=300)
         err = json.loads(launch.stdout.split("RESULT", 1)[1])["err"]
@@ -340,3 +342,10 @@ def test_two_slots_on_one_target_are_both_refused_and_nothing_of_them_is_hooked(
                         SGLANG_HOSTSYNC_SLOTS="default,audit,rb_hook")
     err = json.loads(strict.stdout.split("RESULT", 1)[1])["err"]
     assert err.startswith("HostsyncStartupError") and "rb_hook" in err and "audit" in err, out(strict)
+
+
+def test_doctor_rejects_an_unknown_algorithm_with_exit_2():
+    proc = subprocess.run([sys.executable, "-m", "sglang_hostsync_plugin", "doctor", "--json",
+                           "--speculative-algorithm", "NOPE"], capture_output=True, text=True, env=clean_env(),
+                          cwd=REPO, timeout=300)
+    assert proc.returncode == 2 and "NOPE" in json.loads(proc.stdout)["error"], out(proc)
