@@ -25,6 +25,21 @@ def run_python(code: str, timeout: float = 300, pythonpath: str | None = None, *
     )
 
 
+# load_plugins() and the startup gate's check, in a child; leaves ``rt`` and ``err``
+# (None, or "Type: message").
+LOAD_AND_STARTUP_CHECK = """
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang_hostsync_plugin import runtime
+rt = runtime.current()
+try:
+    runtime.startup_check(rt)
+    err = None
+except Exception as exc:
+    err = f"{type(exc).__name__}: {exc}"
+"""
+
+
 def out(proc: subprocess.CompletedProcess) -> str:
     return f"--- rc={proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr[-6000:]}"
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from helpers import BUILTINS, REPO, SWITCH_FLAGS, clean_env, out, run_python
+from helpers import BUILTINS, LOAD_AND_STARTUP_CHECK, REPO, SWITCH_FLAGS, clean_env, out, run_python
 
 PRINT_HOOKS = """
 from sglang.srt.plugins.hook_registry import HookRegistry
@@ -201,17 +201,7 @@ def bogus_path(tmp_path):
     return str(tmp_path)
 
 
-LOAD_AND_CHECK = PRINT_HOOKS + """
-import json
-from sglang.srt.plugins import load_plugins
-load_plugins()
-from sglang_hostsync_plugin import runtime
-rt = runtime.current()
-try:
-    runtime.startup_check(rt)
-    err = None
-except Exception as exc:
-    err = f"{type(exc).__name__}: {exc}"
+LOAD_AND_CHECK = PRINT_HOOKS + "import json\n" + LOAD_AND_STARTUP_CHECK + """
 import bogus_slots
 from sglang.srt.speculative import spec_info
 spec_info.spec_scale_global_num_tokens(type("S", (), {"num_tokens_per_req": 2, "num_tokens_for_logprob_per_req": 1})(), [1], [1])

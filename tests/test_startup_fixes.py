@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from helpers import REPO, clean_env, out, run_python
+from helpers import LOAD_AND_STARTUP_CHECK, REPO, clean_env, out, run_python
 from sglang_hostsync_plugin import csrc, runtime
 from sglang_hostsync_plugin.slot import ServingFacts
 from sglang_hostsync_plugin.slots import audit, eagle_fixed_shape_tail as eft
@@ -263,27 +263,21 @@ def test_doctor_exit_codes_match_what_the_server_does():
 
 # --- defects 2 and 3: one slot's failure stays that slot's --------------------------------
 
-CHECK = """
+REPORT = """
 import json
-{pre}
-from sglang.srt.plugins import load_plugins
 from sglang.srt.plugins.hook_registry import HookRegistry
-load_plugins()
-from sglang_hostsync_plugin import runtime
-rt = runtime.current()
-try:
-    runtime.startup_check(rt)
-    err = None
-except Exception as exc:
-    err = f"{{type(exc).__name__}}: {{exc}}"
-print("RESULT" + json.dumps({{"err": err, "status": {{n: [s.state, s.reason] for n, s in rt.state.statuses.items()}},
-    "run_batch_hooks": len(HookRegistry._hooks.get("sglang.srt.managers.scheduler.Scheduler.run_batch", []))}}))
+print("RESULT" + json.dumps({"err": err, "status": {n: [s.state, s.reason] for n, s in rt.state.statuses.items()},
+    "run_batch_hooks": len(HookRegistry._hooks.get("sglang.srt.managers.scheduler.Scheduler.run_batch", []))}))
 """
+
+
+def check_code(pre: str = "") -> str:
+    return pre + "\n" + LOAD_AND_STARTUP_CHECK + REPORT
 DRIFT = "from sglang.srt.speculative import spec_info\ndel spec_info.spec_scale_global_num_tokens"
 
 
 def check(pre="", **env):
-    proc = run_python(CHECK.format(pre=pre), SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", **env)
+    proc = run_python(check_code(pre), SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", **env)
     assert proc.returncode == 0, out(proc)
     return json.loads(proc.stdout.split("RESULT", 1)[1]), proc
 
@@ -329,7 +323,7 @@ def test_two_slots_on_one_target_are_both_refused_and_nothing_of_them_is_hooked(
     for rel, text in RUN_BATCH_DIST.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(text)
-    proc = run_python(CHECK.format(pre=""), pythonpath=str(tmp_path), SGLANG_ENABLE_HOSTSYNC_PLUGIN="1",
+    proc = run_python(check_code(), pythonpath=str(tmp_path), SGLANG_ENABLE_HOSTSYNC_PLUGIN="1",
                       SGLANG_HOSTSYNC_SLOTS="default,audit,rb_hook", SGLANG_HOSTSYNC_STRICT="0")
     assert proc.returncode == 0, out(proc)
     res = json.loads(proc.stdout.split("RESULT", 1)[1])
@@ -338,7 +332,7 @@ def test_two_slots_on_one_target_are_both_refused_and_nothing_of_them_is_hooked(
     assert st["rb_hook"][0] == "failed" and "conflicts with slot(s) audit" in st["rb_hook"][1]
     assert st["dspark_dp_meta"][0] == "applied" and res["err"] is None
     assert res["run_batch_hooks"] == 0
-    strict = run_python(CHECK.format(pre=""), pythonpath=str(tmp_path), SGLANG_ENABLE_HOSTSYNC_PLUGIN="1",
+    strict = run_python(check_code(), pythonpath=str(tmp_path), SGLANG_ENABLE_HOSTSYNC_PLUGIN="1",
                         SGLANG_HOSTSYNC_SLOTS="default,audit,rb_hook")
     err = json.loads(strict.stdout.split("RESULT", 1)[1])["err"]
     assert err.startswith("HostsyncStartupError") and "rb_hook" in err and "audit" in err, out(strict)

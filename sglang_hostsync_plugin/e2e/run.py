@@ -224,7 +224,7 @@ def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, res
                         "load": stats.load_figures(load.results, load.wall),
                     })
                     f = result["rows"][-1]["load"]
-                    say(f"{config.name} c{conc} r{rnd} {arm.name}: {stats._fmt(f['tok_s_user_median'], '.1f')} tok/s/user"
+                    say(f"{config.name} c{conc} r{rnd} {arm.name}: {stats.fmt(f['tok_s_user_median'], '.1f')} tok/s/user"
                         + (f", {len(load.errors)} errors" if load.errors else ""))
         for name, srv in live.items():  # the trace is written in batches: a last request flushes it
             client.generate(srv.base, prompt_pool[0], 32)

@@ -115,7 +115,7 @@ def distinct_tokens(results: Sequence[Result]) -> int:
     return len({t for r in results for t in r.output_ids})
 
 
-def _fmt(v, spec: str = ".2f", none: str = "-") -> str:
+def fmt(v, spec: str = ".2f", none: str = "-") -> str:
     return none if v is None else format(v, spec)
 
 
@@ -161,12 +161,12 @@ def markdown(cell_rows: list[dict], servers: dict[str, dict], identity: dict[str
     for c in sorted(cell_rows, key=lambda c: (c["config"], c["concurrency"], c["arm"] != "stock", c["arm"])):
         a = c["audit"] or {}
         lines.append(
-            f"| {c['config']} | {c['concurrency']} | {c['arm']} | {_fmt(c['tok_s_user_median'], '.1f')} "
-            f"({_fmt(c['tok_s_user_p10'], '.1f')}) | {_fmt(c['ratio_tok_s_user'], '.3f')} | "
-            f"{_fmt(c['tok_s_total_median'], '.0f')} | {_fmt(c['accept_length'])} | "
-            f"{_fmt(a.get('syncs_per_step'))} | {_fmt(a.get('run_ahead_fraction'), '.3f')} "
-            f"({_fmt(a.get('run_ahead_fraction_min_round'), '.3f')}) | {_fmt(a.get('launch_lead_ms_median'))} "
-            f"({_fmt(a.get('launch_lead_ms_p10'))}) | {_fmt(a.get('host_us_per_step_median'), '.0f')} |"
+            f"| {c['config']} | {c['concurrency']} | {c['arm']} | {fmt(c['tok_s_user_median'], '.1f')} "
+            f"({fmt(c['tok_s_user_p10'], '.1f')}) | {fmt(c['ratio_tok_s_user'], '.3f')} | "
+            f"{fmt(c['tok_s_total_median'], '.0f')} | {fmt(c['accept_length'])} | "
+            f"{fmt(a.get('syncs_per_step'))} | {fmt(a.get('run_ahead_fraction'), '.3f')} "
+            f"({fmt(a.get('run_ahead_fraction_min_round'), '.3f')}) | {fmt(a.get('launch_lead_ms_median'))} "
+            f"({fmt(a.get('launch_lead_ms_p10'))}) | {fmt(a.get('host_us_per_step_median'), '.0f')} |"
         )
     lines += ["", "| server | ready s | first request s | greedy identical to stock | logprobs compared | distinct output tokens |",
               "| --- | --- | --- | --- | --- | --- |"]
@@ -174,7 +174,7 @@ def markdown(cell_rows: list[dict], servers: dict[str, dict], identity: dict[str
         ident = identity.get(name)
         verdict = "reference" if ident is None else ("yes" if ident["identical"] else f"NO: {ident['first_mismatch']}")
         lines.append(
-            f"| {name} | {_fmt(s.get('ready_s'), '.1f', 'failed')} | {_fmt(s.get('first_request_s'), '.3f')} | {verdict} | "
+            f"| {name} | {fmt(s.get('ready_s'), '.1f', 'failed')} | {fmt(s.get('first_request_s'), '.3f')} | {verdict} | "
             f"{'-' if ident is None else ('yes' if ident['logprobs_compared'] else 'no')} | {s.get('distinct_tokens', '-')} |"
         )
     sites = collections.Counter()
