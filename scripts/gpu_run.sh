@@ -4,12 +4,15 @@
 #     the H200 device) it first sources the bundle: real SGLang 0.5.23, real SM90 sgl_kernel;
 #   - elsewhere the installed sglang and this checkout (pip install -e .) are used.
 # Output goes to ${OUT:-gpu_out}/.
-#   bash scripts/gpu_run.sh                                # GPU tests + every benchmark below
+#   bash scripts/gpu_run.sh                                # every benchmark below, then the GPU tests
 #   TESTS=0 BENCHES=e2e E2E_ARGS="--configs standalone-t4-p16" bash scripts/gpu_run.sh
 #   bash scripts/gpu_run.sh tests/test_gpu_e2e.py          # only these tests
-# BENCHES (default: all): e2e dp_meta eagle_tail draft_input events decode_loop
+# BENCHES (default: all): e2e startup dp_meta eagle_tail draft_input events decode_loop
 #   e2e:         python -m sglang_hostsync_plugin.e2e $E2E_ARGS (real servers) -> $OUT/e2e/
+#   startup:     benchmarks/bench_startup.py $STARTUP_ARGS (launch-to-ready, cold/warm csrc cache) -> $OUT/startup/
 #   decode_loop: benchmarks/bench_decode_loop.py with every owned slot (--opt-in pinned_d2h_ring)
+# TESTS=1 (default) then runs tests/test_gpu_*.py (the CPU suite is CI's); the real-server
+# tests check the e2e/startup output of this run where there is one, else start their own.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
@@ -25,17 +28,21 @@ fi
   python3 -c "import torch, triton, sglang, sgl_kernel; print('torch', torch.__version__, 'triton', triton.__version__, 'sglang', sglang.__version__, 'sgl_kernel', sgl_kernel.__file__)"
   git rev-parse HEAD 2>/dev/null; } | tee "$OUT/env.txt"
 rc=0
-if [ "${TESTS:-1}" = 1 ]; then
-  python3 -m pytest -q -rs -s -p no:cacheprovider tests 2>&1 | tee "$OUT/gpu_tests.log"
-  rc=${PIPESTATUS[0]}
-fi
-for b in ${BENCHES:-dp_meta eagle_tail draft_input events decode_loop e2e}; do
+for b in ${BENCHES:-dp_meta eagle_tail draft_input events decode_loop startup e2e}; do
   case $b in
     e2e) python3 -m sglang_hostsync_plugin.e2e --out "$OUT/e2e" ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e.txt"
-         [ "${PIPESTATUS[0]}" = 0 ] || rc=1 ;;
+         [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+         export HOSTSYNC_E2E_DIR="$OUT/e2e" ;;
+    startup) python3 benchmarks/bench_startup.py --out "$OUT/startup" ${STARTUP_ARGS:-} 2>&1 | tee "$OUT/startup.txt"
+         [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+         export HOSTSYNC_STARTUP_DIR="$OUT/startup" ;;
     decode_loop) python3 benchmarks/bench_decode_loop.py --opt-in pinned_d2h_ring --json "$OUT/bench_decode_loop.json" \
                    --png "$OUT/bench_decode_loop_lead.png" 2>&1 | grep -v Warning | tee "$OUT/bench_decode_loop.txt" ;;
     *) python3 "benchmarks/bench_$b.py" --json "$OUT/bench_$b.json" 2>&1 | grep -v Warning | tee "$OUT/bench_$b.txt" ;;
   esac
 done
+if [ "${TESTS:-1}" = 1 ]; then
+  python3 -m pytest -q -rs -s -p no:cacheprovider ${GPU_TESTS:-tests/test_gpu_*.py} 2>&1 | tee "$OUT/gpu_tests.log"
+  [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+fi
 exit $rc

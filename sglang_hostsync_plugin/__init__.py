@@ -17,7 +17,8 @@ def _registered(target: str, hook) -> bool:
 def register() -> None:
     """Called by SGLang's ``load_plugins()`` in the launcher and every process.
 
-    Idempotent. While the plugin is disabled it registers only the CLI shim.
+    Idempotent. While the plugin is disabled it registers only the CLI shim and the
+    launcher gate (which checks a plugin enabled after this call, and says so).
     """
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
@@ -35,3 +36,5 @@ def register() -> None:
         return
     if enabled:
         runtime.activate()
+    else:
+        runtime.register_launcher_gate()

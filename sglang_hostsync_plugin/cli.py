@@ -18,11 +18,9 @@ ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"
 PREPARE_SERVER_ARGS = "sglang.srt.server_args.prepare_server_args"
 
 
-class _EnableAction(argparse.Action):
-    """Sets the env switch at parse time, so spawned processes inherit it."""
-
-    def __init__(self, option_strings, dest, **kwargs):
-        super().__init__(option_strings, dest, nargs=0, default=False, **kwargs)
+class _EnableAction(argparse._StoreTrueAction):
+    """Sets the env switch at parse time, so spawned processes inherit it. A
+    store_true action, so ``--config`` YAML accepts ``enable-hostsync-plugin: true``."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         os.environ[config.ENV_ENABLE] = "1"
@@ -45,8 +43,6 @@ def prepare_server_args_hook(original, argv, *args, **kwargs):
     if config.plugin_enabled():
         from . import runtime
 
-        selection = runtime.validate(server_args)
-        logger.info(
-            "hostsync: enabled; slots: %s", ", ".join(selection.names) or "none"
-        )
+        plan = runtime.validate(server_args)
+        logger.info("hostsync: enabled; slots: %s", ", ".join(plan.selected) or "none")
     return server_args

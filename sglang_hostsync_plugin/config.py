@@ -32,13 +32,6 @@ class HostsyncConfigError(ValueError):
 BAD_CONFIGURATION = "bad configuration: "  # how a slot's precheck reports its own bad env value
 
 
-def config_errors(reasons) -> list[str]:
-    """The reasons (name, reason) that are bad input rather than upstream drift: these
-    stop argument preparation in every mode, and make the doctor exit 2."""
-    return [f"{name}: {reason[len(BAD_CONFIGURATION):]}" for name, reason in reasons
-            if reason and reason.startswith(BAD_CONFIGURATION)]
-
-
 def env_bool(name: str, default: bool, env: Mapping[str, str] | None = None) -> bool:
     env = os.environ if env is None else env
     raw = env.get(name)

@@ -87,7 +87,8 @@ def start_prebuild(names: tuple[str, ...]) -> subprocess.Popen | None:
         return None
     _prebuild = subprocess.Popen([sys.executable, "-m", "sglang_hostsync_plugin", "prebuild", *names],
                                  stdin=subprocess.DEVNULL)
-    logger.info("hostsync: building csrc %s in the background (pid %d); schedulers wait for it before ready",
+    logger.info("hostsync: building csrc %s in the background, or loading it from torch's extension cache "
+                "(pid %d); schedulers wait for it before ready",
                 ", ".join(f"{n}.cu" for n in names), _prebuild.pid)
     return _prebuild
 

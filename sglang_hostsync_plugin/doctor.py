@@ -14,8 +14,8 @@ import json
 import os
 import sys
 
-from . import backends, config, registry, report, switches, version
-from .slot import ServingFacts
+from . import backends, config, plan as plans, registry, report, version
+from .slot import ServingFacts, Status
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -62,16 +62,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     seq_lens = None
     try:
-        version.check_sglang_version(installed)  # raises unless pinned or overridden
-        config.strict_mode()  # malformed switches fail the server's startup too
-        config.plugin_enabled()
+        config.plugin_enabled()  # a malformed switch fails the server's startup too
         if args.speculative_algorithm is not None:
             from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
             SpeculativeAlgorithm.from_string(args.speculative_algorithm)  # ValueError names it
-        catalogue = registry.catalogue()
-        selection = config.selected_slots(catalogue)
-        switches.check_contrary_env([catalogue[n] for n in selection.names], os.environ)
+        plan = plans.resolve()  # what the launcher and every scheduler process compute
         if args.attention_backend or args.decode_attention_backend:
             seq_lens = backends.seq_lens_report(
                 attention_backend=args.attention_backend,
@@ -89,32 +85,28 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"sglang": installed, "supported_sglang": version.SUPPORTED_SGLANG,
                               "ok": False, "error": message, "slots": []}, indent=2))
         return 2
-    rows = report.doctor_rows(catalogue, facts)
-    bad = config.config_errors((r.name, r.reason) for r in rows if r.name in selection.names)
+    catalogue = registry.catalogue()
+    if facts is not None:
+        plan = plan.with_facts(catalogue, facts)
+    rows = report.doctor_rows(plan, catalogue)
+    common = dict(sglang=installed, supported_sglang=version.SUPPORTED_SGLANG, selected=list(plan.selected),
+                  strict=plan.strict)
+    bad = plan.config_errors()
     if bad:  # the server would refuse these in argument preparation
         print("hostsync doctor: " + "; ".join(bad), file=sys.stderr)
         if args.json:
-            print(report.doctor_json(rows, sglang=installed, supported_sglang=version.SUPPORTED_SGLANG,
-                                     selected=list(selection.names), ok=False, error="; ".join(bad)))
+            print(report.doctor_json(rows, **common, ok=False, error="; ".join(bad)))
         return 2
-    # A bad env value of an unselected slot is shown, but is no drift: it is never read.
-    ok = report.rows_ok([r for r in rows if r.name in selection.names or not r.reason.startswith(config.BAD_CONFIGURATION)])
+    # Drift: any slot that fails against this SGLang (a bad env value of an unselected
+    # slot is shown, but is no drift: it is never read).
+    ok = not [v for v in plan.verdicts if v.status is Status.FAILED and (v.selected or not v.bad_config)]
     if args.json:
-        print(
-            report.doctor_json(
-                rows,
-                sglang=installed,
-                supported_sglang=version.SUPPORTED_SGLANG,
-                selected=list(selection.names),
-                ok=ok,
-                seq_lens_d2h=seq_lens.as_dict() if seq_lens else None,
-            )
-        )
+        print(report.doctor_json(rows, **common, ok=ok, seq_lens_d2h=seq_lens.as_dict() if seq_lens else None))
     else:
         header = (
             f"sglang-hostsync-plugin doctor: sglang {installed} "
             f"(supported {version.SUPPORTED_SGLANG}); "
-            f"{config.ENV_SLOTS}={selection.spec!r} selects: {', '.join(selection.names) or 'none'}"
+            f"{config.ENV_SLOTS}={plan.spec!r} selects: {', '.join(plan.selected) or 'none'}; strict={plan.strict}"
         )
         print(report.format_doctor(rows, header))
         if facts is None:

@@ -18,8 +18,9 @@ import os
 
 import time
 
-from . import config, csrc, installer, ranks, registry, report, switches, version
-from .slot import ServingFacts
+from . import config, csrc, installer, plan as plans, ranks, registry, report, switches
+from .plan import HostsyncStartupError, Plan
+from .slot import ServingFacts, Status
 
 logger = logging.getLogger("sglang.srt.plugins.hostsync")
 
@@ -29,19 +30,16 @@ logger = logging.getLogger("sglang.srt.plugins.hostsync")
 LAUNCHER_SET_ENVS = "sglang.srt.entrypoints.engine._set_envs_and_config"
 SCHEDULER_INIT = "sglang.srt.managers.scheduler.Scheduler.__init__"
 
-
-class HostsyncStartupError(RuntimeError):
-    pass
+__all__ = ["HostsyncStartupError", "activate", "current", "validate", "startup_check"]
 
 
 class Runtime:
     def __init__(self):
         self.error: Exception | None = None
         self.state = installer.InstallState()
-        self.selection: config.Selection | None = None
-        self.version_warning: str | None = None
+        self.plan: Plan | None = None
         self.reported = False
-        self.switches_applied = False
+        self.facts_applied = False
 
 
 _runtime: Runtime | None = None
@@ -57,58 +55,52 @@ def _hook_registry_register(path: str, hook, kind: str) -> None:
     HookRegistry.register(path, hook, HookType.AROUND if kind == "around" else HookType.REPLACE)
 
 
-def _selected(selection: config.Selection):
-    catalogue = registry.catalogue()
-    return [catalogue[n] for n in selection.names]
+def _log_warnings(plan: Plan) -> None:
+    for warning in plan.warnings()[1 if plan.version_warning else 0:]:  # version: logged by its check
+        logger.warning("hostsync: %s", warning)
 
 
-def _log_env_warnings(slots) -> None:
-    for slot in slots:
-        warning = slot.env_warning(os.environ) if slot.env_warning else None
-        if warning:
-            logger.warning("hostsync: %s: %s", slot.name, warning)
-
-
-def validate(server_args=None) -> config.Selection:
+def validate(server_args=None) -> Plan:
     """Everything the launcher checks before any model load; raises on bad input.
 
-    With ``server_args``, also turns on the selected upstream switches' env flags
-    here, before any process is spawned."""
+    With ``server_args``: skips the upstream switches that would be inert, turns on
+    the others' env flags, exports the plan to the processes spawned from here and
+    starts building the kernels they will load."""
     rt = _runtime
-    strict = config.strict_mode()  # raises on a malformed value
     if rt is not None:
         # load_plugins() already activated the plugin in this process (the env switch
-        # was set before launch): its verdicts were computed on the upstream objects,
+        # was set before launch): its plan was resolved on the upstream objects,
         # before any hook was registered. The live objects are now the plugin's own.
         if rt.error is not None:
             raise rt.error
-        selection = rt.selection
-        refused = [(s.name, s.reason) for s in rt.state.failed()]
+        plan = rt.plan
     else:
-        version.check_sglang_version()
-        catalogue = registry.catalogue()
-        selection = config.selected_slots(catalogue)
-        switches.check_contrary_env(_selected(selection), os.environ)
-        rows = report.doctor_rows({n: catalogue[n] for n in selection.names})
-        refused = [(r.name, r.reason) for r in rows if not report.rows_ok([r])]
-    bad = config.config_errors(refused)
-    if bad:  # bad input fails argument preparation in every mode
-        raise config.HostsyncConfigError("hostsync: " + "; ".join(bad))
-    if strict and refused:
-        raise HostsyncStartupError(
-            "hostsync: selected slots cannot be applied to this SGLang (strict mode): "
-            + "; ".join(f"{name}: {reason}" for name, reason in refused)
-        )
+        plan = plans.resolve()
+        _log_warnings(plan)
+    plan.check_startup()
     if server_args is not None:
         facts = ServingFacts.from_server_args(server_args, os.environ)
-        for name, inert in switches.apply(_selected(selection), facts).items():
-            if inert:
-                logger.info("hostsync: %s skipped: %s", name, inert)
-        refused_names = {name for name, _ in refused}
-        csrc.start_prebuild(kernels_for([s for s in _selected(selection) if s.name not in refused_names], facts))
-    if rt is None:  # activate() already logged them in this process
-        _log_env_warnings(_selected(selection))
-    return selection
+        if rt is not None:
+            apply_facts(rt, server_args)
+            plan = rt.plan
+        else:
+            plan = plan.with_facts(registry.catalogue(), facts)
+            _set_switch_flags(plan)
+        plans.export(plan)
+        csrc.start_prebuild(kernels_for(_will_apply(plan), facts))
+    return plan
+
+
+def _will_apply(plan: Plan):
+    catalogue = registry.catalogue()
+    return [catalogue[v.name] for v in plan.verdicts if v.selected and v.status is Status.WOULD_APPLY]
+
+
+def _set_switch_flags(plan: Plan) -> None:
+    for v in plan.verdicts:
+        if v.selected and v.status is Status.SKIPPED:
+            logger.info("hostsync: %s skipped: %s", v.name, v.reason)
+    switches.apply(_will_apply(plan))
 
 
 def kernels_for(slots, facts: ServingFacts) -> tuple[str, ...]:
@@ -147,75 +139,69 @@ def activate(error: Exception | None = None) -> Runtime:
     try:
         if error is not None:
             raise error
-        rt.version_warning = version.check_sglang_version()
-        catalogue = registry.catalogue()
-        rt.selection = config.selected_slots(catalogue)
-        config.strict_mode()
-        switches.check_contrary_env(_selected(rt.selection), os.environ)
+        inherited = plans.inherited()
+        rt.plan = inherited or plans.resolve()
     except (config.HostsyncConfigError, registry.SlotRegistryError) as exc:
         rt.error = exc
         logger.error("hostsync: %s", exc)
     else:
+        if inherited is None:
+            _log_warnings(rt.plan)
         try:
-            installer.install(
-                rt.state, [catalogue[n] for n in rt.selection.names], _hook_registry_register
-            )
+            installer.install(rt.state, rt.plan, registry.catalogue(), _hook_registry_register)
         except Exception as exc:  # an installer bug must stop startup loudly, not half-apply
             rt.error = HostsyncStartupError(f"hostsync: installing the slots failed: {type(exc).__name__}: {exc}")
             rt.state.active.clear()
             logger.error("%s", rt.error)
-        installer.mark_unselected(rt.state, catalogue, rt.selection.names)
-        _log_env_warnings(_selected(rt.selection))
-        _note_env_warnings(rt)
-    _hook_registry_register(LAUNCHER_SET_ENVS, _launcher_gate, "around")
+    register_launcher_gate()
     _hook_registry_register(SCHEDULER_INIT, _scheduler_gate, "around")
     return rt
 
 
-def _note_env_warnings(rt: Runtime) -> None:
-    for slot in _selected(rt.selection):
-        status = rt.state.statuses.get(slot.name)
-        warning = slot.env_warning(os.environ) if slot.env_warning else None
-        if warning and status is not None and status.state == installer.UPSTREAM:
-            status.reason = f"undone: {warning}"
+def register_launcher_gate() -> None:
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    if not any(h is launcher_gate for _, h, _ in HookRegistry._hooks.get(LAUNCHER_SET_ENVS, ())):
+        _hook_registry_register(LAUNCHER_SET_ENVS, launcher_gate, "around")
 
 
-def apply_switches(rt: Runtime, server_args) -> None:
-    """Turn on the selected, applicable upstream switches in this process (once,
-    before SGLang's workers read them); an inert one is reported skipped."""
-    if rt.switches_applied or rt.error is not None or rt.selection is None:
+def apply_facts(rt: Runtime, server_args) -> None:
+    """Skip the selected upstream switches that are inert for these server args and
+    turn on the others' flags in this process (once, before SGLang's workers read them)."""
+    if rt.facts_applied or rt.error is not None or rt.plan is None:
         return
-    rt.switches_applied = True
-    facts = ServingFacts.from_server_args(server_args, os.environ)
-    selected = [s for s in _selected(rt.selection) if s.name in rt.state.active]
-    for name, inert in switches.apply(selected, facts).items():
-        status = rt.state.statuses[name]
-        if inert:
-            rt.state.active.discard(name)
-            rt.state.statuses[name] = installer.SlotStatus(name, installer.SKIPPED, inert)
-        else:
-            status.reason = f"{registry.catalogue()[name].env_flag}=1"
+    rt.facts_applied = True
+    rt.plan = rt.plan.with_facts(registry.catalogue(), ServingFacts.from_server_args(server_args, os.environ))
+    for v in rt.plan.verdicts:
+        if v.selected and v.status is Status.SKIPPED and v.name in rt.state.active:
+            rt.state.set(v.name, Status.SKIPPED, v.reason)
+    for slot in switches.switch_slots(_will_apply(rt.plan)):
+        if slot.name in rt.state.active:
+            switches.apply([slot])
+            rt.state.set(slot.name, rt.state.statuses[slot.name].status, f"{slot.env_flag}=1")
 
 
 def startup_check(rt: Runtime) -> None:
     if rt.error is not None:
         raise rt.error
     if not rt.state.verified:
-        installer.verify(rt.state)
+        installer.verify(rt.state, registry.catalogue())
     if not rt.reported:
         rt.reported = True
-        selection = rt.selection.spec if rt.selection else "?"
+        from . import version
+
+        spec = rt.plan.spec if rt.plan else "?"
         # A failed slot in lenient mode must be visible at default log levels.
         logger.log(
             logging.WARNING if rt.state.failed() else logging.INFO,
             report.format_status_block(
-                rt.state,
+                rt.state.statuses.values(),
                 f"hostsync: sglang {version.installed_sglang()}, "
-                f"{config.ENV_SLOTS}={selection!r}, strict={config.strict_mode()}",
+                f"{config.ENV_SLOTS}={spec!r}, strict={rt.plan.strict if rt.plan else '?'}",
             )
         )
     failed = rt.state.failed()
-    if failed and config.strict_mode():
+    if failed and rt.plan is not None and rt.plan.strict:
         raise HostsyncStartupError(
             "hostsync: slot(s) failed in strict mode: "
             + "; ".join(f"{s.name}: {s.reason}" for s in failed)
@@ -223,23 +209,38 @@ def startup_check(rt: Runtime) -> None:
         )
 
 
-def _launcher_gate(original, server_args, *args, **kwargs):
-    if _runtime is not None and _runtime.error is not None:
-        raise _runtime.error
+LATE_ENABLE = (
+    "hostsync: %s was set after load_plugins() ran in this process, so nothing is hooked "
+    "in it; the plugin is checked here and runs in the scheduler processes started from "
+    "here. Set it before sglang loads its plugins to hook this process too."
+)
+
+
+def launcher_gate(original, server_args, *args, **kwargs):
+    """Around ``_set_envs_and_config``, registered even while the plugin is disabled:
+    an embedded Engine enabled after load_plugins() is still validated, and says so."""
+    rt = _runtime
+    if rt is not None and rt.error is not None:
+        raise rt.error
+    # Enabled, not active here, and no plan exported for this environment: the switch
+    # came after load_plugins() (the CLI flag path exports one in prepare_server_args).
+    if rt is None and config.plugin_enabled() and plans.inherited() is None:
+        logger.warning(LATE_ENABLE, config.ENV_ENABLE)
+        validate(server_args)
     result = original(server_args, *args, **kwargs)
-    if _runtime is not None:
-        apply_switches(_runtime, server_args)
-        startup_check(_runtime)
+    if rt is not None:
+        apply_facts(rt, server_args)
+        startup_check(rt)
         facts = ServingFacts.from_server_args(server_args, os.environ)
-        csrc.start_prebuild(kernels_for([registry.catalogue()[n] for n in _runtime.state.applied()], facts))
+        plans.export(rt.plan)
+        csrc.start_prebuild(kernels_for([registry.catalogue()[n] for n in rt.state.applied()], facts))
     return result
 
 
 def _scheduler_gate(original, self, *args, **kwargs):
+    server_args = kwargs["server_args"] if "server_args" in kwargs else args[0]
     if _runtime is not None:
-        if _runtime.error is None:
-            server_args = kwargs["server_args"] if "server_args" in kwargs else args[0]
-            apply_switches(_runtime, server_args)
+        apply_facts(_runtime, server_args)
         startup_check(_runtime)
     result = original(self, *args, **kwargs)
     if _runtime is not None:
@@ -247,5 +248,5 @@ def _scheduler_gate(original, self, *args, **kwargs):
 
         digest = ranks.agree_on_slot_set(_runtime.state.applied(), get_world_group().cpu_group)
         logger.info("hostsync: slot-set digest %s agreed across ranks", digest)
-        prepare_slots(_runtime, kwargs["server_args"] if "server_args" in kwargs else args[0])
+        prepare_slots(_runtime, server_args)
     return result

@@ -18,6 +18,19 @@ class SlotKind(str, enum.Enum):
     TOOL = "tool"  # measurement, not an optimization
 
 
+class Status(str, enum.Enum):
+    """A slot's state, the one vocabulary of the doctor, the startup log and the JSON."""
+
+    APPLIED = "applied"  # its hooks are registered and verified live
+    WOULD_APPLY = "would apply"  # passed its checks; not installed (yet) in this process
+    UPSTREAM = "upstream present"  # an upstream built-in whose contract check passed
+    SKIPPED = "skipped"  # not selected, or inert for these server arguments
+    FAILED = "failed"  # refused as a whole; the reason says why
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class TargetKind(str, enum.Enum):
     FUNCTION = "function"  # AROUND hook on a module function or method
     CLASS = "class"  # mixin composed into one REPLACE subclass per upstream class
@@ -42,6 +55,9 @@ class HookTarget:
     mixin: type | None = None
     params: tuple[str, ...] | dict[str, tuple[str, ...]] = ()
     source_sha: str | dict[str, str] | None = None
+    # FUNCTION: the hook recompiles ``original`` from source (``source_edit``), so it
+    # must receive SGLang's own function; another plugin's hook inside ours refuses the slot.
+    needs_upstream_original: bool = False
 
     def __post_init__(self):
         if self.kind is TargetKind.FUNCTION and self.hook is None:

@@ -79,12 +79,11 @@ def inert_reason(slot: Slot, facts: ServingFacts) -> str | None:
     return slot.inert(facts) if slot.inert else None
 
 
-def apply(slots: Iterable[Slot], facts: ServingFacts) -> dict[str, str | None]:
-    """Set the flag of every switch slot that is not inert; name -> inert reason."""
-    outcome: dict[str, str | None] = {}
+def apply(slots: Iterable[Slot]) -> list[str]:
+    """Set the flag of every switch slot in ``slots`` (the plan's applicable ones,
+    inert ones already skipped); returns the flags set."""
+    flags = []
     for slot in switch_slots(slots):
-        reason = inert_reason(slot, facts)
-        outcome[slot.name] = reason
-        if reason is None:
-            os.environ[slot.env_flag] = "1"
-    return outcome
+        os.environ[slot.env_flag] = "1"
+        flags.append(slot.env_flag)
+    return flags

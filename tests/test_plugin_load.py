@@ -28,7 +28,7 @@ def test_flag_in_launch_server_help():
     assert "--enable-hostsync-plugin" in proc.stdout, out(proc)
 
 
-def test_disabled_registers_only_cli_shim_and_flag_sets_env():
+def test_disabled_registers_only_cli_shim_and_launcher_gate_and_flag_sets_env():
     proc = run_python(PRINT_HOOKS + """
     import json, os
     import sglang_hostsync_plugin
@@ -46,7 +46,8 @@ def test_disabled_registers_only_cli_shim_and_flag_sets_env():
     """.replace("\n    ", "\n"))
     assert proc.returncode == 0, out(proc)
     res = json.loads(proc.stdout.split("RESULT", 1)[1])
-    assert res["disabled"] == ["sglang.srt.server_args.ServerArgs.add_cli_args",
+    assert res["disabled"] == ["sglang.srt.entrypoints.engine._set_envs_and_config",
+                               "sglang.srt.server_args.ServerArgs.add_cli_args",
                                "sglang.srt.server_args.prepare_server_args"]
     assert res["n"] == res["again"] == 1
     assert res["before"] is None and res["after"] == "1" and res["type"] == "ServerArgs"
@@ -79,7 +80,7 @@ def test_enabled_applies_verifies_and_logs_status_block():
     cls = dspark_draft.DraftBlockProposer
     print("RESULT" + json.dumps({
         "hooks": ours(),
-        "status": {n: [s.state, s.reason] for n, s in rt.state.statuses.items()},
+        "status": {n: [s.status.value, s.reason] for n, s in rt.state.statuses.items()},
         "cls": cls.__name__, "slots": list(cls.hostsync_slots),
         "bases": [b.__name__ for b in cls.__mro__[:3]],
         "nnp": dspark_draft._make_num_token_non_padded(4, "cpu"),
@@ -142,7 +143,7 @@ def test_opt_in_slots_apply_and_run_through_the_hook_registry():
     eager.prepare_mlp_sync_batch(make_model_runner())  # through the edited method
     print("RESULT" + json.dumps({
         "padded": eager.global_num_tokens_gpu.tolist(),
-        "status": [rt.state.statuses[n].state for n in ("pinned_d2h_ring", "target_dp_meta")],
+        "status": [rt.state.statuses[n].status.value for n in ("pinned_d2h_ring", "target_dp_meta")],
         "rebound": mutils._async_d2h is ucommon.async_d2h and hasattr(ucommon.async_d2h, "__wrapped__"),
         "counts": fb.global_num_tokens_gpu.tolist(), "nnp": fb.global_num_token_non_padded.item(),
         "staged": [s.allocations for s in target_dp_meta.stagers()],
@@ -206,7 +207,7 @@ import bogus_slots
 from sglang.srt.speculative import spec_info
 spec_info.spec_scale_global_num_tokens(type("S", (), {"num_tokens_per_req": 2, "num_tokens_for_logprob_per_req": 1})(), [1], [1])
 print("RESULT" + json.dumps({"err": err, "hooks": ours(), "calls": len(bogus_slots.CALLS),
-    "status": {n: [s.state, s.reason] for n, s in rt.state.statuses.items()}}))
+    "status": {n: [s.status.value, s.reason] for n, s in rt.state.statuses.items()}}))
 """
 
 
@@ -258,7 +259,8 @@ def test_doctor_table_json_and_drift(bogus_path):
                            capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
     assert drift.returncode == 1, out(drift)
     rows = {r["name"]: r for r in json.loads(drift.stdout)["slots"]}
-    assert rows["bogus_missing"]["status"] == "target missing"
+    assert rows["bogus_missing"]["status"] == "failed"
+    assert rows["bogus_missing"]["reason"].startswith("target missing: sglang.srt.no_such_module")
     bad = subprocess.run([sys.executable, "-m", "sglang_hostsync_plugin", "doctor"], capture_output=True,
                          text=True, env=clean_env(SGLANG_HOSTSYNC_SLOTS="nope"), timeout=300, cwd=REPO)
     assert bad.returncode == 2 and "'nope'" in bad.stderr, out(bad)

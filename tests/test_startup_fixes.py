@@ -266,7 +266,7 @@ def test_doctor_exit_codes_match_what_the_server_does():
 REPORT = """
 import json
 from sglang.srt.plugins.hook_registry import HookRegistry
-print("RESULT" + json.dumps({"err": err, "status": {n: [s.state, s.reason] for n, s in rt.state.statuses.items()},
+print("RESULT" + json.dumps({"err": err, "status": {n: [s.status.value, s.reason] for n, s in rt.state.statuses.items()},
     "run_batch_hooks": len(HookRegistry._hooks.get("sglang.srt.managers.scheduler.Scheduler.run_batch", []))}))
 """
 

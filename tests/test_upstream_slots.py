@@ -125,7 +125,9 @@ res = {}
 for spec in [*FLAGS, "target_metadata_early,target_verify_metadata_glue",
              "one_launch_commit_stage,defer_context_kv", "dspark_mega"]:
     env = launch(spec)
-    res[spec] = {k: v for k, v in env.items() if base.get(k) != v and k != "SGLANG_HOSTSYNC_SLOTS"}
+    # The plugin's own variables differ by construction: the slot list, and the plan it exports.
+    res[spec] = {k: v for k, v in env.items() if base.get(k) != v and k not in ("SGLANG_HOSTSYNC_SLOTS", "SGLANG_HOSTSYNC_PLAN")}
+    res[spec]["plan_spec"] = json.loads(env["SGLANG_HOSTSYNC_PLAN"])["spec"]
 print("RESULT" + json.dumps(res))
 """
 
@@ -139,6 +141,8 @@ def test_each_switch_sets_exactly_its_flag_in_a_spawned_child(tmp_path):
                       EXPECT_FLAGS=json.dumps(simple), SGLANG_SIMULATE_ACC_LEN="3.51")
     assert proc.returncode == 0, out(proc)
     res = json.loads(proc.stdout.split("RESULT", 1)[1])
+    for spec, flags in res.items():  # the child read the launcher's plan for this selection
+        assert flags.pop("plan_spec") == spec
     for name in simple:
         assert res[name] == {SWITCH_FLAGS[name]: "1"}, (name, res[name])
     for name, dep in SWITCH_REQUIRES.items():

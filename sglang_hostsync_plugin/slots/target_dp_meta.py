@@ -141,7 +141,7 @@ _prepare_mlp_sync_batch = None
 def prepare_mlp_sync_batch_hook(original, self, model_runner):
     global _prepare_mlp_sync_batch
     if _prepare_mlp_sync_batch is None:
-        try:  # only from the exact pinned source: a wrapper of another hook is left in charge
+        try:  # only from the exact pinned source (verify() already refuses the slot under a foreign hook)
             _prepare_mlp_sync_batch = edit_function(
                 original, (PADDED_COUNTS_H2D,), {"_hostsync_stage_padded_counts": stage_padded_counts},
                 expected_sha=PREPARE_SHA)
@@ -172,7 +172,7 @@ SLOT = Slot(
         ),
         HookTarget(
             f"{FORWARD_BATCH}.prepare_mlp_sync_batch", TargetKind.FUNCTION, hook=prepare_mlp_sync_batch_hook,
-            params=("self", "model_runner"), source_sha=PREPARE_SHA,
+            params=("self", "model_runner"), source_sha=PREPARE_SHA, needs_upstream_original=True,
         ),
     ),
 )

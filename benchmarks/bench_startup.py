@@ -1,0 +1,86 @@
+"""Launch-to-ready of stock vs plugin in real servers, on a cold and then a warm
+torch extension cache (GPU; SGLang 0.5.23).
+
+Each run is one e2e benchmark pass (``python -m sglang_hostsync_plugin.e2e``, arms
+stock and plugin started together, one short window) with ``TORCH_EXTENSIONS_DIR``
+pointing at a fresh directory for run 1 and the same, now filled, directory after.
+It prints the ready times (launch to the first 200 on /health), their difference,
+and from the plugin server's log how often the csrc build was started and whether
+it finished before the server said it was ready.
+
+    python benchmarks/bench_startup.py --out startup --runs 2 [--server-arg=...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+
+CONFIG = "standalone-t4-p16"
+BUILD_STARTED = "hostsync: building csrc"
+BUILD_DONE = re.compile(r"hostsync prebuild: csrc/(\w+)\.cu (ready|FAILED)")
+READY = "The server is fired up and ready to roll!"
+
+
+def log_facts(path: str) -> dict:
+    """From a server log: csrc build starts, build results, and their order against ready."""
+    with open(path, errors="replace") as f:
+        lines = f.read().splitlines()
+    ready_at = next((i for i, line in enumerate(lines) if READY in line), None)
+    started = [i for i, line in enumerate(lines) if BUILD_STARTED in line]
+    done = [(i, m.group(1), m.group(2)) for i, line in enumerate(lines) if (m := BUILD_DONE.search(line))]
+    loaded = [line.split("hostsync: ", 1)[1] for line in lines if "hostsync: " in line and "prepared in" in line]
+    return {
+        "build_started": len(started),
+        "build_results": [f"{name} {what}" for _, name, what in done],
+        "build_done_before_ready": bool(done) and ready_at is not None and all(i < ready_at for i, _, _ in done),
+        "prepared": loaded,
+        "ready_logged": ready_at is not None,
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--runs", type=int, default=2, help="run 1 on a fresh extension cache, the rest warm")
+    ap.add_argument("--server-arg", action="append", default=[], metavar="ARG")
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    ext = os.path.abspath(os.path.join(args.out, "torch_extensions"))
+    env = dict(os.environ, TORCH_EXTENSIONS_DIR=ext)
+    rows = []
+    for run in range(1, args.runs + 1):
+        out = os.path.join(args.out, f"run{run}")
+        cmd = [sys.executable, "-m", "sglang_hostsync_plugin.e2e", "--configs", CONFIG, "--arms", "stock,plugin",
+               "--concurrency", "1", "--rounds", "1", "--requests", "2", "--max-new-tokens", "64",
+               "--identity-prompts", "2", "--identity-tokens", "16", "--out", out,
+               *(f"--server-arg={a}" for a in args.server_arg)]
+        cache = "cold" if run == 1 else "warm"
+        print(f"== run {run} ({cache} extension cache): {' '.join(cmd)}", flush=True)
+        proc = subprocess.run(cmd, env=env)
+        with open(os.path.join(out, "e2e.json")) as f:
+            servers = json.load(f)["servers"]
+        stock, plugin = servers[f"{CONFIG}/stock"], servers[f"{CONFIG}/plugin"]
+        facts = log_facts(os.path.join(out, f"{CONFIG}__plugin.log"))
+        delta = (plugin["ready_s"] - stock["ready_s"]) if plugin.get("ready_s") and stock.get("ready_s") else None
+        rows.append({"run": run, "cache": cache, "rc": proc.returncode, "stock_ready_s": stock.get("ready_s"),
+                     "plugin_ready_s": plugin.get("ready_s"), "plugin_minus_stock_s": delta, **facts})
+    with open(os.path.join(args.out, "startup.json"), "w") as f:
+        json.dump(rows, f, indent=2)
+    print("\n| run | extension cache | stock ready s | plugin ready s | plugin - stock s | csrc builds started "
+          "| build results | built before ready |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        fmt = lambda v: "failed" if v is None else f"{v:.1f}"  # noqa: E731
+        print(f"| {r['run']} | {r['cache']} | {fmt(r['stock_ready_s'])} | {fmt(r['plugin_ready_s'])} | "
+              f"{fmt(r['plugin_minus_stock_s'])} | {r['build_started']} | {', '.join(r['build_results']) or '-'} | "
+              f"{'yes' if r['build_done_before_ready'] else 'no'} |")
+    return 0 if all(r["rc"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""Verification of a slot against the installed SGLang, before anything is hooked:
+its own precheck, every target's existence and shape (parameters, pinned source),
+and hook-target claims that two selected slots cannot share."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import pkgutil
+from collections.abc import Iterable
+
+from .slot import HookTarget, Slot, TargetKind
+
+
+def source_sha(obj) -> str:
+    """First 16 hex of sha256 over an object's source (its upstream fingerprint)."""
+    return hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()[:16]
+
+
+def resolve(path: str):
+    """Import and return the object at a dotted path (raw function for class/static methods)."""
+    owner_path, attr = path.rsplit(".", 1)
+    owner = pkgutil.resolve_name(owner_path)
+    if isinstance(owner, type) and attr in owner.__dict__:
+        raw = owner.__dict__[attr]
+        if isinstance(raw, (classmethod, staticmethod)):
+            return raw.__func__
+    return getattr(owner, attr)
+
+
+def _import_error(path: str) -> ImportError | None:
+    """The import error behind an unresolvable path, when a module on it fails to
+    import (pkgutil reports that as a missing attribute of its parent package)."""
+    parts = path.split(".")
+    for i in range(1, len(parts)):
+        name = ".".join(parts[:i])
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            return None if exc.name == name else exc
+        except ImportError as exc:
+            return exc
+    return None
+
+
+def _param_names(fn) -> tuple[str, ...]:
+    return tuple(inspect.signature(fn).parameters)
+
+
+def _check_callable(path: str, fn, params, sha) -> str | None:
+    if not callable(fn):
+        return f"upstream shape changed: {path} is not callable"
+    if params and _param_names(fn) != tuple(params):
+        return (
+            f"upstream shape changed: {path} takes {_param_names(fn)}, "
+            f"expected {tuple(params)}"
+        )
+    if sha is not None:
+        try:
+            got = source_sha(inspect.unwrap(fn))
+        except (OSError, TypeError):
+            return f"upstream shape changed: no source for {path}"
+        if got != sha:
+            return f"upstream shape changed: {path} source sha {got}, expected {sha}"
+    return None
+
+
+def overridden_methods(mixin: type) -> list[str]:
+    """Methods a mixin replaces on its upstream class (its non-``_hs_`` callables)."""
+    return [
+        name
+        for name, value in vars(mixin).items()
+        if callable(value) and not name.startswith("__") and not name.startswith("_hs_")
+    ]
+
+
+def check_target(target: HookTarget) -> str | None:
+    """None when ``target`` exists with the expected shape, else the reason."""
+    try:
+        obj = resolve(target.path)
+    except (ImportError, AttributeError, ValueError) as exc:
+        exc = _import_error(target.path) or exc
+        return f"target missing: {target.path} ({type(exc).__name__}: {exc})"
+    if target.kind is TargetKind.FUNCTION:
+        return _check_callable(target.path, obj, target.params, target.source_sha)
+    if not isinstance(obj, type):
+        return f"upstream shape changed: {target.path} is not a class"
+    params = dict(target.params or {})
+    shas = dict(target.source_sha or {})
+    for method in overridden_methods(target.mixin):
+        if method not in params:
+            return f"slot bug: {target.mixin.__name__}.{method} overrides without declared params"
+        upstream = inspect.getattr_static(obj, method, None)
+        if upstream is None:
+            return f"target missing: {target.path}.{method}"
+        reason = _check_callable(f"{target.path}.{method}", upstream, params[method], shas.get(method))
+        if reason:
+            return reason
+    return None
+
+
+def check_slot(slot: Slot) -> str | None:
+    """None when the slot can be applied to the installed SGLang, else why not.
+    A check that raises refuses its own slot, never the plugin."""
+    try:
+        reason = slot.precheck() if slot.precheck else None
+        for target in slot.targets:
+            reason = reason or check_target(target)
+    except Exception as exc:  # noqa: BLE001
+        reason = f"check raised {type(exc).__name__}: {exc}"
+    return reason
+
+
+def claim_conflicts(slots: Iterable[Slot]) -> dict[str, str]:
+    """Slot name -> reason, for every slot that hooks a function (or overrides a
+    method) another of ``slots`` also hooks: each of them is refused."""
+    claims: dict[str, list[str]] = {}
+    for slot in slots:
+        for target in slot.targets:
+            keys = ([f"{target.path}.{m}" for m in overridden_methods(target.mixin)]
+                    if target.kind is TargetKind.CLASS else [target.path])
+            for key in keys:
+                claims.setdefault(key, []).append(slot.name)
+    refused: dict[str, str] = {}
+    for key, owners in claims.items():
+        if len(owners) > 1:
+            for name in owners:
+                others = ", ".join(o for o in owners if o != name)
+                refused.setdefault(name, f"conflicts with slot(s) {others}: both hook {key}; select one")
+    return refused

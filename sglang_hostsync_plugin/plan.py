@@ -1,0 +1,171 @@
+"""The startup pipeline's one result: the selected slots, every slot's verdict and
+reason, and how strictly a refusal is treated.
+
+``resolve()`` computes it from the environment and the *upstream* objects (before
+any of the plugin's hooks is registered). The launcher exports it to the processes
+it spawns (``SGLANG_HOSTSYNC_PLAN``), which read it instead of computing their own
+while their environment still matches; the doctor prints the same object.
+Server arguments add one refinement (``with_facts``): upstream switches that
+would do nothing for them are skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from . import checks, config, registry, switches, version
+from .slot import ServingFacts, Slot, SlotKind, Status
+
+# Internal: the launcher's plan, inherited by every process it spawns.
+ENV_PLAN = "SGLANG_HOSTSYNC_PLAN"
+
+
+class HostsyncStartupError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Verdict:
+    name: str
+    selected: bool
+    status: Status
+    reason: str = ""
+
+    @property
+    def bad_config(self) -> bool:
+        """Bad input (the slot's own env value), not upstream drift."""
+        return self.reason.startswith(config.BAD_CONFIGURATION)
+
+
+@dataclass(frozen=True)
+class Plan:
+    spec: str
+    strict: bool
+    sglang: str | None
+    version_warning: str | None
+    verdicts: tuple[Verdict, ...]  # every catalogue slot, in catalogue order
+    inputs: str  # digest of what it was computed from (see ``inputs_digest``)
+    facts_applied: bool = False
+
+    @property
+    def selected(self) -> tuple[str, ...]:
+        return tuple(v.name for v in self.verdicts if v.selected)
+
+    def verdict(self, name: str) -> Verdict:
+        return next(v for v in self.verdicts if v.name == name)
+
+    def refused(self) -> list[Verdict]:
+        return [v for v in self.verdicts if v.selected and v.status is Status.FAILED]
+
+    def config_errors(self) -> list[str]:
+        """Bad input of selected slots: stops argument preparation in every mode."""
+        return [f"{v.name}: {v.reason[len(config.BAD_CONFIGURATION):]}" for v in self.refused() if v.bad_config]
+
+    def warnings(self) -> list[str]:
+        found = [self.version_warning] if self.version_warning else []
+        return found + [f"{v.name}: {v.reason}" for v in self.verdicts if v.selected and v.reason.startswith("undone: ")]
+
+    def check_startup(self) -> None:
+        """Raise what the server must stop on: bad input always, a refused slot in strict mode."""
+        bad = self.config_errors()
+        if bad:
+            raise config.HostsyncConfigError("hostsync: " + "; ".join(bad))
+        refused = self.refused()
+        if self.strict and refused:
+            raise HostsyncStartupError(
+                "hostsync: selected slots cannot be applied to this SGLang (strict mode): "
+                + "; ".join(f"{v.name}: {v.reason}" for v in refused)
+                + f". Deselect them with {config.ENV_SLOTS} or set {config.ENV_STRICT}=0."
+            )
+
+    def with_facts(self, catalogue: Mapping[str, Slot], facts: ServingFacts) -> "Plan":
+        """Selected upstream switches that would do nothing for these server args are
+        skipped; the others say which flag they set. Applied once per launch."""
+        if self.facts_applied:
+            return self
+        verdicts = []
+        for v in self.verdicts:
+            slot = catalogue[v.name]
+            if v.status is Status.WOULD_APPLY and slot.kind is SlotKind.UPSTREAM_SWITCH:
+                inert = switches.inert_reason(slot, facts)
+                v = dataclasses.replace(v, status=Status.SKIPPED, reason=inert) if inert else v
+            verdicts.append(v)
+        return dataclasses.replace(self, verdicts=tuple(verdicts), facts_applied=True)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: str) -> "Plan":
+        data = json.loads(raw)
+        verdicts = tuple(Verdict(v["name"], v["selected"], Status(v["status"]), v["reason"]) for v in data.pop("verdicts"))
+        return cls(verdicts=verdicts, **data)
+
+
+def inputs_digest(env: Mapping[str, str], catalogue: Mapping[str, Slot], sglang: str | None) -> str:
+    """What a plan depends on: the plugin's own env settings, the SGLang version and
+    the catalogue. (SGLang's switch flags are left out: the launcher sets them.)"""
+    own = sorted((k, v) for k, v in env.items()
+                 if k.startswith("SGLANG_HOSTSYNC_") and k != ENV_PLAN or k == config.ENV_ENABLE)
+    body = json.dumps([own, sglang, [(n, s.provider) for n, s in catalogue.items()]])
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def _verdict(slot: Slot, selected: bool, reason: str | None, env: Mapping[str, str]) -> Verdict:
+    if reason:
+        return Verdict(slot.name, selected, Status.FAILED, reason)
+    status = Status.UPSTREAM if slot.kind is SlotKind.UPSTREAM_BUILTIN else Status.WOULD_APPLY
+    warning = slot.env_warning(env) if slot.env_warning else None
+    if warning:
+        return Verdict(slot.name, selected, status, f"undone: {warning}")
+    if slot.kind is SlotKind.UPSTREAM_SWITCH:
+        return Verdict(slot.name, selected, status, f"sets {slot.env_flag}=1")
+    return Verdict(slot.name, selected, status)
+
+
+def resolve(env: Mapping[str, str] | None = None) -> Plan:
+    """Parse the environment and check every slot. Raises HostsyncConfigError on bad
+    input (switch values, slot list, SGLang version) and SlotRegistryError."""
+    env = os.environ if env is None else env
+    installed = version.installed_sglang()
+    version_warning = version.check_sglang_version(installed, env)
+    strict = config.strict_mode(env)
+    catalogue = registry.catalogue()
+    selection = config.selected_slots(catalogue, env)
+    chosen = set(selection.names)
+    switches.check_contrary_env([catalogue[n] for n in selection.names], env)
+    reasons = {name: checks.check_slot(slot) for name, slot in catalogue.items()}
+    # Two selected slots on one target are both refused before anything is registered.
+    passed = [catalogue[n] for n in selection.names if reasons[n] is None]
+    reasons.update(checks.claim_conflicts(passed))
+    verdicts = tuple(_verdict(slot, name in chosen, reasons[name], env) for name, slot in catalogue.items())
+    return Plan(spec=selection.spec, strict=strict, sglang=installed, version_warning=version_warning,
+                verdicts=verdicts, inputs=inputs_digest(env, catalogue, installed))
+
+
+def inherited(env: Mapping[str, str] | None = None) -> Plan | None:
+    """The launcher's plan, when this process's environment still matches it."""
+    env = os.environ if env is None else env
+    raw = env.get(ENV_PLAN)
+    if not raw:
+        return None
+    try:
+        plan = Plan.from_json(raw)
+    except (ValueError, KeyError, TypeError):
+        return None
+    catalogue = registry.catalogue()
+    if plan.inputs != inputs_digest(env, catalogue, version.installed_sglang()):
+        return None
+    if [v.name for v in plan.verdicts] != list(catalogue):
+        return None
+    return plan
+
+
+def export(plan: Plan, env=None) -> None:
+    """Hand the plan to every process spawned from here."""
+    (os.environ if env is None else env)[ENV_PLAN] = plan.to_json()

@@ -1,0 +1,219 @@
+"""The startup pipeline of issue 14: one plan per launch (selection, verdicts and
+strictness computed once, in the launcher, read by every process it spawns and
+printed by the doctor), ``source_edit`` refused under another plugin's hook, the
+``--config`` YAML switch and a plugin enabled after ``load_plugins()``."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from helpers import LOAD_AND_STARTUP_CHECK, REPO, clean_env, out, run_python
+
+# A third-party slot whose precheck records each process that computes its verdict.
+COUNTING_DIST = {
+    "counting_slots.py": '''
+import os
+from sglang_hostsync_plugin.hookspecs import hookimpl
+from sglang_hostsync_plugin.slot import HookTarget, Slot, SlotKind, TargetKind
+
+def precheck():
+    with open(os.environ["COUNT_FILE"], "a") as f:
+        f.write(f"{os.getpid()}\\n")
+    return None
+
+def wrap(original, *args, **kwargs):
+    return original(*args, **kwargs)
+
+@hookimpl
+def hostsync_slots():
+    return [Slot(name="counted", kind=SlotKind.OWNED, origin="test", summary="", default=False, precheck=precheck,
+                 targets=(HookTarget("sglang.srt.speculative.spec_info.spec_scale_global_num_tokens",
+                                     TargetKind.FUNCTION, hook=wrap),))]
+''',
+    "counting_slots-0.1.dist-info/METADATA": "Metadata-Version: 2.1\nName: counting-slots\nVersion: 0.1\n",
+    "counting_slots-0.1.dist-info/entry_points.txt": "[sglang_hostsync.slots]\ncounting = counting_slots\n",
+}
+
+# A scheduler-like child: load_plugins() and the startup gate's check, then its view.
+CHILD = LOAD_AND_STARTUP_CHECK + """
+import json, os
+print("RESULT" + json.dumps({"err": err, "plan": json.loads(rt.plan.to_json()),
+    "status": {n: [s.status.value, s.reason] for n, s in rt.state.statuses.items()}}))
+"""
+
+# The launcher (load_plugins(), then argument preparation with the flag), then two
+# children spawned from it: one with its environment, one with a different slot list.
+LAUNCH_AND_SPAWN = """
+import json, os, subprocess, sys
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang.srt.server_args import prepare_server_args
+prepare_server_args(["--model-path", "dummy", "--enable-hostsync-plugin"])
+child = sys.argv[1]
+same = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=dict(os.environ))
+other = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                       env={**os.environ, "SGLANG_HOSTSYNC_SLOTS": "default"})
+print("RESULT" + json.dumps({"exported": json.loads(os.environ["SGLANG_HOSTSYNC_PLAN"]),
+    "same": same.stdout.split("RESULT", 1)[-1], "same_err": same.stderr[-3000:],
+    "other": other.stdout.split("RESULT", 1)[-1], "pid": os.getpid()}))
+"""
+
+
+@pytest.fixture
+def counting_path(tmp_path):
+    for rel, text in COUNTING_DIST.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    return tmp_path
+
+
+def test_one_plan_per_launch_read_by_every_spawned_process(counting_path):
+    count = counting_path / "count.txt"
+    proc = subprocess.run(
+        [sys.executable, "-c", LAUNCH_AND_SPAWN, CHILD], capture_output=True, text=True, cwd=REPO, timeout=600,
+        env={**clean_env(SGLANG_HOSTSYNC_SLOTS="default,counted", COUNT_FILE=str(count)),
+             "PYTHONPATH": f"{counting_path}:{REPO}/tests"},
+    )
+    assert proc.returncode == 0, out(proc)
+    res = json.loads(proc.stdout.split("RESULT", 1)[1])
+    same, other = json.loads(res["same"]), json.loads(res["other"])
+    pids = count.read_text().split()
+    # The launcher computed the verdicts; the child with its environment read them.
+    assert pids[0] == str(res["pid"]) and len(pids) == 2, (pids, res["same_err"])
+    assert same["err"] is None and same["plan"] == res["exported"], res["same_err"]
+    assert res["exported"]["facts_applied"] is True
+    assert same["status"]["counted"] == ["applied", ""]
+    # A child whose slot list differs does not take the launcher's plan: it computes
+    # its own (the second line), and the rank agreement compares the two.
+    assert other["plan"]["spec"] == "default" and other["status"]["counted"] == ["skipped", "not selected"]
+    # One vocabulary in the plan, the runtime statuses and the doctor.
+    from sglang_hostsync_plugin.slot import Status
+
+    words = {s.value for s in Status}
+    assert {v["status"] for v in res["exported"]["verdicts"]} <= words
+    assert {s for s, _ in same["status"].values()} <= words
+
+
+def test_a_stale_or_foreign_plan_in_the_environment_is_ignored():
+    from sglang_hostsync_plugin import plan as plans
+
+    fresh = plans.resolve({})
+    env = {plans.ENV_PLAN: fresh.to_json()}
+    assert plans.inherited(env) == fresh
+    assert plans.inherited({**env, "SGLANG_HOSTSYNC_SLOTS": "-event_ring"}) is None
+    assert plans.inherited({plans.ENV_PLAN: "{not json"}) is None
+    assert plans.inherited({plans.ENV_PLAN: json.dumps({"spec": "x"})}) is None
+
+
+def test_the_doctor_prints_the_same_plan_the_launcher_computes():
+    from sglang_hostsync_plugin import plan as plans
+
+    launcher = json.loads(plans.resolve({"SGLANG_HOSTSYNC_SLOTS": "default,audit"}).to_json())
+    proc = subprocess.run([sys.executable, "-m", "sglang_hostsync_plugin", "doctor", "--json"], capture_output=True,
+                          text=True, cwd=REPO, timeout=300, env=clean_env(SGLANG_HOSTSYNC_SLOTS="default,audit"))
+    assert proc.returncode == 0, out(proc)
+    doctor = json.loads(proc.stdout)
+    assert [(r["name"], r["selected"], r["status"], r["reason"]) for r in doctor["slots"]] == [
+        (v["name"], v["selected"], v["status"], v["reason"]) for v in launcher["verdicts"]]
+    assert doctor["selected"] == [v["name"] for v in launcher["verdicts"] if v["selected"]]
+
+
+# --- defect 5: source_edit never recompiles another plugin's wrapper -------------------
+
+FOREIGN_AROUND = """
+from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+CALLS = []
+def theirs(original, self, model_runner):
+    CALLS.append(1)
+    return original(self, model_runner)
+HookRegistry.register("sglang.srt.model_executor.forward_batch_info.ForwardBatch.prepare_mlp_sync_batch",
+                      theirs, HookType.AROUND)
+"""
+STATUS = """
+import json
+print("RESULT" + json.dumps({"err": err, "status": {n: [s.status.value, s.reason] for n, s in rt.state.statuses.items()}}))
+"""
+
+
+def test_source_edit_slot_is_refused_under_another_plugins_inner_hook():
+    # Registered before load_plugins() runs ours: HookRegistry puts it inside our hook,
+    # so our hook would be handed their wrapper as `original`.
+    lenient = run_python(FOREIGN_AROUND + LOAD_AND_STARTUP_CHECK + STATUS, SGLANG_ENABLE_HOSTSYNC_PLUGIN="1",
+                         SGLANG_HOSTSYNC_STRICT="0")
+    assert lenient.returncode == 0, out(lenient)
+    res = json.loads(lenient.stdout.split("RESULT", 1)[1])
+    state, reason = res["status"]["target_dp_meta"]
+    assert state == "failed" and "another hook wraps" in reason and "prepare_mlp_sync_batch" in reason, reason
+    assert res["status"]["eagle_fixed_shape_tail"][0] == "applied" and res["err"] is None
+    strict = run_python(FOREIGN_AROUND + LOAD_AND_STARTUP_CHECK + STATUS, SGLANG_ENABLE_HOSTSYNC_PLUGIN="1")
+    err = json.loads(strict.stdout.split("RESULT", 1)[1])["err"]
+    assert err.startswith("HostsyncStartupError") and "target_dp_meta" in err, out(strict)
+
+
+def test_source_edit_slot_applies_under_an_outer_hook():
+    # Registered after ours: their hook wraps ours, and ours still gets SGLang's function.
+    proc = run_python("""
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.plugins.hook_registry import HookRegistry
+    import sglang_hostsync_plugin
+    sglang_hostsync_plugin.register()
+    """.replace("\n    ", "\n") + FOREIGN_AROUND + LOAD_AND_STARTUP_CHECK + STATUS, SGLANG_ENABLE_HOSTSYNC_PLUGIN="1")
+    assert proc.returncode == 0, out(proc)
+    res = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert res["status"]["target_dp_meta"] == ["applied", ""] and res["err"] is None, res
+
+
+# --- item 10: --config YAML, and a plugin enabled after load_plugins() -----------------
+
+CONFIG_LAUNCH = """
+import json, os, sys
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang.srt.server_args import prepare_server_args
+prepare_server_args(["--config", sys.argv[1]])
+print("RESULT" + json.dumps({"enabled": os.environ.get("SGLANG_ENABLE_HOSTSYNC_PLUGIN"),
+                             "plan": "SGLANG_HOSTSYNC_PLAN" in os.environ}))
+"""
+
+
+@pytest.mark.parametrize("value, enabled", [("true", "1"), ("false", None)])
+def test_config_yaml_enables_the_plugin(tmp_path, value, enabled):
+    cfg = tmp_path / "server.yaml"
+    cfg.write_text(f"model-path: dummy\nenable-hostsync-plugin: {value}\n")
+    proc = subprocess.run([sys.executable, "-c", CONFIG_LAUNCH, str(cfg)], capture_output=True, text=True,
+                          env=clean_env(), cwd=REPO, timeout=300)
+    assert proc.returncode == 0, out(proc)
+    res = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert res == {"enabled": enabled, "plan": enabled is not None}, out(proc)
+
+
+LATE = """
+import json, logging, os
+logging.basicConfig(level=logging.INFO)
+from sglang.srt.plugins import load_plugins
+load_plugins()
+os.environ["SGLANG_ENABLE_HOSTSYNC_PLUGIN"] = "1"   # after the plugins were loaded
+os.environ["SGLANG_HOSTSYNC_SLOTS"] = os.environ.pop("LATE_SLOTS")
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.entrypoints import engine
+args = ServerArgs(model_path="dummy", device="cpu")
+try:
+    engine._set_envs_and_config(args)
+    err = None
+except Exception as exc:
+    err = f"{type(exc).__name__}: {exc}"
+print("RESULT" + json.dumps({"err": err, "plan": "SGLANG_HOSTSYNC_PLAN" in os.environ}))
+"""
+
+
+def test_enabling_after_load_plugins_is_checked_and_said():
+    ok = run_python(LATE, LATE_SLOTS="default")
+    assert ok.returncode == 0, out(ok)
+    res = json.loads(ok.stdout.split("RESULT", 1)[1])
+    assert res == {"err": None, "plan": True}, out(ok)
+    assert "was set after load_plugins() ran in this process" in ok.stderr, out(ok)
+    bad = run_python(LATE, LATE_SLOTS="default,nope")
+    err = json.loads(bad.stdout.split("RESULT", 1)[1])["err"]
+    assert err.startswith("HostsyncConfigError") and "'nope'" in err, out(bad)
