@@ -78,10 +78,22 @@ class ServingFacts:
     topk: int = 1  # speculative_eagle_topk
     page_size: int = 1
     env: Mapping[str, str] = field(default_factory=dict)
+    # (prefill, decode) attention backends as SGLang's attention_backends_of reads
+    # them, and the draft's; None where not resolved yet.
+    attention_backends: tuple[str | None, str | None] = (None, None)
+    draft_attention_backend: str | None = None
+    speculative_num_steps: int | None = None
+    disable_cuda_graph: bool = False
+    enable_lora: bool = False
+    enable_pdmux: bool = False
+    kv_cache_dtype: str = "auto"
+    draft_window_size: int | None = None  # --speculative-draft-window-size
 
     @classmethod
     def from_server_args(cls, server_args, env: Mapping[str, str]) -> "ServingFacts":
         from sglang.srt.server_args import resolving_view
+
+        from sglang.srt.arg_groups.model_override_base import attention_backends_of
 
         view = resolving_view(server_args)
         return cls(
@@ -93,12 +105,25 @@ class ServingFacts:
             topk=int(view.speculative_eagle_topk or 1),
             page_size=int(view.page_size or 1),
             env=dict(env),
+            attention_backends=tuple(attention_backends_of(view)),
+            draft_attention_backend=view.speculative_draft_attention_backend,
+            speculative_num_steps=view.speculative_num_steps,
+            disable_cuda_graph=bool(view.disable_cuda_graph),
+            enable_lora=bool(view.enable_lora),
+            enable_pdmux=bool(view.enable_pdmux),
+            kv_cache_dtype=str(view.kv_cache_dtype or "auto"),
+            draft_window_size=view.speculative_draft_window_size,
         )
 
     def is_dspark(self) -> bool:
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
         return SpeculativeAlgorithm.from_string(self.speculative_algorithm).is_dspark()
+
+    def is_dflash_family(self) -> bool:
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        return SpeculativeAlgorithm.from_string(self.speculative_algorithm).is_dflash_family()
 
     def is_eagle_family(self) -> bool:
         """EAGLE, EAGLE3, NEXTN (parsed as EAGLE), FROZEN_KV_MTP and STANDALONE."""

@@ -64,6 +64,12 @@ SWITCH_FLAGS = {
     "sampling_accept_graph": "SGLANG_OPT_DSV41_SAMPLING_ACCEPT_GRAPH",
     "mxfp4_finalized_shape": "SGLANG_OPT_MXFP4_DEFERRED_FINALIZED_SHAPE",
 }
+# SGLang 0.5.23's other opt-ins (slots/upstream_host_plans.py), outside dspark_mega.
+HOST_PLAN_FLAGS = {
+    "metadata_glue_graph": "SGLANG_ENABLE_METADATA_GLUE_GRAPH",
+    "flashinfer_verify_host_plan": "SGLANG_OPT_FLASHINFER_VERIFY_HOST_PLAN",
+    "flashinfer_draft_host_indptr": "SGLANG_OPT_FLASHINFER_DRAFT_HOST_INDPTR",
+}
 # Rules read from SGLang 0.5.23 (see slots/upstream_switches.py for the functions).
 SWITCH_REQUIRES = {
     "target_metadata_early": "target_verify_metadata_glue",

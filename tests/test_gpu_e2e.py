@@ -81,3 +81,20 @@ def test_plugin_has_no_sync_per_step_in_topk4_page16(e2e):
     # The same audit in the stock-code arm sees SGLang's tail-copy syncs.
     for c in stock_code:
         assert c["audit"]["syncs_per_step"] > 1, c["audit"]
+
+
+def test_audited_cells_attribute_host_time_by_phase(e2e):
+    audited = [c for c in e2e["cells"] if c["audit"] and c["config"].startswith("standalone")]
+    assert audited, "no audited STANDALONE cell"
+    for c in audited:
+        att = c["audit"]["attribution"]
+        assert att["attributed_steps"] > 50, (c["arm"], att)
+        names = {r["phase"] for r in att["phases"]}
+        assert {"run_batch", "verify", "draft", "schedule", "result", "other", "@clock"} <= names, names
+        covered = sum(r["host_us_per_step"] for r in att["phases"] if not r["phase"].startswith("@"))
+        assert covered == pytest.approx(att["window_us_per_step"], rel=1e-3)
+        idle = sum(r["gpu_idle_us_per_step"] for r in att["phases"] if not r["phase"].startswith("@"))
+        assert idle == pytest.approx(att["gpu_idle_us_per_step"], rel=1e-3, abs=0.5)
+        clock = next(r["host_us_per_step"] for r in att["phases"] if r["phase"] == "@clock")
+        print(f"{c['config']} c{c['concurrency']} {c['arm']}: phase clock {clock:.1f} us/step of a "
+              f"{att['window_us_per_step']:.0f} us window ({clock / att['window_us_per_step']:.2%})")

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from helpers import BUILTINS, LOAD_AND_STARTUP_CHECK, REPO, SWITCH_FLAGS, clean_env, out, run_python
+from helpers import BUILTINS, HOST_PLAN_FLAGS, LOAD_AND_STARTUP_CHECK, REPO, SWITCH_FLAGS, clean_env, out, run_python
 
 PRINT_HOOKS = """
 from sglang.srt.plugins.hook_registry import HookRegistry
@@ -98,7 +98,7 @@ def test_enabled_applies_verifies_and_logs_status_block():
         assert status.pop(name) == ["applied", ""], name
     # default: the #31468 built-ins verified, the #45450 switches opt-in.
     assert status == {**{n: ["upstream present", ""] for n in BUILTINS},
-                      **{n: ["skipped", "not selected"] for n in [*SWITCH_FLAGS, "audit", "pinned_d2h_ring"]}}
+                      **{n: ["skipped", "not selected"] for n in [*SWITCH_FLAGS, *HOST_PLAN_FLAGS, "audit", "pinned_d2h_ring"]}}
     assert res["cls"] == "HostsyncDraftBlockProposer" and res["slots"] == ["dspark_dp_meta"]
     assert res["bases"] == ["HostsyncDraftBlockProposer", "DSparkDpMetaProposer", "DraftBlockProposer"]
     assert res["nnp"] is None and res["sched"] is True

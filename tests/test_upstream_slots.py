@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 
-from helpers import BUILTINS, SWITCH_FLAGS, SWITCH_REQUIRES, out, run_python
+from helpers import BUILTINS, HOST_PLAN_FLAGS, SWITCH_FLAGS, SWITCH_REQUIRES, out, run_python
 from sglang_hostsync_plugin import config, doctor, registry, switches
 from sglang_hostsync_plugin.slot import ServingFacts, SlotKind
 from sglang_hostsync_plugin.slots import upstream_builtins as ub
@@ -24,7 +24,7 @@ def facts(algo="DSPARK", **kw):
 
 def test_catalogue_has_every_switch_and_builtin_with_kind_and_default():
     switches_ = {n: s for n, s in CATALOGUE.items() if s.kind is SlotKind.UPSTREAM_SWITCH}
-    assert {n: s.env_flag for n, s in switches_.items()} == SWITCH_FLAGS
+    assert {n: s.env_flag for n, s in switches_.items()} == {**SWITCH_FLAGS, **HOST_PLAN_FLAGS}
     assert not any(s.default for s in switches_.values())  # opt-in, like upstream
     builtins = [n for n, s in CATALOGUE.items() if s.kind is SlotKind.UPSTREAM_BUILTIN]
     assert builtins == list(BUILTINS)

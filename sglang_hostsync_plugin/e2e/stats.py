@@ -9,6 +9,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 
 from ..slots.audit import TraceStep, run_ahead_fraction
+from ..slots.audit_phases import pool_phases
 from .client import Result
 
 
@@ -72,6 +73,7 @@ def pool_audit(windows: list[list[TraceStep]]) -> dict:
         "launch_lead_ms_p10": percentile(leads, 10.0),
         "lead_pairs": len(leads),
         "host_us_per_step_median": median([s.host_us for w in windows for s in w if s.decode]),
+        "attribution": pool_phases([s for w in windows for s in w]),
     }
 
 
@@ -152,6 +154,31 @@ def cells(rows: list[dict], windows: dict[tuple, list[list[TraceStep]]] | None =
     return out
 
 
+def attribution_tables(cell_rows: list[dict]) -> list[str]:
+    """Per configuration: host µs per decode step by phase, and in parentheses the part
+    that ran while the GPU was idle, for every cell with an attributed trace."""
+    lines: list[str] = []
+    by_config: dict[str, list[dict]] = collections.defaultdict(list)
+    for c in sorted(cell_rows, key=lambda c: (c["config"], c["arm"], c["concurrency"])):
+        if ((c["audit"] or {}).get("attribution") or {}).get("attributed_steps"):
+            by_config[c["config"]].append(c)
+    for config, cs in by_config.items():
+        heads = [f"{c['arm']} c{c['concurrency']}" for c in cs]
+        tables = [{r["phase"]: r for r in c["audit"]["attribution"]["phases"]} for c in cs]
+        order = sorted({p for t in tables for p in t},
+                       key=lambda p: -max(t.get(p, {}).get("gpu_idle_us_per_step", 0.0) for t in tables))
+        lines += ["", f"Host µs per decode step by phase, {config} (in parentheses: while the GPU was idle):", "",
+                  "| phase | " + " | ".join(heads) + " |", "| --- |" + " --- |" * len(heads)]
+        for phase in order:
+            cells_ = [f"{fmt(t[phase]['host_us_per_step'], '.0f')} ({fmt(t[phase]['gpu_idle_us_per_step'], '.0f')})"
+                      if phase in t else "-" for t in tables]
+            lines.append(f"| {phase} | " + " | ".join(cells_) + " |")
+        totals = [f"{fmt(c['audit']['attribution']['window_us_per_step'], '.0f')} "
+                  f"({fmt(c['audit']['attribution']['gpu_idle_us_per_step'], '.0f')})" for c in cs]
+        lines.append("| **step window (GPU idle)** | " + " | ".join(totals) + " |")
+    return lines
+
+
 def markdown(cell_rows: list[dict], servers: dict[str, dict], identity: dict[str, dict]) -> str:
     """The report: one table of cells, one of servers (ready time, identity)."""
     lines = [
@@ -177,6 +204,7 @@ def markdown(cell_rows: list[dict], servers: dict[str, dict], identity: dict[str
             f"| {name} | {fmt(s.get('ready_s'), '.1f', 'failed')} | {fmt(s.get('first_request_s'), '.3f')} | {verdict} | "
             f"{'-' if ident is None else ('yes' if ident['logprobs_compared'] else 'no')} | {s.get('distinct_tokens', '-')} |"
         )
+    lines += attribution_tables(cell_rows)
     sites = collections.Counter()
     for c in cell_rows:
         for site, per_step in ((c["audit"] or {}).get("sync_sites") or {}).items():

@@ -13,7 +13,7 @@ import logging
 
 from ..hookspecs import hookimpl
 from ..slot import Slot, SlotKind
-from . import audit, upstream_builtins, upstream_switches
+from . import audit, upstream_builtins, upstream_host_plans, upstream_switches
 
 logger = logging.getLogger("sglang.srt.plugins.hostsync")
 
@@ -43,6 +43,6 @@ def _owned(module: str, name: str, default: bool) -> Slot:
 def hostsync_slots():
     return [
         *(_owned(*entry) for entry in OWNED),
-        *upstream_switches.SLOTS, *upstream_builtins.SLOTS,
+        *upstream_switches.SLOTS, *upstream_host_plans.SLOTS, *upstream_builtins.SLOTS,
         audit.SLOT,
     ]

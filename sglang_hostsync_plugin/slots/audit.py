@@ -32,6 +32,16 @@ host time (``time.perf_counter``, the same monotonic clock in every process).
 Host µs per step is the scheduler thread's CPU time between two step launches; a
 blocking sync that spins counts in it. Neither output ever raises into the serving
 loop: a write that fails is logged once and that output is switched off.
+
+Phase attribution (``audit_phases``): the host time of each step window by phase,
+and the part of it that ran while the GPU was idle, ranked in the summary and per
+step in the trace.
+
+What the sync audit cannot see: torch's sync-debug mode flags synchronizing torch
+calls only. A wait inside the CUDA driver (e.g. a pageable-memory
+``copy_(non_blocking=True)`` staged by the driver, or a blocking ``cudaMemcpy`` in
+a C++ extension) is not reported as a sync; it shows up as host time in the phase
+table and as a shorter launch lead.
 """
 
 from __future__ import annotations
@@ -50,6 +60,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck
+from . import audit_phases as phases
 
 logger = logging.getLogger("sglang.srt.plugins.hostsync")
 
@@ -58,7 +69,7 @@ RUN_BATCH = "sglang.srt.managers.scheduler.Scheduler.run_batch"
 ENV_EVERY = "SGLANG_HOSTSYNC_AUDIT_EVERY"
 ENV_JSON = "SGLANG_HOSTSYNC_AUDIT_JSON"
 ENV_TRACE = "SGLANG_HOSTSYNC_AUDIT_TRACE"
-TRACE_HEADER = "#hostsync-audit-trace v1\tstep\tt_launch\tt_finish\tdecode\thost_us\tsites\n"
+TRACE_HEADER = "#hostsync-audit-trace v2\tstep\tt_launch\tt_finish\tdecode\thost_us\tsites\tgpu_idle_us\tphases\n"
 SYNC_MESSAGE = "called a synchronizing CUDA operation"
 
 # (path suffix, function, reason): syncs that are meant to be there.
@@ -116,7 +127,15 @@ class AuditState:
     decode: list[bool] = field(default_factory=list)  # by step
     step_sites: list[str] = field(default_factory=list)  # counted syncs since the last launch
     gpu_finish: dict[int, float] = field(default_factory=dict)  # step -> host-clock time
+    gpu_begin: dict[int, float] = field(default_factory=dict)  # step -> host-clock time run_batch started on the GPU
     meter_ns: int = 0  # host time the meter itself spent
+    # Phase attribution: step -> (window, segments) until its idle interval is known,
+    # then step -> (gpu idle ns, {phase: (host ns, idle ns)}) for the trace.
+    pending_segments: dict[int, tuple] = field(default_factory=dict)
+    phase_rows: dict[int, tuple] = field(default_factory=dict)
+    phase_totals: phases.PhaseTotals = field(default_factory=phases.PhaseTotals)
+    phase_calls: int = 0
+    phase_call_ns: float = 0.0
 
     def counted(self) -> int:
         return sum(s.count for s in self.syncs.values() if not s.allowed)
@@ -140,7 +159,24 @@ class AuditState:
             "launch_lead_ms_median": statistics.median(leads) * 1e3 if leads else None,
             "measured_steps": len(leads),
             "meter_us_per_step": self.meter_ns / steps / 1e3,
+            "phase_clock_us_per_step": self.phase_calls * self.phase_call_ns / steps / 1e3,
+            "attribution": self.phase_totals.summary(),
         }
+
+    def settle(self, upto: int) -> None:
+        """Attribute every pending step <= ``upto`` (decode pairs whose idle interval is known)."""
+        for step in [k for k in self.pending_segments if k <= upto]:
+            (w0, w1), segments, calls = self.pending_segments.pop(step)
+            finish, begin = self.gpu_finish.get(step - 1), self.gpu_begin.get(step)
+            if step < 1 or finish is None or begin is None or not (self.decode[step - 1] and self.decode[step]):
+                continue
+            idle = (finish, begin) if begin > finish else None
+            got = phases.attribute(((p, t0 / 1e9, t1 / 1e9) for p, t0, t1 in segments), (w0, w1), idle)
+            row = {k: (h * 1e9, i * 1e9) for k, (h, i) in got.items()}
+            row[phases.CLOCK] = (calls * self.phase_call_ns, 0.0)  # the clock's own cost, inside the phases
+            idle_ns = phases.overlap(w0, w1, *idle) * 1e9 if idle else 0.0  # the part inside this step's window
+            self.phase_totals.add((w1 - w0) * 1e9, idle_ns, row)
+            self.phase_rows[step] = (idle_ns, row)
 
 
 def _allow_reason(filename: str, function: str, allowlist=ALLOWLIST) -> str:
@@ -240,7 +276,7 @@ class RunAheadMeter:
         self.state = state
         self.stream = stream
         self.ring = [torch.cuda.Event(enable_timing=True) for _ in range(EVENT_RING)]
-        self.pending: collections.deque = collections.deque()  # (event index, step)
+        self.pending: collections.deque = collections.deque()  # (event index, step, is_begin)
         self.free = list(range(EVENT_RING))
         self.ref = torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
@@ -249,6 +285,15 @@ class RunAheadMeter:
         self.t_ref = time.perf_counter_ns() / 1e9
         self.since_drain = 0
 
+    def began(self, step: int) -> None:
+        """Step ``step``'s run_batch starts: where the GPU resumes after an idle gap."""
+        t0 = time.perf_counter_ns()
+        if self.free:
+            index = self.free.pop()
+            self.ring[index].record(self.stream)
+            self.pending.append((index, step, True))
+        self.state.meter_ns += time.perf_counter_ns() - t0
+
     def finished_launching(self) -> None:
         t0 = time.perf_counter_ns()
         launches = self.state.host_launch
@@ -256,7 +301,7 @@ class RunAheadMeter:
         if self.free:
             index = self.free.pop()
             self.ring[index].record(self.stream)
-            self.pending.append((index, len(launches) - 1))
+            self.pending.append((index, len(launches) - 1, False))
         self.since_drain += 1
         if self.since_drain >= DRAIN_EVERY or not self.free:
             self.since_drain = 0
@@ -265,9 +310,10 @@ class RunAheadMeter:
 
     def _drain(self) -> None:
         while self.pending and self.ring[self.pending[0][0]].query():
-            index, step = self.pending.popleft()
+            index, step, is_begin = self.pending.popleft()
             # A step whose event was skipped (ring full) has no entry and no lead.
-            self.state.gpu_finish[step] = event_to_host(self.t_ref, self.ref.elapsed_time(self.ring[index]))
+            times = self.state.gpu_begin if is_begin else self.state.gpu_finish
+            times[step] = event_to_host(self.t_ref, self.ref.elapsed_time(self.ring[index]))
             self.free.append(index)
 
 
@@ -279,11 +325,14 @@ class TraceStep:
     decode: bool
     host_us: float  # scheduler-thread CPU time since the previous launch; nan for the first
     sites: tuple[str, ...]  # counted (not allowlisted) syncs since the previous launch
+    gpu_idle_us: float = math.nan  # GPU idle before this step's run_batch (attributed steps)
+    phases: dict = field(default_factory=dict)  # phase -> (host µs, of which GPU idle µs)
 
 
 def format_trace_line(t: TraceStep) -> str:
     return (f"{t.step}\t{t.t_launch:.6f}\t{t.t_finish:.6f}\t{int(t.decode)}\t{t.host_us:.1f}\t"
-            + ";".join(s.replace(";", ",").replace("\t", " ") for s in t.sites) + "\n")
+            + ";".join(s.replace(";", ",").replace("\t", " ") for s in t.sites)
+            + f"\t{t.gpu_idle_us:.1f}\t" + ",".join(f"{k}:{h:.1f}:{i:.1f}" for k, (h, i) in t.phases.items()) + "\n")
 
 
 def parse_trace(text: str) -> list[TraceStep]:
@@ -293,10 +342,11 @@ def parse_trace(text: str) -> list[TraceStep]:
         if not line or line.startswith("#"):
             continue
         cells = line.split("\t")
-        if len(cells) != 6:
+        if len(cells) not in (6, 8):  # v1 lines have no attribution
             continue
+        extra = (float(cells[6]), phases.parse_phases(cells[7])) if len(cells) == 8 else ()
         steps.append(TraceStep(int(cells[0]), float(cells[1]), float(cells[2]), cells[3] == "1",
-                               float(cells[4]), tuple(x for x in cells[5].split(";") if x)))
+                               float(cells[4]), tuple(x for x in cells[5].split(";") if x), *extra))
     return sorted(steps, key=lambda t: t.step)
 
 
@@ -330,11 +380,17 @@ class Trace:
         if self.out.path is not None and not self.out.broken:
             self.pending.append((step, t_launch, decode, host_us, tuple(sites)))
 
-    def flush(self, gpu_finish: dict[int, float], upto: int) -> None:
+    def flush(self, gpu_finish: dict[int, float], upto: int, phase_rows: dict[int, tuple] | None = None) -> None:
         lines = []
+        rows = {} if phase_rows is None else phase_rows
         while self.pending and self.pending[0][0] <= upto:
             step, t_launch, decode, host_us, sites = self.pending.popleft()
-            lines.append(format_trace_line(TraceStep(step, t_launch, gpu_finish.get(step, math.nan), decode, host_us, sites)))
+            idle_ns, row = rows.pop(step, (math.nan, {}))
+            lines.append(format_trace_line(TraceStep(
+                step, t_launch, gpu_finish.get(step, math.nan), decode, host_us, sites, idle_ns / 1e3,
+                {k: (h / 1e3, i / 1e3) for k, (h, i) in row.items()})))
+        for step in [k for k in rows if k <= upto]:  # no trace line waits for them (trace off)
+            del rows[step]
         if lines:
             self.out.write("".join(lines), append=True)
 
@@ -358,12 +414,28 @@ def _resolved_upto() -> int:
 def _log_summary(reason: str) -> None:
     if _audit is None:
         return
-    summary = _audit.state.summary()
+    state = _audit.state
+    upto = _resolved_upto() if reason != "shutdown" else state.steps
+    state.settle(upto)
+    summary = state.summary()
     logger.info("hostsync audit (%s): %s", reason, json.dumps(summary))
+    if summary["attribution"]["attributed_steps"]:
+        logger.info("hostsync audit (%s): host time by phase, ranked by GPU-idle time\n%s", reason,
+                    format_attribution(summary["attribution"]))
     if _json is not None:
         _json.write(json.dumps(summary, indent=2), append=False)
     if _trace is not None:
-        _trace.flush(_audit.state.gpu_finish, _resolved_upto() if reason != "shutdown" else _audit.state.steps)
+        _trace.flush(state.gpu_finish, upto, state.phase_rows)
+
+
+def format_attribution(attribution: dict) -> str:
+    lines = [f"  {attribution['attributed_steps']} decode steps; window {attribution['window_us_per_step']:.0f} us/step, "
+             f"GPU idle {attribution['gpu_idle_us_per_step']:.0f} us/step",
+             f"  {'phase':<16} {'host us/step':>12} {'in GPU idle':>12} {'share of idle':>14}"]
+    for r in attribution["phases"]:
+        lines.append(f"  {r['phase']:<16} {r['host_us_per_step']:>12.1f} {r['gpu_idle_us_per_step']:>12.1f} "
+                     f"{r['share_of_gpu_idle']:>14.1%}")
+    return "\n".join(lines)
 
 
 def _is_decode(batch) -> bool:
@@ -378,6 +450,9 @@ def _arm(scheduler) -> None:
     _json = _Output(os.environ.get(ENV_JSON))
     _trace = Trace(os.environ.get(ENV_TRACE))
     _audit.arm()
+    clock = phases.arm(_audit.state.thread_id, phases.enabled(os.environ))
+    if clock is not None:
+        _audit.state.phase_call_ns = clock.call_ns
     import torch
 
     if torch.cuda.is_available():
@@ -389,8 +464,17 @@ def run_batch_hook(original, scheduler, batch=None, *args, **kwargs):
     global _last_thread_ns
     if _audit is None:
         _arm(scheduler)
-    result = original(scheduler, batch, *args, **kwargs)
     state = _audit.state
+    clock = phases.clock()
+    if _meter is not None:
+        _meter.began(state.steps)
+    if clock is not None:
+        clock.enter(phases.RUN_BATCH)
+    try:
+        result = original(scheduler, batch, *args, **kwargs)
+    finally:
+        if clock is not None:
+            clock.exit()
     now_thread = time.thread_time_ns()
     host_us = math.nan if _last_thread_ns is None else (now_thread - _last_thread_ns) / 1e3
     _last_thread_ns = now_thread
@@ -403,8 +487,14 @@ def run_batch_hook(original, scheduler, batch=None, *args, **kwargs):
         state.host_launch.append(time.perf_counter_ns() / 1e9)
     _trace.add(step, state.host_launch[step], state.decode[step], host_us, state.step_sites)
     state.step_sites = []
+    if clock is not None:
+        window = (state.host_launch[step - 1] if step else state.host_launch[step], state.host_launch[step])
+        state.pending_segments[step] = (window, clock.take(), clock.calls - state.phase_calls)
+        state.phase_calls = clock.calls
     if state.steps % DRAIN_EVERY == 0:
-        _trace.flush(state.gpu_finish, _resolved_upto())
+        upto = _resolved_upto()
+        state.settle(upto)
+        _trace.flush(state.gpu_finish, upto, state.phase_rows)
     if state.steps % _every == 0:
         _log_summary(f"every {_every} steps")
     return result
@@ -445,6 +535,7 @@ def check_outputs(env=None) -> None:
 def check_config(env=None) -> None:
     summary_every(env)
     check_outputs(env)
+    phases.enabled(os.environ if env is None else env)
 
 
 SLOT = Slot(
@@ -457,5 +548,7 @@ SLOT = Slot(
     targets=(
         HookTarget(RUN_BATCH, TargetKind.FUNCTION, hook=run_batch_hook,
                    params=("self", "batch", "pp_proxy_tensors"), source_sha="4e9bb4d5e649e2f1"),
+        # Timing only: each calls its original unchanged, so no source is pinned.
+        *(HookTarget(path, TargetKind.FUNCTION, hook=phases.make_hook(name)) for name, path in phases.PHASES),
     ),
 )

@@ -1,0 +1,239 @@
+"""Part of slot ``audit``: where the scheduler thread's host time goes, by phase, and
+how much of it ran while the GPU sat idle (issue 16's attribution).
+
+Phase clock. Each function in ``PHASES`` gets an AROUND hook (a target of the audit
+slot); on the scheduler thread it opens its phase on entry and closes it on exit.
+Time is exclusive: while a nested phase runs its parent's clock stops, so a step's
+phases plus ``other`` (the loop's own code between them) add up to its host window,
+the time between two step launches. Each stretch of one phase is a segment
+``(phase, t0_ns, t1_ns)`` on ``time.perf_counter_ns``.
+
+GPU idle. Besides the finish event after ``run_batch``, the meter records a begin
+event when ``run_batch`` starts. For step k the GPU was idle over
+``[finish(k-1), begin(k)]`` when begin > finish (both on the host clock): an event
+recorded on an idle stream executes at once, and one recorded behind work executes
+after it. Host segments of step k's window that overlap that interval are the host
+time on the critical path. Only decode->decode pairs are attributed, as for the leads.
+
+Cost: two ``perf_counter_ns`` calls and one list append per hooked call; the clock
+measures its per-call cost when armed and reports ``phase_clock_us_per_step``.
+``SGLANG_HOSTSYNC_AUDIT_PHASES=0`` turns the clock off (its hooks then only pass
+through).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+ENV_PHASES = "SGLANG_HOSTSYNC_AUDIT_PHASES"
+SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
+EAGLE_COMMON = "sglang.srt.speculative.eagle_worker_common"
+EAGLE_UTILS = "sglang.srt.speculative.eagle_utils"
+DECODE_RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner"
+
+# (phase, function): scheduler loop, EAGLE-family v2 draft / verify / draft extend, the
+# target graph runner's per-replay metadata load. "run_batch" is the audit's own hook.
+PHASES: tuple[tuple[str, str], ...] = (
+    ("ingest", f"{SCHEDULER}.ingest_requests"),
+    ("schedule", f"{SCHEDULER}.get_next_batch_to_run"),
+    ("result", f"{SCHEDULER}.process_batch_result"),
+    ("sample_launch", f"{SCHEDULER}.launch_batch_sample_if_needed"),
+    ("decode_prep", f"{EAGLE_UTILS}.eagle_prepare_for_decode"),
+    ("draft", "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft"),
+    ("draft_prep", f"{EAGLE_COMMON}.prepare_for_draft"),
+    ("draft_graph", "sglang.srt.speculative.eagle_draft_cuda_graph_runner.EAGLEDraftCudaGraphRunner.execute"),
+    ("verify_input", f"{EAGLE_COMMON}.build_eagle_verify_input"),
+    ("verify", f"{EAGLE_COMMON}.run_eagle_verify"),
+    ("verify_prep", f"{EAGLE_UTILS}.eagle_prepare_for_verify"),
+    ("graph_load", f"{DECODE_RUNNER}.load_batch"),
+    ("graph_execute", f"{DECODE_RUNNER}.execute"),
+    ("draft_extend", "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_decode"),
+)
+RUN_BATCH = "run_batch"
+OTHER = "other"
+CLOCK = "@clock"  # the phase clock's own estimated cost (already inside the phases' time)
+NAMES: tuple[str, ...] = (RUN_BATCH, *(name for name, _ in PHASES))
+
+
+# --- arithmetic (pure, CPU-testable) --------------------------------------------
+
+def overlap(a0: float, a1: float, b0: float, b1: float) -> float:
+    return max(0.0, min(a1, b1) - max(a0, b0))
+
+
+def attribute(segments: Iterable[tuple[str, float, float]], window: tuple[float, float],
+              idle: tuple[float, float] | None) -> dict[str, tuple[float, float]]:
+    """Phase -> (host time, of which while the GPU idled) over one step window; the
+    uncovered rest of the window is ``other``. ``idle``: the GPU-idle interval, or None."""
+    w0, w1 = window
+    i0, i1 = idle if idle is not None and idle[1] > idle[0] else (w0, w0)
+    out: dict[str, list[float]] = {}
+    covered = covered_idle = 0.0
+    for phase, t0, t1 in segments:
+        t0, t1 = max(t0, w0), min(t1, w1)
+        if t1 <= t0:
+            continue
+        host, in_idle = t1 - t0, overlap(t0, t1, i0, i1)
+        acc = out.setdefault(phase, [0.0, 0.0])
+        acc[0] += host
+        acc[1] += in_idle
+        covered += host
+        covered_idle += in_idle
+    out[OTHER] = [max(0.0, (w1 - w0) - covered), max(0.0, overlap(w0, w1, i0, i1) - covered_idle)]
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+@dataclass
+class PhaseTotals:
+    """Sums over attributed steps: host and GPU-idle time per phase (ns)."""
+
+    steps: int = 0
+    window_ns: float = 0.0
+    idle_ns: float = 0.0
+    host: dict[str, float] = field(default_factory=dict)
+    in_idle: dict[str, float] = field(default_factory=dict)
+
+    def add(self, window_ns: float, idle_ns: float, phases: dict[str, tuple[float, float]]) -> None:
+        self.steps += 1
+        self.window_ns += window_ns
+        self.idle_ns += idle_ns
+        for name, (host, in_idle) in phases.items():
+            self.host[name] = self.host.get(name, 0.0) + host
+            self.in_idle[name] = self.in_idle.get(name, 0.0) + in_idle
+
+    def table(self) -> list[dict]:
+        """Ranked by GPU-idle time, then host time: µs per step."""
+        n = max(self.steps, 1)
+        rows = [{"phase": p, "host_us_per_step": self.host[p] / n / 1e3,
+                 "gpu_idle_us_per_step": self.in_idle.get(p, 0.0) / n / 1e3,
+                 "share_of_gpu_idle": self.in_idle.get(p, 0.0) / self.idle_ns if self.idle_ns else 0.0}
+                for p in self.host]
+        return sorted(rows, key=lambda r: (-r["gpu_idle_us_per_step"], -r["host_us_per_step"]))
+
+    def summary(self) -> dict:
+        n = max(self.steps, 1)
+        return {"attributed_steps": self.steps, "window_us_per_step": self.window_ns / n / 1e3,
+                "gpu_idle_us_per_step": self.idle_ns / n / 1e3, "phases": self.table()}
+
+
+def format_phases(phases: dict[str, tuple[float, float]]) -> str:
+    """One trace cell: ``name:host_us:idle_us`` joined by commas (ns in, µs out)."""
+    return ",".join(f"{k}:{h / 1e3:.1f}:{i / 1e3:.1f}" for k, (h, i) in phases.items() if h > 0)
+
+
+def parse_phases(cell: str) -> dict[str, tuple[float, float]]:
+    out = {}
+    for item in cell.split(","):
+        parts = item.split(":")
+        if len(parts) == 3:
+            out[parts[0]] = (float(parts[1]), float(parts[2]))
+    return out
+
+
+def pool_phases(steps: Sequence) -> dict:
+    """Per-step µs by phase over trace steps (``phases`` in µs, ``gpu_idle_us``), ranked."""
+    totals = PhaseTotals()
+    for s in steps:
+        if s.phases:
+            own = [(h, i) for k, (h, i) in s.phases.items() if not k.startswith("@")]
+            # Window and idle time as the phases cover them (clipped to the step window).
+            totals.add(sum(h for h, _ in own) * 1e3, sum(i for _, i in own) * 1e3,
+                       {k: (h * 1e3, i * 1e3) for k, (h, i) in s.phases.items()})
+    return totals.summary() if totals.steps else {}
+
+
+# --- the clock ---------------------------------------------------------------------
+
+class PhaseClock:
+    """Exclusive per-phase segments on one thread (see the module docstring)."""
+
+    def __init__(self, thread_id: int | None = None, now=time.perf_counter_ns):
+        self.thread_id = threading.get_ident() if thread_id is None else thread_id
+        self.now = now
+        self.stack: list[str] = []
+        self.segments: list[tuple[str, int, int]] = []
+        self.started = 0
+        self.calls = 0
+        self.call_ns = 0.0  # measured cost of one wrapped call
+
+    def enter(self, phase: str) -> None:
+        now = self.now()
+        if self.stack:
+            self.segments.append((self.stack[-1], self.started, now))
+        self.stack.append(phase)
+        self.started = now
+        self.calls += 1
+
+    def exit(self) -> None:
+        now = self.now()
+        self.segments.append((self.stack.pop(), self.started, now))
+        self.started = now
+
+    def take(self) -> list[tuple[str, int, int]]:
+        """The segments so far (an open phase is cut at now and goes on)."""
+        now = self.now()
+        if self.stack:
+            self.segments.append((self.stack[-1], self.started, now))
+            self.started = now
+        out, self.segments = self.segments, []
+        return out
+
+    def calibrate(self, n: int = 2000) -> None:
+        """Per-call cost of the wrapper bookkeeping, on this thread, now."""
+        noop = lambda: None  # noqa: E731
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            noop()
+        bare = time.perf_counter_ns() - t0
+        saved, self.segments, self.stack, calls = self.segments, [], [], self.calls
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            self.enter("calibrate")
+            noop()
+            self.exit()
+        self.call_ns = max(0.0, (time.perf_counter_ns() - t0 - bare) / n)
+        self.segments, self.stack, self.calls = saved, [], calls
+
+
+_clock: PhaseClock | None = None
+
+
+def arm(thread_id: int | None = None, enabled: bool = True) -> PhaseClock | None:
+    global _clock
+    _clock = PhaseClock(thread_id) if enabled else None
+    if _clock is not None:
+        _clock.calibrate()
+    return _clock
+
+
+def disarm() -> None:
+    global _clock
+    _clock = None
+
+
+def clock() -> PhaseClock | None:
+    return _clock
+
+
+def make_hook(phase: str):
+    def phase_hook(original, *args, **kwargs):
+        c = _clock
+        if c is None or threading.get_ident() != c.thread_id:
+            return original(*args, **kwargs)
+        c.enter(phase)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            c.exit()
+
+    phase_hook.__name__ = f"phase_{phase}"
+    return phase_hook
+
+
+def enabled(env) -> bool:
+    from ..config import env_bool
+
+    return env_bool(ENV_PHASES, True, env)

@@ -1,0 +1,131 @@
+"""The audit's phase attribution on synthetic timelines (CPU): exclusive phase time,
+GPU-idle overlap, decode-pair selection, the trace round trip and the e2e tables."""
+
+import math
+
+import pytest
+
+from sglang_hostsync_plugin.e2e import stats
+from sglang_hostsync_plugin.slots import audit, audit_phases as ph
+
+
+def test_attribute_splits_the_window_and_the_idle_interval():
+    # window 0..10; GPU idle 4..7; phases: schedule 1..5, verify 5..6, result 8..9.
+    segs = [("schedule", 1.0, 5.0), ("verify", 5.0, 6.0), ("result", 8.0, 9.0)]
+    got = ph.attribute(segs, (0.0, 10.0), (4.0, 7.0))
+    assert got == {"schedule": (4.0, 1.0), "verify": (1.0, 1.0), "result": (1.0, 0.0), "other": (4.0, 1.0)}
+    assert sum(h for h, _ in got.values()) == 10.0  # phases + other cover the window
+    assert sum(i for _, i in got.values()) == 3.0  # and the idle interval
+
+
+def test_attribute_clips_to_the_window_and_ignores_no_idle():
+    got = ph.attribute([("a", -5.0, 2.0), ("b", 9.0, 20.0)], (0.0, 10.0), (6.0, 5.0))  # begin before finish
+    assert got == {"a": (2.0, 0.0), "b": (1.0, 0.0), "other": (7.0, 0.0)}
+    assert ph.attribute([], (0.0, 3.0), None) == {"other": (3.0, 0.0)}
+
+
+def test_clock_time_is_exclusive_and_take_cuts_open_phases():
+    c = ph.PhaseClock(thread_id=0, now=iter([0, 10, 30, 35, 50, 80, 100, 100]).__next__)
+    c.enter("run_batch")   # 0
+    c.enter("verify")      # 10
+    c.enter("verify_prep") # 30
+    c.exit()               # 35
+    c.exit()               # 50
+    segs = c.take()        # 80: run_batch still open
+    c.exit()               # 100
+    assert segs == [("run_batch", 0, 10), ("verify", 10, 30), ("verify_prep", 30, 35), ("verify", 35, 50),
+                    ("run_batch", 50, 80)]
+    assert c.take() == [("run_batch", 80, 100)] and c.calls == 3
+
+
+def test_hooks_time_only_the_scheduler_thread_and_pass_everything_through():
+    seen = []
+    hook = ph.make_hook("verify")
+    ph.arm(thread_id=-1)  # another thread's clock: this call passes through untimed
+    try:
+        assert hook(lambda *a, **k: seen.append((a, k)) or 7, 1, x=2) == 7
+        assert ph.clock().segments == [] and seen == [((1,), {"x": 2})]
+        ph.arm()
+        with pytest.raises(ZeroDivisionError):
+            hook(lambda: 1 / 0)  # the phase closes on an exception too
+        assert [p for p, _, _ in ph.clock().segments] == ["verify"] and ph.clock().stack == []
+        assert ph.clock().call_ns >= 0
+    finally:
+        ph.disarm()
+
+
+def state_with_steps(n, decode=None):
+    s = audit.AuditState()
+    s.steps = n
+    s.decode = list(decode or [True] * n)
+    s.host_launch = [10.0 * k for k in range(n)]  # launches every 10 s (synthetic units)
+    return s
+
+
+def test_settle_attributes_decode_pairs_with_a_known_idle_interval():
+    s = state_with_steps(4, decode=[True, True, True, False])
+    # step k's window is (launch[k-1], launch[k]); GPU finish of k-1 and begin of k
+    s.gpu_finish = {0: 2.0, 1: 15.0, 2: 23.0}
+    s.gpu_begin = {1: 5.0, 2: 12.0, 3: 26.0}
+    ns = lambda t: int(t * 1e9)  # noqa: E731
+    for k in range(1, 4):
+        w = (s.host_launch[k - 1], s.host_launch[k])
+        s.pending_segments[k] = (w, [("schedule", ns(w[0] + 1), ns(w[0] + 6))], 3)  # 3 wrapped calls
+    s.phase_call_ns = 500.0
+    s.settle(3)
+    assert not s.pending_segments
+    # step 1: idle 2..5 (3 s), schedule 1..6 overlaps 3; step 2: begin 12 < finish 15: no idle;
+    # step 3 is not a decode step (a prefill), so its pair does not count.
+    assert set(s.phase_rows) == {1, 2}
+    idle1, row1 = s.phase_rows[1]
+    assert idle1 == pytest.approx(3e9) and row1["schedule"] == pytest.approx((5e9, 3e9))
+    assert row1["other"] == pytest.approx((5e9, 0.0))
+    assert row1["@clock"] == (1500.0, 0.0)  # 3 calls of 500 ns, reported apart from the window
+    assert s.phase_rows[2][0] == 0.0 and s.phase_rows[2][1]["schedule"][1] == 0.0
+    summary = s.summary()["attribution"]
+    assert summary["attributed_steps"] == 2
+    top = summary["phases"][0]
+    assert top["phase"] == "schedule" and top["share_of_gpu_idle"] == pytest.approx(1.0)
+    assert top["gpu_idle_us_per_step"] == pytest.approx(1.5e6)  # 3 s over 2 steps, in µs
+
+
+def test_trace_round_trip_with_phases_and_v1_lines():
+    t = audit.TraceStep(5, 1.5, 1.6, True, 900.0, ("a:1 (f)",), 120.0, {"verify": (300.0, 80.0), "other": (600.0, 40.0)})
+    line = audit.format_trace_line(t)
+    assert line.count("\t") == 7
+    assert audit.parse_trace(audit.TRACE_HEADER + line) == [t]
+    v1 = "7\t2.000000\t2.100000\t1\t800.0\t\n"
+    (old,) = audit.parse_trace(v1)
+    assert old.step == 7 and old.phases == {} and math.isnan(old.gpu_idle_us)
+
+
+def test_e2e_pools_phases_per_cell_and_prints_the_table():
+    steps = [audit.TraceStep(k, float(k), float(k) + 0.5, True, 900.0, (), 100.0 * (k % 2),
+                             {"verify": (300.0, 100.0 * (k % 2)), "other": (700.0, 0.0), "@clock": (2.0, 0.0)})
+             for k in range(4)]
+    pooled = stats.pool_audit([steps[:2], steps[2:]])["attribution"]
+    assert pooled["attributed_steps"] == 4 and pooled["window_us_per_step"] == pytest.approx(1000.0)
+    assert pooled["gpu_idle_us_per_step"] == pytest.approx(50.0)
+    assert pooled["phases"][0] == {"phase": "verify", "host_us_per_step": pytest.approx(300.0),
+                                   "gpu_idle_us_per_step": pytest.approx(50.0), "share_of_gpu_idle": pytest.approx(1.0)}
+    cell = {"config": "standalone-t4-p16", "concurrency": 1, "arm": "audit", "audit": {"attribution": pooled}}
+    text = "\n".join(stats.attribution_tables([cell]))
+    assert "| phase | audit c1 |" in text and "| verify | 300 (50) |" in text
+    assert "| **step window (GPU idle)** | 1000 (50) |" in text
+
+
+def test_every_phase_target_exists_in_the_pinned_sglang():
+    from sglang_hostsync_plugin.checks import check_target
+
+    for target in audit.SLOT.targets:
+        assert check_target(target) is None, target.path
+    assert {t.path for t in audit.SLOT.targets[1:]} == {path for _, path in ph.PHASES}
+
+
+def test_the_phase_switch_is_validated_with_the_slot():
+    assert ph.enabled({}) is True and ph.enabled({ph.ENV_PHASES: "0"}) is False
+    reason = audit.SLOT.precheck()
+    assert reason is None
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv(ph.ENV_PHASES, "maybe")
+        assert audit.SLOT.precheck().startswith("bad configuration")
