@@ -63,6 +63,17 @@ class Selection:
     names: tuple[str, ...]
 
 
+def _all_without_conflicts(catalogue: Mapping[str, Slot]) -> set[str]:
+    """Every slot, except the later-declared one of each conflicting pair (so ``all``
+    is always a valid selection; name the other one to get it instead)."""
+    chosen: list[str] = []
+    for name, slot in catalogue.items():
+        clash = set(slot.conflicts) | {n for n in chosen if name in catalogue[n].conflicts}
+        if not clash & set(chosen):
+            chosen.append(name)
+    return set(chosen)
+
+
 def parse_slot_spec(spec: str, catalogue: Mapping[str, Slot]) -> Selection:
     """Resolve ``SGLANG_HOSTSYNC_SLOTS``.
 
@@ -76,7 +87,7 @@ def parse_slot_spec(spec: str, catalogue: Mapping[str, Slot]) -> Selection:
     order = list(catalogue)
     presets = {
         "default": {n for n, s in catalogue.items() if s.default},
-        "all": set(order),
+        "all": _all_without_conflicts(catalogue),
         "none": set(),
     }
     for slot_name, slot in catalogue.items():

@@ -117,3 +117,15 @@ def test_sdist_ships_no_partial_test_suite(tmp_path):
     assert not [n for n in names if "/tests/" in n or "/benchmarks/" in n], names
     assert any(n.endswith("csrc/eagle_tail.cu") for n in names)
     assert any(n.endswith("sglang_hostsync_plugin/e2e/run.py") for n in names)
+
+
+def test_all_is_a_valid_selection_even_with_conflicting_slots():
+    from sglang_hostsync_plugin import registry
+
+    cat = registry.catalogue()
+    names = parse_slot_spec("all", cat).names
+    assert "metadata_glue_graph" in names and "flashinfer_verify_host_plan" not in names
+    assert len(names) == len(cat) - 1
+    # The other side of the conflict is still selectable by name, alone.
+    swapped = parse_slot_spec("all,-metadata_glue_graph,flashinfer_verify_host_plan", cat).names
+    assert "flashinfer_verify_host_plan" in swapped and "metadata_glue_graph" not in swapped
