@@ -38,10 +38,11 @@ and the part of it that ran while the GPU was idle, ranked in the summary and pe
 step in the trace.
 
 What the sync audit cannot see: torch's sync-debug mode flags synchronizing torch
-calls only. A wait inside the CUDA driver (e.g. a pageable-memory
-``copy_(non_blocking=True)`` staged by the driver, or a blocking ``cudaMemcpy`` in
-a C++ extension) is not reported as a sync; it shows up as host time in the phase
-table and as a shorter launch lead.
+calls only. A wait inside the CUDA driver (a blocking ``cudaMemcpy`` in a C++
+extension; a pageable ``copy_(non_blocking=True)`` if the driver had to wait to stage
+it, which a 64-byte one did not on the H200: ``benchmarks/bench_pageable_h2d.py``) is
+not reported as a sync; it shows up as host time in the phase table and as a shorter
+launch lead.
 """
 
 from __future__ import annotations
