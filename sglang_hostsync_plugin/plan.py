@@ -111,7 +111,7 @@ def inputs_digest(env: Mapping[str, str], catalogue: Mapping[str, Slot], sglang:
     """What a plan depends on: the plugin's own env settings, the SGLang version and
     the catalogue. (SGLang's switch flags are left out: the launcher sets them.)"""
     own = sorted((k, v) for k, v in env.items()
-                 if k.startswith("SGLANG_HOSTSYNC_") and k != ENV_PLAN or k == config.ENV_ENABLE)
+                 if (k.startswith("SGLANG_HOSTSYNC_") and k != ENV_PLAN) or k == config.ENV_ENABLE)
     body = json.dumps([own, sglang, [(n, s.provider) for n, s in catalogue.items()]])
     return hashlib.sha256(body.encode()).hexdigest()[:16]
 

@@ -25,7 +25,7 @@ def test_attribute_clips_to_the_window_and_ignores_no_idle():
 
 
 def test_clock_time_is_exclusive_and_take_cuts_open_phases():
-    c = ph.PhaseClock(thread_id=0, now=iter([0, 10, 30, 35, 50, 80, 100, 100]).__next__)
+    c = ph.PhaseClock(thread_id=0, now=iter([0, 10, 30, 35, 50, 80, 100, 100, 110, 120]).__next__)
     c.enter("run_batch")   # 0
     c.enter("verify")      # 10
     c.enter("verify_prep") # 30
@@ -36,6 +36,8 @@ def test_clock_time_is_exclusive_and_take_cuts_open_phases():
     assert segs == [("run_batch", 0, 10), ("verify", 10, 30), ("verify_prep", 30, 35), ("verify", 35, 50),
                     ("run_batch", 50, 80)]
     assert c.take() == [("run_batch", 80, 100)] and c.calls == 3
+    c.exit()  # one exit too many (a clock armed inside a call): ignored, never raised
+    assert c.take() == []
 
 
 def test_hooks_time_only_the_scheduler_thread_and_pass_everything_through():

@@ -169,6 +169,8 @@ class PhaseClock:
 
     def exit(self) -> None:
         now = self.now()
+        if not self.stack:  # unbalanced (armed mid-call): a measurement never raises into serving
+            return
         self.segments.append((self.stack.pop(), self.started, now))
         self.started = now
 
