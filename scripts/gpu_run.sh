@@ -2,6 +2,7 @@
 # Every GPU-side run of this project, on any CUDA machine with SGLang 0.5.23:
 #   - with .device-bundle/ (../shared/device/build_bundle.sh; an offline machine such as
 #     the H200 device) it first sources the bundle: real SGLang 0.5.23, real SM90 sgl_kernel;
+#     HOSTSYNC_BUNDLE=.device-bundle-fi adds FlashInfer 0.7.2 (scripts/build_flashinfer_bundle.sh);
 #   - elsewhere the installed sglang and this checkout (pip install -e .) are used.
 # Output goes to ${OUT:-gpu_out}/.
 #   bash scripts/gpu_run.sh                                # every benchmark below, then the GPU tests
@@ -16,10 +17,15 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
-if [ -f .device-bundle/setup.sh ]; then
-  source .device-bundle/setup.sh || exit 1
+# HOSTSYNC_BUNDLE=.device-bundle-fi: the bundle plus FlashInfer (scripts/build_flashinfer_bundle.sh).
+BUNDLE=${HOSTSYNC_BUNDLE:-.device-bundle}
+if [ -f "$BUNDLE/setup.sh" ]; then
+  source "$BUNDLE/setup.sh" || exit 1
 fi
 export PYTHONPATH="$PWD/tests:${PYTHONPATH:-}" HOSTSYNC_GPU_TESTS=1 PYTHONUNBUFFERED=1
+# FlashInfer's JIT cache where SGLang's servers keep theirs (SGLANG_CACHE_DIR), so the GPU
+# tests reuse the modules the e2e servers built.
+export FLASHINFER_WORKSPACE_BASE="${FLASHINFER_WORKSPACE_BASE:-$HOME/.cache/sglang}"
 if [ $# -gt 0 ]; then
   python3 -m pytest -q -rs -s -p no:cacheprovider "$@" 2>&1 | tee "$OUT/gpu_tests_subset.log"
   exit "${PIPESTATUS[0]}"

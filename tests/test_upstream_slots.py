@@ -31,7 +31,7 @@ def test_catalogue_has_every_switch_and_builtin_with_kind_and_default():
     assert config.parse_slot_spec("dspark_mega", CATALOGUE).names == tuple(SWITCH_FLAGS)
     assert set(config.parse_slot_spec("default", CATALOGUE).names) == {
         "dspark_dp_meta", "target_dp_meta", "eagle_fixed_shape_tail", "draft_input_reuse", "event_ring",
-        "accept_lens_snapshot", *BUILTINS}
+        "accept_lens_snapshot", "flashinfer_plan_guard", "flashinfer_tree_verify_plan", *BUILTINS}
 
 
 @pytest.mark.parametrize("slot,dep", sorted(SWITCH_REQUIRES.items()))
@@ -49,7 +49,9 @@ def test_dependency_rule_rejects_config_without_its_dependency(slot, dep):
 
 def test_no_other_switch_declares_a_dependency():
     declared = {n: s.requires for n, s in CATALOGUE.items() if s.requires}
-    assert declared == {n: (d,) for n, d in SWITCH_REQUIRES.items()}
+    # The one owned slot with a dependency: its host plan needs the pinned-buffer guard.
+    owned = {"flashinfer_tree_verify_plan": ("flashinfer_plan_guard",)}
+    assert declared == {**{n: (d,) for n, d in SWITCH_REQUIRES.items()}, **owned}
 
 
 @pytest.mark.parametrize("value", ["0", "false", "off", "maybe"])

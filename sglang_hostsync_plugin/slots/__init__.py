@@ -26,6 +26,8 @@ OWNED = (
     ("event_ring", "event_ring", True),
     ("pinned_d2h_ring", "pinned_d2h_ring", False),
     ("accept_lens_snapshot", "accept_lens_snapshot", True),
+    ("flashinfer_plan_guard", "flashinfer_plan_guard", True),
+    ("flashinfer_tree_verify_plan", "flashinfer_tree_verify_plan", True),
 )
 
 

@@ -33,6 +33,8 @@ from ..slot import ServingFacts, Slot, SlotKind
 from ..switches import flag_precheck
 
 ORIGIN = "sglang 0.5.23 opt-in"
+# ``SGLANG_HOSTSYNC_SLOTS=default,flashinfer``: these two plus the owned FlashInfer slots.
+FLASHINFER_PRESET = "flashinfer"
 # --kv-cache-dtype values whose FlashInfer KV dtype is bf16, fp16 or fp8 ("auto": the model's).
 HOST_PLAN_KV_DTYPES = ("auto", "bf16", "bfloat16", "fp8_e4m3", "fp8_e5m2")
 
@@ -78,9 +80,10 @@ def draft_host_indptr_inert(f: ServingFacts) -> str | None:
     return _uses_flashinfer(f, "draft")
 
 
-def _switch(name, flag, summary, inert, conflicts=()) -> Slot:
+def _switch(name, flag, summary, inert, conflicts=(), presets=()) -> Slot:
     return Slot(name=name, kind=SlotKind.UPSTREAM_SWITCH, origin=ORIGIN, summary=summary, default=False,
-                precheck=lambda: flag_precheck(flag), env_flag=flag, inert=inert, conflicts=tuple(conflicts))
+                precheck=lambda: flag_precheck(flag), env_flag=flag, inert=inert, conflicts=tuple(conflicts),
+                presets=tuple(presets))
 
 
 SLOTS = (
@@ -89,8 +92,8 @@ SLOTS = (
             conflicts=("flashinfer_verify_host_plan",)),
     _switch("flashinfer_verify_host_plan", "SGLANG_OPT_FLASHINFER_VERIFY_HOST_PLAN",
             "FlashInfer EAGLE verify (topk 1) planned from host values: no indptr reads per step",
-            verify_host_plan_inert),
+            verify_host_plan_inert, presets=(FLASHINFER_PRESET,)),
     _switch("flashinfer_draft_host_indptr", "SGLANG_OPT_FLASHINFER_DRAFT_HOST_INDPTR",
             "FlashInfer multi-step draft kv indptr from the host seq lens: no .cpu() per step",
-            draft_host_indptr_inert),
+            draft_host_indptr_inert, presets=(FLASHINFER_PRESET,)),
 )

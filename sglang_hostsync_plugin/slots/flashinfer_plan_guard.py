@@ -1,0 +1,145 @@
+"""Slot ``flashinfer_plan_guard``: FlashInfer's per-replay plans stop overwriting a
+pinned buffer whose host-to-device copy has not run yet (a WAR hazard).
+
+Every FlashInfer plan (``plan()``, SGLang's ``fast_prefill_plan``, FlashInfer's
+``fast_decode_plan``) writes its scheduling metadata into the wrapper's pinned
+``_pin_memory_int_workspace_buffer`` on the host, then enqueues
+``cudaMemcpyAsync(int_workspace <- pinned)`` on the current stream
+(``scheduler.cuh``, no synchronize). CUDA-graph wrappers are replanned every step
+(the draft's decode wrappers and the draft-extend wrapper in stock SGLang 0.5.23, the
+verify wrapper with ``flashinfer_verify_host_plan`` / ``flashinfer_tree_verify_plan``).
+Stock SGLang is safe only because a blocking read somewhere in each step (the
+verify ``plan()``'s ``.to("cpu")``) drains the stream before the next plan. Once
+those reads are gone and the CPU runs ahead, step N+1's plan can rewrite the
+buffer while step N's copy from it still waits in the queue, and step N's kernels
+read step N+1's plan.
+
+With the slot, each CUDA-graph wrapper plans into a ring of DEPTH pinned buffers
+(the second one allocated on the wrapper's first replan, same size). After a plan
+the slot records an event on the stream, behind the copy. Before a buffer is
+written again, its event must have fired. With the CPU at most one step ahead it
+has (``query()``), so the host never waits; otherwise it waits on that event, as
+stock's blocking read would have, and the wait is counted (``ring().host_waits``).
+Eager wrappers (``is_cuda_graph_enabled`` false) run ``plan()``, which reads its
+indptr back with a blocking copy, so they are passed through.
+
+Hook targets: ``FlashInferIndicesUpdaterDecode.call_begin_forward`` and
+``FlashInferIndicesUpdaterPrefill.call_begin_forward`` (AROUND; SGLang's bodies run
+unchanged). Under any other attention backend they are never called.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+
+from ..slot import HookTarget, Slot, SlotKind, TargetKind
+
+NAME = "flashinfer_plan_guard"
+FB = "sglang.srt.layers.attention.flashinfer_backend"
+PRESET = "flashinfer"
+
+# Step N's copy is queued while step N+1 plans; the buffer step N+2 rewrites is N's.
+DEPTH = 2
+
+
+@dataclass
+class PinnedRing:
+    buffers: list
+    events: list = field(default_factory=list)
+    current: int = 0
+
+
+class PlanGuard:
+    """Per wrapper, a ring of pinned plan buffers, each freed by the event recorded
+    behind the last copy out of it. ``new_event`` / ``new_buffer`` are injectable so
+    the CPU tests can drive it without CUDA."""
+
+    def __init__(self, depth: int = DEPTH, new_event=None, new_buffer=None):
+        self.depth = depth
+        self.rings: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.new_event = new_event or (lambda: torch.cuda.Event())
+        self.new_buffer = new_buffer or (lambda like: torch.zeros_like(like, pin_memory=True))
+        self.host_waits = 0  # a buffer's last copy had not run when it was needed again
+        self.allocations = 0
+
+    def before_plan(self, wrapper) -> None:
+        ring = self.rings.get(wrapper)
+        if ring is None:
+            self.rings[wrapper] = PinnedRing([wrapper._pin_memory_int_workspace_buffer], [None])
+            return
+        index = (ring.current + 1) % self.depth
+        if index == len(ring.buffers):
+            ring.buffers.append(self.new_buffer(ring.buffers[0]))
+            ring.events.append(None)
+            self.allocations += 1
+        event = ring.events[index]
+        if event is not None and not event.query():
+            self.host_waits += 1
+            event.synchronize()
+        ring.current = index
+        wrapper._pin_memory_int_workspace_buffer = ring.buffers[index]
+
+    def after_plan(self, wrapper) -> None:
+        ring = self.rings[wrapper]
+        if ring.events[ring.current] is None:
+            ring.events[ring.current] = self.new_event()
+        ring.events[ring.current].record()
+
+
+_guard = PlanGuard()
+
+
+def ring() -> PlanGuard:
+    return _guard
+
+
+def _guarded(wrappers, call):
+    live = [w for w in wrappers if w is not None and w.is_cuda_graph_enabled]
+    for w in live:
+        _guard.before_plan(w)
+    out = call()
+    for w in live:
+        _guard.after_plan(w)
+    return out
+
+
+def decode_begin_forward_hook(original, self, wrapper, *args, **kwargs):
+    return _guarded((wrapper,), lambda: original(self, wrapper, *args, **kwargs))
+
+
+def prefill_begin_forward_hook(original, self, wrapper_ragged, wrapper_paged, *args, **kwargs):
+    return _guarded((wrapper_ragged, wrapper_paged),
+                    lambda: original(self, wrapper_ragged, wrapper_paged, *args, **kwargs))
+
+
+SLOT = Slot(
+    name=NAME,
+    kind=SlotKind.OWNED,
+    origin="issue 15 item 6 (FlashInfer pinned plan buffer WAR)",
+    summary="FlashInfer CUDA-graph plans write a ring of pinned buffers, each reused only after its H2D ran",
+    default=True,
+    presets=(PRESET,),
+    targets=(
+        HookTarget(
+            f"{FB}.FlashInferIndicesUpdaterDecode.call_begin_forward", TargetKind.FUNCTION,
+            hook=decode_begin_forward_hook,
+            params=("self", "wrapper", "paged_kernel_lens", "paged_kernel_lens_sum", "kv_indptr", "kv_start_idx",
+                    "spec_info", "seq_lens_cpu", "use_sliding_window_kv_pool", "fixed_split_size",
+                    "disable_split_kv", "plan", "req_pool_indices"),
+            source_sha="c9359382e9a29312",
+        ),
+        HookTarget(
+            f"{FB}.FlashInferIndicesUpdaterPrefill.call_begin_forward", TargetKind.FUNCTION,
+            hook=prefill_begin_forward_hook,
+            params=("self", "wrapper_ragged", "wrapper_paged", "req_pool_indices", "paged_kernel_lens",
+                    "paged_kernel_lens_sum", "seq_lens", "prefix_lens", "kv_start_idx", "kv_indptr", "qo_indptr",
+                    "use_ragged", "spec_info", "use_sliding_window_kv_pool", "fixed_split_size",
+                    "multi_item_params", "cross_attention_custom_mask", "seq_lens_cpu", "custom_kv_indices",
+                    "window_left", "plan"),
+            source_sha="5e12b9f71b1bfd90",
+        ),
+    ),
+)

@@ -1,0 +1,215 @@
+"""The FlashInfer plan slots on the CPU: the guard's ring and waits with stand-in
+events, which wrappers its hooks guard, and which verify captures the tree-verify
+slot gives SGLang's host plan (real ForwardMode / SpecInputType / fast_prefill_plan).
+The plans themselves are compared on real FlashInfer in test_gpu_flashinfer_plans.py."""
+
+from functools import partial
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import sglang.srt.layers.attention.flashinfer_backend as fb
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.speculative.spec_info import SpecInputType
+from sglang_hostsync_plugin import config, registry
+from sglang_hostsync_plugin.checks import source_sha
+from sglang_hostsync_plugin.slots import flashinfer_plan_guard as guard_mod
+from sglang_hostsync_plugin.slots import flashinfer_tree_verify_plan as tree
+
+
+class FakeEvent:
+    """Fires when the test says the GPU passed it."""
+
+    def __init__(self, log):
+        self.log, self.records, self.fired = log, 0, True
+
+    def record(self):
+        self.records += 1
+        self.fired = False
+        self.log.append(("record", self))
+
+    def query(self):
+        return self.fired
+
+    def synchronize(self):
+        self.log.append(("wait", self))
+        self.fired = True
+
+
+class Wrapper:
+    def __init__(self, graph=True):
+        self.is_cuda_graph_enabled = graph
+        self._pin_memory_int_workspace_buffer = torch.zeros(16, dtype=torch.uint8)
+
+
+def _guard(log):
+    return guard_mod.PlanGuard(new_event=lambda: FakeEvent(log), new_buffer=torch.zeros_like)
+
+
+def test_ring_alternates_buffers_and_waits_only_for_an_unfinished_copy():
+    log = []
+    g = _guard(log)
+    w = Wrapper()
+    original = w._pin_memory_int_workspace_buffer
+    used = []
+    for _ in range(5):
+        g.before_plan(w)
+        used.append(w._pin_memory_int_workspace_buffer)
+        g.after_plan(w)
+    # The first plan keeps the wrapper's buffer; the second makes one more; then they alternate.
+    assert used[0] is original and used[2] is original and used[4] is original
+    assert used[1] is used[3] and used[1] is not original and g.allocations == 1
+    # Nothing fired in between: each reuse waited for the copy two plans back.
+    assert g.host_waits == 3 and [k for k, _ in log].count("wait") == 3
+    # Copies that already ran cost no wait.
+    for _, ev in log:
+        ev.fired = True
+    g.before_plan(w)
+    assert g.host_waits == 3
+
+
+def test_the_wait_is_for_the_buffer_being_rewritten():
+    log = []
+    g = _guard(log)
+    w = Wrapper()
+    for _ in range(2):
+        g.before_plan(w)
+        g.after_plan(w)
+    ring = g.rings[w]
+    first, second = ring.events
+    second.fired = False
+    first.fired = False
+    g.before_plan(w)  # back to buffer 0: waits on its event, not on the newer one
+    assert log[-1] == ("wait", first) and second.fired is False
+
+
+def test_rings_are_per_wrapper_and_die_with_it():
+    g = _guard([])
+    a, b = Wrapper(), Wrapper()
+    for w in (a, b, a):
+        g.before_plan(w)
+        g.after_plan(w)
+    assert a._pin_memory_int_workspace_buffer is not b._pin_memory_int_workspace_buffer
+    assert len(g.rings) == 2
+    del a, w
+    import gc
+
+    gc.collect()
+    assert len(g.rings) == 1
+
+
+def test_hooks_guard_graph_wrappers_and_pass_every_argument(monkeypatch):
+    log = []
+    g = _guard(log)
+    monkeypatch.setattr(guard_mod, "_guard", g)
+    seen = []
+
+    def original(*args, **kwargs):
+        seen.append((args, kwargs))
+        return "planned"
+
+    graph, eager = Wrapper(), Wrapper(graph=False)
+    assert guard_mod.decode_begin_forward_hook(original, "updater", graph, 1, 2, plan="p", req_pool_indices="r") == "planned"
+    assert seen[-1] == (("updater", graph, 1, 2), {"plan": "p", "req_pool_indices": "r"})
+    assert guard_mod.prefill_begin_forward_hook(original, "updater", eager, graph, 3, plan="p") == "planned"
+    assert seen[-1] == (("updater", eager, graph, 3), {"plan": "p"})
+    assert graph in g.rings and eager not in g.rings  # eager plan() syncs by itself
+    assert guard_mod.prefill_begin_forward_hook(original, "updater", None, graph, plan="p") == "planned"
+    assert [k for k, _ in log] == ["record", "record", "wait", "record"]
+
+
+def _verify_batch(topk=4, spec_type=SpecInputType.EAGLE_VERIFY, mode=ForwardMode.TARGET_VERIFY, seq_lens_cpu=True, bs=2):
+    spec = SimpleNamespace(spec_input_type=spec_type, topk=topk)
+    return SimpleNamespace(forward_mode=mode, spec_info=spec, batch_size=bs,
+                           seq_lens_cpu=torch.tensor([5] * bs) if seq_lens_cpu else None)
+
+
+def _backend(**over):
+    wrappers = {2: [SimpleNamespace(begin_forward="plan()")]}
+    fields = dict(prefill_backend="fa2", dispatch_reason=None, flashinfer_kv_cache_dtype=torch.bfloat16,
+                  prefill_cuda_graph_metadata=wrappers)
+    fields.update(over)
+    return SimpleNamespace(**fields)
+
+
+def _captured(backend, batch, in_capture=True):
+    calls = []
+    tree.capture_hook(lambda *a: calls.append(a), backend, batch, in_capture)
+    assert calls == [(backend, batch, in_capture)]
+    return backend.prefill_cuda_graph_metadata[batch.batch_size][0].begin_forward
+
+
+def test_topk_above_one_verify_capture_installs_sglangs_host_plan():
+    backend = _backend()
+    bf = _captured(backend, _verify_batch(topk=4))
+    assert isinstance(bf, partial) and bf.func is fb.fast_prefill_plan
+    assert bf.args == (backend.prefill_cuda_graph_metadata[2][0],)
+    # What FlashInferIndicesUpdaterPrefill.call_begin_forward tests to take the host path:
+    assert hasattr(bf, "func") and bf.func is fb.fast_prefill_plan
+
+
+@pytest.mark.parametrize("case", [
+    dict(batch=dict(topk=1)),  # the upstream switch's case, left to it
+    dict(batch=dict(spec_type=SpecInputType.NGRAM_VERIFY)),
+    dict(batch=dict(mode=ForwardMode.DECODE)),
+    dict(batch=dict(seq_lens_cpu=False)),
+    dict(backend=dict(prefill_backend="fa3")),
+    dict(backend=dict(dispatch_reason="swa")),
+    dict(backend=dict(flashinfer_kv_cache_dtype=torch.float32)),
+    dict(in_capture=False),
+])
+def test_other_captures_keep_stock_plan(case):
+    backend = _backend(**case.get("backend", {}))
+    assert _captured(backend, _verify_batch(**case.get("batch", {})), case.get("in_capture", True)) == "plan()"
+
+
+def test_upstream_topk1_install_is_still_the_one_extended():
+    # If SGLang changes these conditions (e.g. covers topk > 1 itself), the pinned sha fails
+    # the slot; this names what the slot mirrors.
+    src = __import__("inspect").getsource(fb.FlashInferAttnBackend.init_forward_metadata_out_graph)
+    for cond in ("SGLANG_OPT_FLASHINFER_VERIFY_HOST_PLAN", "spec_info.topk == 1", 'self.prefill_backend == "fa2"',
+                 "self.dispatch_reason is None", "self.flashinfer_kv_cache_dtype", "seq_lens_cpu is not None",
+                 "partial(fast_prefill_plan, w)"):
+        assert cond in src, cond
+    assert source_sha(fb.FlashInferAttnBackend.init_forward_metadata_out_graph) == tree.SLOT.targets[0].source_sha
+
+
+def test_selection_rules():
+    catalogue = registry.catalogue()
+    default = config.parse_slot_spec("default", catalogue).names
+    assert {"flashinfer_plan_guard", "flashinfer_tree_verify_plan"} <= set(default)
+    fi = config.parse_slot_spec("flashinfer", catalogue).names
+    assert set(fi) == {"flashinfer_plan_guard", "flashinfer_tree_verify_plan",
+                       "flashinfer_verify_host_plan", "flashinfer_draft_host_indptr"}
+    with pytest.raises(config.HostsyncConfigError, match="requires slot 'flashinfer_plan_guard'"):
+        config.parse_slot_spec("default,-flashinfer_plan_guard", catalogue)
+
+
+def test_trace_sites_summarizes_every_decode_step(tmp_path):
+    """benchmarks/trace_sites.py, which the FlashInfer results' site tables come from."""
+    import importlib.util
+    import lzma
+    import math
+    import os
+
+    from helpers import REPO
+    from sglang_hostsync_plugin.slots.audit import TraceStep, format_trace_line
+
+    spec = importlib.util.spec_from_file_location("trace_sites", os.path.join(REPO, "benchmarks", "trace_sites.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    steps = [TraceStep(0, 0.0, 0.001, False, math.nan, ("prefill.py:1 (plan)",))]
+    steps += [TraceStep(i, 0.01 * i, 0.01 * i + 0.012, True, 9000.0 + i,
+                        ("streams.py:108 (synchronize)",) + (("fb.py:2594 (common_template)",) if i % 2 else ()))
+              for i in range(1, 11)]
+    path = tmp_path / "x.trace.tsv.xz"
+    with lzma.open(path, "wt") as f:
+        f.write("#hostsync-audit-trace v2\n" + "".join(format_trace_line(s) for s in steps))
+    text = mod.summarize(str(path), skip=2)
+    # 8 decode steps after the skip (steps 3..10): 8 synchronize, 4 common_template, no prefill
+    # site; each step launched 2 ms before the previous one finished.
+    assert "8 decode steps, syncs/step 1.50" in text and "run-ahead 1.000" in text
+    assert "lead ms median 2.00" in text and "host us/step median 9006" in text
+    assert "1.00  streams.py:108 (synchronize)" in text and "0.50  fb.py:2594 (common_template)" in text
+    assert "prefill.py" not in text
