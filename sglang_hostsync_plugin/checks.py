@@ -1,6 +1,7 @@
 """Verification of a slot against the installed SGLang, before anything is hooked:
 its own precheck, every target's existence and shape (parameters, pinned source),
-and hook-target claims that two selected slots cannot share."""
+hook-target claims that two selected slots cannot share, and slots whose required
+slot cannot apply."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import hashlib
 import importlib
 import inspect
 import pkgutil
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from .slot import HookTarget, Slot, TargetKind
 
@@ -128,4 +129,21 @@ def claim_conflicts(slots: Iterable[Slot]) -> dict[str, str]:
             for name in owners:
                 others = ", ".join(o for o in owners if o != name)
                 refused.setdefault(name, f"conflicts with slot(s) {others}: both hook {key}; select one")
+    return refused
+
+
+def refused_dependents(catalogue: Mapping[str, Slot], reasons: dict[str, str | None]) -> dict[str, str]:
+    """Slot name -> reason, for every slot not refused yet whose required slot (directly
+    or through another) is refused: it must not apply without what it relies on."""
+    refused: dict[str, str] = {}
+    changed = True
+    while changed:
+        changed = False
+        for name, slot in catalogue.items():
+            if reasons.get(name) or name in refused:
+                continue
+            dep = next((d for d in slot.requires if reasons.get(d) or d in refused), None)
+            if dep is not None:
+                refused[name] = f"requires slot {dep!r}, which cannot apply: {reasons.get(dep) or refused[dep]}"
+                changed = True
     return refused

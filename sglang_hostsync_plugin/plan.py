@@ -143,6 +143,7 @@ def resolve(env: Mapping[str, str] | None = None) -> Plan:
     # Two selected slots on one target are both refused before anything is registered.
     passed = [catalogue[n] for n in selection.names if reasons[n] is None]
     reasons.update(checks.claim_conflicts(passed))
+    reasons.update(checks.refused_dependents(catalogue, reasons))
     verdicts = tuple(_verdict(slot, name in chosen, reasons[name], env) for name, slot in catalogue.items())
     return Plan(spec=selection.spec, strict=strict, sglang=installed, version_warning=version_warning,
                 verdicts=verdicts, inputs=inputs_digest(env, catalogue, installed))

@@ -213,3 +213,63 @@ def test_trace_sites_summarizes_every_decode_step(tmp_path):
     assert "lead ms median 2.00" in text and "host us/step median 9006" in text
     assert "1.00  streams.py:108 (synchronize)" in text and "0.50  fb.py:2594 (common_template)" in text
     assert "prefill.py" not in text
+
+
+def test_guard_precheck_refuses_a_flashinfer_that_stages_plans_elsewhere(monkeypatch):
+    import importlib.machinery
+    import sys
+    import types
+
+    class Stages:
+        def __init__(self):
+            self._pin_memory_int_workspace_buffer = None
+
+    class Elsewhere:
+        def __init__(self):
+            self._plan_staging = None
+
+    fake = types.ModuleType("flashinfer")
+    fake.__spec__ = importlib.machinery.ModuleSpec("flashinfer", None)
+    fake.__version__ = "9.9"
+    fake.BatchPrefillWithPagedKVCacheWrapper = fake.BatchPrefillWithRaggedKVCacheWrapper = Stages
+    fake.BatchDecodeWithPagedKVCacheWrapper = Elsewhere
+    monkeypatch.setitem(sys.modules, "flashinfer", fake)
+    reason = guard_mod.precheck()
+    assert reason.startswith("flashinfer 9.9: Elsewhere no longer set _pin_memory_int_workspace_buffer")
+    fake.BatchDecodeWithPagedKVCacheWrapper = Stages
+    assert guard_mod.precheck() is None
+
+
+def test_without_flashinfer_the_guard_applies_and_waits_for_nothing():
+    import importlib.util
+
+    if importlib.util.find_spec("flashinfer") is not None:
+        pytest.skip("flashinfer is installed here")
+    assert guard_mod.precheck() is None
+
+
+def test_a_refused_guard_refuses_the_host_plan_that_needs_it(monkeypatch):
+    from sglang_hostsync_plugin import checks, plan
+    from sglang_hostsync_plugin.slot import Status
+
+    real = checks.check_slot
+    monkeypatch.setattr(checks, "check_slot",
+                        lambda slot: "upstream shape changed: x" if slot.name == "flashinfer_plan_guard" else real(slot))
+    p = plan.resolve({config.ENV_ENABLE: "1", config.ENV_STRICT: "0"})
+    guard, tree = p.verdict("flashinfer_plan_guard"), p.verdict("flashinfer_tree_verify_plan")
+    assert guard.status is Status.FAILED and tree.status is Status.FAILED
+    assert tree.reason == "requires slot 'flashinfer_plan_guard', which cannot apply: upstream shape changed: x"
+    assert p.verdict("event_ring").status is Status.WOULD_APPLY  # the others are unaffected
+
+
+def test_refused_dependents_follow_chains_and_leave_the_rest():
+    from sglang_hostsync_plugin.checks import refused_dependents
+    from sglang_hostsync_plugin.slot import Slot, SlotKind
+
+    def s(name, *requires):
+        return Slot(name=name, kind=SlotKind.OWNED, origin="t", summary="t", default=True, requires=requires)
+
+    catalogue = {n.name: n for n in (s("c", "b"), s("b", "a"), s("a"), s("d"), s("e", "d"))}
+    got = refused_dependents(catalogue, {"a": "broken", "b": None, "c": None, "d": None, "e": None})
+    assert got == {"b": "requires slot 'a', which cannot apply: broken",
+                   "c": "requires slot 'b', which cannot apply: requires slot 'a', which cannot apply: broken"}

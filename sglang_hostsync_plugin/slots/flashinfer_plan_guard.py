@@ -30,6 +30,8 @@ unchanged). Under any other attention backend they are never called.
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
 import weakref
 from dataclasses import dataclass, field
 
@@ -91,9 +93,23 @@ class PlanGuard:
 
 _guard = PlanGuard()
 
+PINNED_FIELD = "_pin_memory_int_workspace_buffer"
 
-def ring() -> PlanGuard:
-    return _guard
+
+def precheck() -> str | None:
+    """Without FlashInfer there is nothing to guard (the hooks are never reached). With
+    it, every wrapper SGLang 0.5.23 plans with must stage its plan in the field the ring swaps."""
+    if importlib.util.find_spec("flashinfer") is None:
+        return None
+    import flashinfer
+
+    wrappers = (flashinfer.BatchPrefillWithPagedKVCacheWrapper, flashinfer.BatchPrefillWithRaggedKVCacheWrapper,
+                flashinfer.BatchDecodeWithPagedKVCacheWrapper)
+    missing = [cls.__name__ for cls in wrappers if PINNED_FIELD not in inspect.getsource(cls.__init__)]
+    if missing:
+        return (f"flashinfer {flashinfer.__version__}: {', '.join(missing)} no longer set {PINNED_FIELD}; "
+                "the guard does not know where this version stages its plans")
+    return None
 
 
 def _guarded(wrappers, call):
@@ -122,6 +138,7 @@ SLOT = Slot(
     summary="FlashInfer CUDA-graph plans write a ring of pinned buffers, each reused only after its H2D ran",
     default=True,
     presets=(PRESET,),
+    precheck=precheck,
     targets=(
         HookTarget(
             f"{FB}.FlashInferIndicesUpdaterDecode.call_begin_forward", TargetKind.FUNCTION,
