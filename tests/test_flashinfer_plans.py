@@ -144,9 +144,8 @@ def test_topk_above_one_verify_capture_installs_sglangs_host_plan():
     backend = _backend()
     bf = _captured(backend, _verify_batch(topk=4))
     assert isinstance(bf, partial) and bf.func is fb.fast_prefill_plan
-    assert bf.args == (backend.prefill_cuda_graph_metadata[2][0],)
-    # What FlashInferIndicesUpdaterPrefill.call_begin_forward tests to take the host path:
-    assert hasattr(bf, "func") and bf.func is fb.fast_prefill_plan
+    # bound to its own wrapper; .func is what call_begin_forward tests to take the host path
+    assert bf.args == (backend.prefill_cuda_graph_metadata[2][0],) and not bf.keywords
 
 
 @pytest.mark.parametrize("case", [
@@ -221,12 +220,20 @@ def test_guard_precheck_refuses_a_flashinfer_that_stages_plans_elsewhere(monkeyp
     import types
 
     class Stages:
+        is_cuda_graph_enabled = False
+
         def __init__(self):
             self._pin_memory_int_workspace_buffer = None
 
     class Elsewhere:
+        is_cuda_graph_enabled = False
+
         def __init__(self):
             self._plan_staging = None
+
+    class NoGraphFlag:
+        def __init__(self):
+            self._pin_memory_int_workspace_buffer = None
 
     fake = types.ModuleType("flashinfer")
     fake.__spec__ = importlib.machinery.ModuleSpec("flashinfer", None)
@@ -236,6 +243,8 @@ def test_guard_precheck_refuses_a_flashinfer_that_stages_plans_elsewhere(monkeyp
     monkeypatch.setitem(sys.modules, "flashinfer", fake)
     reason = guard_mod.precheck()
     assert reason.startswith("flashinfer 9.9: Elsewhere no longer set _pin_memory_int_workspace_buffer")
+    fake.BatchDecodeWithPagedKVCacheWrapper = NoGraphFlag
+    assert guard_mod.precheck().startswith("flashinfer 9.9: NoGraphFlag no longer set")
     fake.BatchDecodeWithPagedKVCacheWrapper = Stages
     assert guard_mod.precheck() is None
 

@@ -105,30 +105,40 @@ def precheck() -> str | None:
 
     wrappers = (flashinfer.BatchPrefillWithPagedKVCacheWrapper, flashinfer.BatchPrefillWithRaggedKVCacheWrapper,
                 flashinfer.BatchDecodeWithPagedKVCacheWrapper)
-    missing = [cls.__name__ for cls in wrappers if PINNED_FIELD not in inspect.getsource(cls.__init__)]
+    # The hooks read is_cuda_graph_enabled and swap PINNED_FIELD on every replan.
+    missing = [cls.__name__ for cls in wrappers
+               if PINNED_FIELD not in inspect.getsource(cls.__init__) or not hasattr(cls, "is_cuda_graph_enabled")]
     if missing:
-        return (f"flashinfer {flashinfer.__version__}: {', '.join(missing)} no longer set {PINNED_FIELD}; "
+        return (f"flashinfer {flashinfer.__version__}: {', '.join(missing)} no longer set {PINNED_FIELD} "
+                "(or lost is_cuda_graph_enabled); "
                 "the guard does not know where this version stages its plans")
     return None
 
 
-def _guarded(wrappers, call):
-    live = [w for w in wrappers if w is not None and w.is_cuda_graph_enabled]
+def _guard_before(wrappers) -> tuple:
+    live = tuple(w for w in wrappers if w is not None and w.is_cuda_graph_enabled)
     for w in live:
         _guard.before_plan(w)
-    out = call()
+    return live
+
+
+def _guard_after(live: tuple) -> None:
     for w in live:
         _guard.after_plan(w)
-    return out
 
 
 def decode_begin_forward_hook(original, self, wrapper, *args, **kwargs):
-    return _guarded((wrapper,), lambda: original(self, wrapper, *args, **kwargs))
+    live = _guard_before((wrapper,))
+    out = original(self, wrapper, *args, **kwargs)
+    _guard_after(live)
+    return out
 
 
 def prefill_begin_forward_hook(original, self, wrapper_ragged, wrapper_paged, *args, **kwargs):
-    return _guarded((wrapper_ragged, wrapper_paged),
-                    lambda: original(self, wrapper_ragged, wrapper_paged, *args, **kwargs))
+    live = _guard_before((wrapper_ragged, wrapper_paged))
+    out = original(self, wrapper_ragged, wrapper_paged, *args, **kwargs)
+    _guard_after(live)
+    return out
 
 
 SLOT = Slot(
