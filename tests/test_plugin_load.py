@@ -95,7 +95,7 @@ def test_enabled_applies_verifies_and_logs_status_block():
     assert status.pop("eagle_fixed_shape_tail") == ["applied", ""]
     assert status.pop("draft_input_reuse") == ["applied", ""]
     for name in ("event_ring", "accept_lens_snapshot", "target_dp_meta", "flashinfer_plan_guard",
-                 "flashinfer_tree_verify_plan"):
+                 "flashinfer_tree_verify_plan", "ngram_accept_readback"):
         assert status.pop(name) == ["applied", ""], name
     # default: the #31468 built-ins verified, the #45450 switches opt-in.
     assert status == {**{n: ["upstream present", ""] for n in BUILTINS},

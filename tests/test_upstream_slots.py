@@ -31,7 +31,8 @@ def test_catalogue_has_every_switch_and_builtin_with_kind_and_default():
     assert config.parse_slot_spec("dspark_mega", CATALOGUE).names == tuple(SWITCH_FLAGS)
     assert set(config.parse_slot_spec("default", CATALOGUE).names) == {
         "dspark_dp_meta", "target_dp_meta", "eagle_fixed_shape_tail", "draft_input_reuse", "event_ring",
-        "accept_lens_snapshot", "flashinfer_plan_guard", "flashinfer_tree_verify_plan", *BUILTINS}
+        "accept_lens_snapshot", "flashinfer_plan_guard", "flashinfer_tree_verify_plan",
+        "ngram_accept_readback", *BUILTINS}
 
 
 @pytest.mark.parametrize("slot,dep", sorted(SWITCH_REQUIRES.items()))
