@@ -4,7 +4,7 @@ SGLang, no GPU needed. Exit 0 when every slot is consistent with it, 1 on drift,
 flag set against a selected slot, an unknown attention backend).
 
 Given server arguments (``--speculative-algorithm``, ``--attention-backend``, ...),
-it also says which upstream switches would be inert for them, and which attention
+it also says which slots would be inert for them (not checked, as in the launcher), and which attention
 backend makes FutureMap do its per-step seq_lens D2H."""
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--decode-attention-backend", default=None)
     srv.add_argument("--speculative-draft-attention-backend", default=None)
     srv.add_argument("--speculative-attention-mode", default="prefill", choices=("prefill", "decode"))
+    srv.add_argument("--speculative-eagle-topk", type=int, default=1)
+    srv.add_argument("--page-size", type=int, default=1)
     srv.add_argument("--enable-two-batch-overlap", action="store_true")
     srv.add_argument("--attn-dp-size", type=int, default=1)
     srv.add_argument("--tp-size", "--tp", type=int, default=1)
@@ -58,7 +60,12 @@ def main(argv: list[str] | None = None) -> int:
             dp_attention=args.attn_dp_size > 1,
             two_batch_overlap=args.enable_two_batch_overlap,
             tp_size=args.tp_size,
+            topk=args.speculative_eagle_topk,
+            page_size=args.page_size,
             env=dict(os.environ),
+            attention_backends=(args.prefill_attention_backend or args.attention_backend,
+                                args.decode_attention_backend or args.attention_backend),
+            draft_attention_backend=args.speculative_draft_attention_backend,
         )
     seq_lens = None
     try:
@@ -67,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
             SpeculativeAlgorithm.from_string(args.speculative_algorithm)  # ValueError names it
-        plan = plans.resolve()  # what the launcher and every scheduler process compute
+        plan = plans.resolve(facts=facts)  # what the launcher and every scheduler process compute
         if args.attention_backend or args.decode_attention_backend:
             seq_lens = backends.seq_lens_report(
                 attention_backend=args.attention_backend,
@@ -86,8 +93,6 @@ def main(argv: list[str] | None = None) -> int:
                               "ok": False, "error": message, "slots": []}, indent=2))
         return 2
     catalogue = registry.catalogue()
-    if facts is not None:
-        plan = plan.with_facts(catalogue, facts)
     rows = report.doctor_rows(plan, catalogue)
     common = dict(sglang=installed, supported_sglang=version.SUPPORTED_SGLANG, selected=list(plan.selected),
                   strict=plan.strict)
@@ -110,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(report.format_doctor(rows, header))
         if facts is None:
-            print("(pass --speculative-algorithm etc. to check which upstream switches would be inert)")
+            print("(pass --speculative-algorithm etc. to check which slots would be inert)")
         if seq_lens is not None:
             print(backends.format_report(seq_lens))
         print("OK: every slot is consistent with the installed sglang" if ok else "DRIFT: see the status column")

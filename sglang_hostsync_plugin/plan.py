@@ -5,8 +5,12 @@ reason, and how strictly a refusal is treated.
 any of the plugin's hooks is registered). The launcher exports it to the processes
 it spawns (``SGLANG_HOSTSYNC_PLAN``), which read it instead of computing their own
 while their environment still matches; the doctor prints the same object.
-Server arguments add one refinement (``with_facts``): upstream switches that
-would do nothing for them are skipped.
+Server arguments add one refinement: slots that would do nothing for them (an
+upstream switch SGLang would not read, an owned slot whose hooks these arguments
+never reach) are skipped. Given with the arguments (``resolve(facts=...)``, the
+launcher's path), an inert slot's targets are not even checked, so neither the
+launcher nor any scheduler imports or hooks them; ``with_facts`` applies the same
+rules to a plan resolved before the arguments were known.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from . import checks, config, registry, switches, version
-from .slot import ServingFacts, Slot, SlotKind, Status
+from .slot import ConfigPrecheck, ServingFacts, Slot, SlotKind, Status, inert_reason
 
 # Internal: the launcher's plan, inherited by every process it spawns.
 ENV_PLAN = "SGLANG_HOSTSYNC_PLAN"
@@ -84,17 +88,14 @@ class Plan:
             )
 
     def with_facts(self, catalogue: Mapping[str, Slot], facts: ServingFacts) -> "Plan":
-        """Selected upstream switches that would do nothing for these server args are
-        skipped; the others say which flag they set. Applied once per launch."""
+        """Slots that would do nothing for these server args are skipped; the
+        switches left say which flag they set. Applied once per launch."""
         if self.facts_applied:
             return self
         verdicts = []
         for v in self.verdicts:
-            slot = catalogue[v.name]
-            if v.status is Status.WOULD_APPLY and slot.kind is SlotKind.UPSTREAM_SWITCH:
-                inert = switches.inert_reason(slot, facts)
-                v = dataclasses.replace(v, status=Status.SKIPPED, reason=inert) if inert else v
-            verdicts.append(v)
+            inert = inert_reason(catalogue[v.name], facts) if v.status is Status.WOULD_APPLY else None
+            verdicts.append(dataclasses.replace(v, status=Status.SKIPPED, reason=inert) if inert else v)
         return dataclasses.replace(self, verdicts=tuple(verdicts), facts_applied=True)
 
     def to_json(self) -> str:
@@ -128,9 +129,18 @@ def _verdict(slot: Slot, selected: bool, reason: str | None, env: Mapping[str, s
     return Verdict(slot.name, selected, status)
 
 
-def resolve(env: Mapping[str, str] | None = None) -> Plan:
-    """Parse the environment and check every slot. Raises HostsyncConfigError on bad
-    input (switch values, slot list, SGLang version) and SlotRegistryError."""
+def _check(slot: Slot, inert: str | None) -> str | None:
+    """The slot's checks; for an inert slot only its own env settings (bad input stays an
+    error), never its targets."""
+    if inert is None:
+        return checks.check_slot(slot)
+    return slot.precheck() if isinstance(slot.precheck, ConfigPrecheck) else None
+
+
+def resolve(env: Mapping[str, str] | None = None, facts: ServingFacts | None = None) -> Plan:
+    """Parse the environment and check every slot (with ``facts``: every slot not inert
+    for them). Raises HostsyncConfigError on bad input (switch values, slot list, SGLang
+    version) and SlotRegistryError."""
     env = os.environ if env is None else env
     installed = version.installed_sglang()
     version_warning = version.check_sglang_version(installed, env)
@@ -139,14 +149,16 @@ def resolve(env: Mapping[str, str] | None = None) -> Plan:
     selection = config.selected_slots(catalogue, env)
     chosen = set(selection.names)
     switches.check_contrary_env([catalogue[n] for n in selection.names], env)
-    reasons = {name: checks.check_slot(slot) for name, slot in catalogue.items()}
+    inert = {name: inert_reason(slot, facts) for name, slot in catalogue.items()}
+    reasons = {name: _check(slot, inert[name]) for name, slot in catalogue.items()}
     # Two selected slots on one target are both refused before anything is registered.
-    passed = [catalogue[n] for n in selection.names if reasons[n] is None]
+    passed = [catalogue[n] for n in selection.names if reasons[n] is None and inert[n] is None]
     reasons.update(checks.claim_conflicts(passed))
     reasons.update(checks.refused_dependents(catalogue, reasons))
-    verdicts = tuple(_verdict(slot, name in chosen, reasons[name], env) for name, slot in catalogue.items())
+    verdicts = tuple(Verdict(name, name in chosen, Status.SKIPPED, inert[name]) if inert[name] and not reasons[name]
+                     else _verdict(slot, name in chosen, reasons[name], env) for name, slot in catalogue.items())
     return Plan(spec=selection.spec, strict=strict, sglang=installed, version_warning=version_warning,
-                verdicts=verdicts, inputs=inputs_digest(env, catalogue, installed))
+                verdicts=verdicts, inputs=inputs_digest(env, catalogue, installed), facts_applied=facts is not None)
 
 
 def inherited(env: Mapping[str, str] | None = None) -> Plan | None:

@@ -63,10 +63,11 @@ def _log_warnings(plan: Plan) -> None:
 def validate(server_args=None) -> Plan:
     """Everything the launcher checks before any model load; raises on bad input.
 
-    With ``server_args``: skips the upstream switches that would be inert, turns on
-    the others' env flags, exports the plan to the processes spawned from here and
+    With ``server_args``: skips the slots that would be inert (without checking their
+    targets), turns on the remaining switches' env flags, exports the plan to the processes spawned from here and
     starts building the kernels they will load."""
     rt = _runtime
+    facts = ServingFacts.from_server_args(server_args, os.environ) if server_args is not None else None
     if rt is not None:
         # load_plugins() already activated the plugin in this process (the env switch
         # was set before launch): its plan was resolved on the upstream objects,
@@ -75,11 +76,11 @@ def validate(server_args=None) -> Plan:
             raise rt.error
         plan = rt.plan
     else:
-        plan = plans.resolve()
+        # With the server args known, slots inert for them are never checked (or imported).
+        plan = plans.resolve(facts=facts)
         _log_warnings(plan)
     plan.check_startup()
     if server_args is not None:
-        facts = ServingFacts.from_server_args(server_args, os.environ)
         if rt is not None:
             apply_facts(rt, server_args)
             plan = rt.plan
@@ -166,8 +167,8 @@ def register_launcher_gate() -> None:
 
 
 def apply_facts(rt: Runtime, server_args) -> None:
-    """Skip the selected upstream switches that are inert for these server args and
-    turn on the others' flags in this process (once, before SGLang's workers read them)."""
+    """Skip the selected slots that are inert for these server args and turn on the
+    remaining switches' flags in this process (once, before SGLang's workers read them)."""
     if rt.facts_applied or rt.error is not None or rt.plan is None:
         return
     rt.facts_applied = True

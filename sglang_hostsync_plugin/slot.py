@@ -125,6 +125,11 @@ class ServingFacts:
 
         return SpeculativeAlgorithm.from_string(self.speculative_algorithm).is_dflash_family()
 
+    def is_ngram(self) -> bool:
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        return SpeculativeAlgorithm.from_string(self.speculative_algorithm).is_ngram()
+
     def is_eagle_family(self) -> bool:
         """EAGLE, EAGLE3, NEXTN (parsed as EAGLE), FROZEN_KV_MTP and STANDALONE."""
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -167,15 +172,40 @@ class Slot:
     prepare: Callable[[ServingFacts], str] | None = None
 
 
-def config_precheck(check: Callable[[], object]) -> Callable[[], str | None]:
+@dataclass(frozen=True)
+class ConfigPrecheck:
     """A precheck that refuses the slot when ``check`` (reading the slot's own env
-    settings) raises ValueError, e.g. HostsyncConfigError."""
+    settings) raises ValueError, e.g. HostsyncConfigError. It touches no SGLang code,
+    so it also runs for a slot that is inert for the server (bad input stays an error)."""
 
-    def precheck() -> str | None:
+    check: Callable[[], object]
+
+    def __call__(self) -> str | None:
         try:
-            check()
+            self.check()
         except ValueError as exc:
             return f"bad configuration: {exc}"  # config.BAD_CONFIGURATION
         return None
 
-    return precheck
+
+def config_precheck(check: Callable[[], object]) -> ConfigPrecheck:
+    return ConfigPrecheck(check)
+
+
+def inert_reason(slot: Slot, facts: ServingFacts | None) -> str | None:
+    """Why ``slot`` would do nothing for these server facts, or None (no facts: None)."""
+    return slot.inert(facts) if facts is not None and slot.inert is not None else None
+
+
+def not_flashinfer(f: ServingFacts) -> str | None:
+    """Inert reason of a slot whose hooks only FlashInfer's attention backend reaches: every
+    backend (prefill, decode, draft) known and none FlashInfer."""
+    backends = (*f.attention_backends, f.draft_attention_backend or f.attention_backends[1])
+    if None in backends or "flashinfer" in backends:
+        return None
+    return f"inert because the attention backends are {', '.join(sorted(set(backends)))}, not flashinfer"
+
+
+def not_speculative(f: ServingFacts, wants: str, ok: bool) -> str | None:
+    """The common inert reason of a slot for one speculative algorithm family."""
+    return None if ok else f"inert because --speculative-algorithm is {f.speculative_algorithm or 'unset'}; {wants}"

@@ -41,6 +41,26 @@ def test_planted_sync_counted_with_call_site(fresh_audit):
     assert audit._audit.state.summary()["syncs_per_step"] == pytest.approx(2 / 3)
 
 
+def torch_sync_called_from_sglang():
+    """A sync torch raises inside its own frame (as ``Stream.synchronize`` does), called
+    through another torch frame from an SGLang function."""
+    ns = {"warnings": warnings, "SYNC": SYNC}
+    exec(compile("def synchronize():\n    warnings.warn(SYNC, UserWarning)\n", "/x/torch/cuda/streams.py", "exec"), ns)
+    exec(compile("def inner():\n    synchronize()\n", "/x/torch/cuda/__init__.py", "exec"), ns)
+    exec(compile("\n\ndef resolve_seq_lens_cpu():\n    inner()\n", "/x/sglang/srt/managers/overlap_utils.py",
+                 "exec"), ns)
+    return ns["resolve_seq_lens_cpu"]
+
+
+def test_sync_inside_torch_is_named_with_its_first_caller_outside_torch(fresh_audit):
+    run_step(torch_sync_called_from_sglang())
+    run_step(planted_item)
+    torch_site, planted = sorted(audit._audit.state.syncs, key=lambda where: "planted_item" in where)
+    assert torch_site == ("torch/cuda/streams.py:2 (synchronize) <- sglang/srt/managers/overlap_utils.py:4 "
+                          "(resolve_seq_lens_cpu)")
+    assert " <- " not in planted  # a site outside torch is named by itself
+
+
 def test_allowlisted_wait_not_counted(fresh_audit):
     wait = allowlisted_wait()
     run_step(wait)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..slot import HookTarget, Slot, SlotKind, TargetKind
+from ..slot import HookTarget, Slot, SlotKind, TargetKind, not_speculative
 from .event_ring import known_complete
 
 NAME = "accept_lens_snapshot"
@@ -127,6 +127,7 @@ SLOT = Slot(
     origin="sglang#45450 follow-up (block_accept_lens snapshot)",
     summary="DSpark block_accept_lens snapshotted into a ring where the replay produced it (WAR fix)",
     default=True,
+    inert=lambda f: not_speculative(f, "only DSpark's worker returns block_accept_lens", f.is_dspark()),
     targets=(
         HookTarget(
             f"{WORKER}._block_accept_lens", TargetKind.FUNCTION, hook=block_accept_lens_hook,

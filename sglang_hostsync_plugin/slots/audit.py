@@ -239,8 +239,8 @@ class SyncAudit:
             with self._lock:
                 self.state.foreign_syncs += 1
             return None
-        function = _caller_function(filename, lineno)
-        where = f"{_short(filename)}:{lineno} ({function})"
+        function, caller = _caller_function(filename, lineno)
+        where = f"{_short(filename)}:{lineno} ({function})" + (f" <- {caller}" if caller else "")
         with self._lock:
             site = self.state.syncs.get(where)
             if site is None:
@@ -251,13 +251,24 @@ class SyncAudit:
         return None
 
 
-def _caller_function(filename: str, lineno: int) -> str:
+def _caller_function(filename: str, lineno: int) -> tuple[str, str]:
+    """The warning frame's function, and for a sync raised inside torch (e.g.
+    ``Stream.synchronize``) the first frame outside it, which names the real site."""
     frame = sys._getframe(1)
     while frame is not None:
         if frame.f_code.co_filename == filename and frame.f_lineno == lineno:
-            return frame.f_code.co_name
+            caller = frame.f_back if _in_torch(filename) else None
+            while caller is not None and _in_torch(caller.f_code.co_filename):
+                caller = caller.f_back
+            where = (f"{_short(caller.f_code.co_filename)}:{caller.f_lineno} ({caller.f_code.co_name})"
+                     if caller is not None else "")
+            return frame.f_code.co_name, where
         frame = frame.f_back
-    return "?"
+    return "?", ""
+
+
+def _in_torch(filename: str) -> bool:
+    return "/torch/" in filename.replace(os.sep, "/")
 
 
 def _short(filename: str) -> str:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..slot import HookTarget, Slot, SlotKind, TargetKind
+from ..slot import HookTarget, Slot, SlotKind, TargetKind, not_speculative
 
 NAME = "draft_input_reuse"
 TARGET = "sglang.srt.speculative.dflash_info_v2.DFlashDraftInputV2"
@@ -123,6 +123,8 @@ SLOT = Slot(
     origin="hostsync (DFlash spec-v2)",
     summary="DFlash draft-input prepare buffers from an event-guarded ring, not fresh per step",
     default=True,
+    inert=lambda f: not_speculative(f, "only the DFlash family (DFlash, DSpark) builds DFlashDraftInputV2",
+                                    f.is_dflash_family()),
     targets=(
         HookTarget(
             TARGET, TargetKind.CLASS, mixin=DraftInputReuse,

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from sglang.srt.speculative.spec_info import spec_scale_global_num_tokens
 
-from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck
+from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck, not_speculative
 from ..staging import TwoSlotStager, check_staging_impl, prepare_staging, staging_kernels
 
 MODULE = "sglang.srt.speculative.dspark_components.dspark_draft"
@@ -105,6 +105,7 @@ SLOT = Slot(
     summary="DSpark draft DP-MoE counts: one persistent two-slot pinned buffer, one H2D",
     default=True,
     precheck=config_precheck(check_staging_impl),
+    inert=lambda f: not_speculative(f, "only DSpark's draft stages these counts", f.is_dspark()),
     kernels=lambda facts: staging_kernels(_path_used(facts), facts.env),
     prepare=lambda facts: prepare_staging("dspark_dp_meta", _path_used(facts)),
     targets=(

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from .. import csrc
-from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck
+from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck, not_speculative
 
 logger = logging.getLogger("sglang.srt.plugins.hostsync")
 
@@ -99,6 +99,16 @@ def _path_used(facts) -> bool:
     return facts.is_eagle_family() and facts.topk > 1 and facts.page_size > 1
 
 
+def inert(facts) -> str | None:
+    if not facts.speculative_algorithm or not facts.is_eagle_family():
+        return not_speculative(facts, "only EAGLE-family drafts copy the prefix tail", False)
+    if facts.topk <= 1:
+        return "inert because --speculative-eagle-topk is 1; the tail copy runs only at topk > 1"
+    if facts.page_size <= 1:
+        return "inert because --page-size is 1; the tail copy runs only at page size > 1"
+    return None
+
+
 def kernels(facts) -> tuple[str, ...]:
     return ("eagle_tail",) if _path_used(facts) and choose_impl(facts.env)[0] == "cuda" else ()
 
@@ -133,6 +143,7 @@ SLOT = Slot(
     summary="fixed-shape kernel for the draft-branch prefix-tail KV copy (no numel() sync)",
     default=True,
     precheck=config_precheck(choose_impl),
+    inert=inert,
     kernels=kernels,
     prepare=prepare,
     targets=(

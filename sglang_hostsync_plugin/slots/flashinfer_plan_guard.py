@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..slot import HookTarget, Slot, SlotKind, TargetKind
+from ..slot import HookTarget, Slot, SlotKind, TargetKind, not_flashinfer
 
 NAME = "flashinfer_plan_guard"
 FB = "sglang.srt.layers.attention.flashinfer_backend"
@@ -149,6 +149,7 @@ SLOT = Slot(
     default=True,
     presets=(PRESET,),
     precheck=precheck,
+    inert=not_flashinfer,
     targets=(
         HookTarget(
             f"{FB}.FlashInferIndicesUpdaterDecode.call_begin_forward", TargetKind.FUNCTION,

@@ -33,7 +33,7 @@ from functools import partial
 
 import torch
 
-from ..slot import HookTarget, Slot, SlotKind, TargetKind
+from ..slot import HookTarget, Slot, SlotKind, TargetKind, not_flashinfer, not_speculative
 from .flashinfer_plan_guard import NAME as GUARD, PRESET
 
 NAME = "flashinfer_tree_verify_plan"
@@ -69,6 +69,15 @@ def capture_hook(original, self, forward_batch, in_capture=False):
     return out
 
 
+def inert(facts) -> str | None:
+    if not facts.speculative_algorithm or not facts.is_eagle_family():
+        return not_speculative(facts, "only EAGLE-family verify plans a tree", False)
+    if facts.topk <= 1:
+        return ("inert because --speculative-eagle-topk is 1; that case is SGLang's own switch "
+                "(flashinfer_verify_host_plan)")
+    return not_flashinfer(facts)
+
+
 SLOT = Slot(
     name=NAME,
     kind=SlotKind.OWNED,
@@ -77,6 +86,7 @@ SLOT = Slot(
     default=True,
     requires=(GUARD,),
     presets=(PRESET,),
+    inert=inert,
     targets=(
         HookTarget(
             f"{FB}.FlashInferAttnBackend.init_forward_metadata_out_graph", TargetKind.FUNCTION,

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..slot import HookTarget, Slot, SlotKind, TargetKind
+from ..slot import HookTarget, Slot, SlotKind, TargetKind, not_speculative
 
 NAME = "ngram_accept_readback"
 FUTURE_MAP = "sglang.srt.managers.overlap_utils.FutureMap"
@@ -133,6 +133,7 @@ SLOT = Slot(
     summary="NGRAM draft prep reads step N-1's accept tokens/lens from pinned mirrors copied under "
             "SGLang's seq-lens synchronize: 3 syncs per step -> 1",
     default=True,
+    inert=lambda f: not_speculative(f, "only NGRAM drafts from step N-1's accepted tokens on the host", f.is_ngram()),
     targets=(
         HookTarget(f"{FUTURE_MAP}.stash", TargetKind.FUNCTION, hook=stash_hook,
                    params=("self", "future_indices", "payload"), source_sha="7a98d72c6902171e"),
