@@ -200,7 +200,15 @@ def inert_reason(slot: Slot, facts: ServingFacts | None) -> str | None:
 def not_flashinfer(f: ServingFacts) -> str | None:
     """Inert reason of a slot whose hooks only FlashInfer's attention backend reaches: every
     backend (prefill, decode, draft) known and none FlashInfer."""
-    backends = (*f.attention_backends, f.draft_attention_backend or f.attention_backends[1])
+    from sglang.srt.server_args import DRAFT_ATTENTION_BACKEND_CHOICES
+
+    backends = list(f.attention_backends)
+    if f.draft_attention_backend:
+        backends.append(f.draft_attention_backend)
+    elif f.speculative_algorithm and any(b not in DRAFT_ATTENTION_BACKEND_CHOICES for b in backends):
+        # An unnamed draft takes the target's backend, or FlashInfer where a draft does not
+        # support it (resolve_draft_worker_attention_backend's CUDA fallback).
+        backends.append("flashinfer")
     if None in backends or "flashinfer" in backends:
         return None
     return f"inert because the attention backends are {', '.join(sorted(set(backends)))}, not flashinfer"

@@ -51,9 +51,15 @@ def main():
             for _ in range(n):
                 t = time.perf_counter()
                 # Stock-like arms: one sync per step and a negative lead; the plugin: none, positive.
+                # A step's GPU finish is set from the next launch, so the lead does not depend
+                # on how late sleep() or the next request wakes up on a loaded host.
                 sites = ("sglang/srt/speculative/eagle_worker_common.py:102 (duplicate_prefix_tail_to_draft_branches)",) if stock_like else ()
                 lead = -0.0002 if stock_like else 0.002
-                lines.append(format_trace_line(TraceStep(state["step"], t, t + STEP_S + lead, True, 300.0, sites)))
+                previous = state.get("pending")
+                if previous is not None:
+                    step, launched, its_sites = previous
+                    lines.append(format_trace_line(TraceStep(step, launched, t + lead, True, 300.0, its_sites)))
+                state["pending"] = (state["step"], t, sites)
                 state["step"] += 1
                 time.sleep(STEP_S)
         with open(trace_path, "a") as f:

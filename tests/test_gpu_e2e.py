@@ -1,5 +1,6 @@
 """Real servers (GPU; skipped without CUDA and SGLang's GPU stack): the plugin server
-starts with every default slot applied, its greedy outputs equal stock's, a
+starts with every default slot applied (or skipped where its inert rule says the
+server's arguments never reach it), its greedy outputs equal stock's, a
 deliberately wrong slot (tests/perturb_slot) is caught by the same comparison, and
 the audit counts no sync per step in EAGLE topk 4 page 16 with the plugin while it
 counts stock's.
@@ -43,18 +44,29 @@ def test_every_server_started(e2e):
     assert not failed, failed
 
 
-def test_plugin_status_block_has_every_default_slot_applied(e2e):
+def test_plugin_status_block_has_every_default_slot_applied_or_inert(e2e):
+    """Every default slot is applied (or verified upstream), except exactly those whose
+    inert rule says this server's arguments never reach them."""
     from sglang_hostsync_plugin import registry
+    from sglang_hostsync_plugin.e2e.matrix import CONFIGS
+    from sglang_hostsync_plugin.slot import ServingFacts, inert_reason
 
-    defaults = [n for n, s in registry.catalogue().items() if s.default]
+    catalogue = registry.catalogue()
+    defaults = [n for n, s in catalogue.items() if s.default]
+    backend = e2e["meta"]["options"]["attention_backend"]
     for key, server in e2e["servers"].items():
         if not key.endswith("/plugin"):
             continue
+        config = CONFIGS[key.split("/")[0]]
+        facts = ServingFacts(speculative_algorithm=config.algorithm, topk=config.topk, page_size=config.page_size,
+                             attention_backends=(backend, backend))
         block = server["status_block"]
         assert block and "SGLANG_HOSTSYNC_SLOTS='default,audit'" in block[0], block
         status = {line.split()[0]: line.split(None, 1)[1] for line in block[1:]}
         for name in defaults + ["audit"]:
-            assert status.get(name, "").startswith(("applied", "upstream present")), (key, name, status.get(name))
+            inert = inert_reason(catalogue[name], facts)
+            want = (f"skipped ({inert})",) if inert else ("applied", "upstream present")
+            assert status.get(name, "").startswith(want), (key, name, status.get(name))
 
 
 def test_greedy_outputs_identical_to_stock(e2e):

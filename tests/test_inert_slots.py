@@ -61,6 +61,10 @@ def test_eagle_tail_is_reached_exactly_where_its_kernel_is_prebuilt(f, expected)
     (facts("EAGLE", 4, 16, None), None, None),  # backend not resolved yet: never guessed inert
     (facts("EAGLE", 4, 16, "triton", draft="flashinfer"), None, None),  # a FlashInfer draft is reached
     (facts("EAGLE", 4, 16, "triton"), "not flashinfer", "not flashinfer"),
+    (facts("EAGLE", 4, 16, "fa3"), "not flashinfer", "not flashinfer"),
+    # A backend no draft supports: SGLang gives an unnamed draft FlashInfer instead.
+    (facts("DFLASH", 4, 16, "flashmla"), None, "is DFLASH"),
+    (facts("DFLASH", 4, 16, "flashmla", draft="triton"), "not flashinfer", "is DFLASH"),
     (facts("EAGLE", 1, 16, "flashinfer"), None, "topk is 1"),
     (facts("NGRAM", 1, 1, "flashinfer"), None, "is NGRAM"),
     (facts(None, 1, 1, "fa3"), "not flashinfer", "is unset"),
