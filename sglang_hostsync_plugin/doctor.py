@@ -15,7 +15,7 @@ import os
 import sys
 
 from . import backends, config, plan as plans, registry, report, version
-from .slot import ServingFacts, Status
+from .slot import ServingFacts, Status, inert_reason
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,6 +39,25 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--attn-dp-size", type=int, default=1)
     srv.add_argument("--tp-size", "--tp", type=int, default=1)
     return parser
+
+
+# What the FlashInfer preset's switches were worth on the H200 (real servers, 2-3 rounds).
+FLASHINFER_PRESET_GAIN = ("on the H200, default,flashinfer gave 1.06-1.11x stock's tok/s/user against the default "
+                          "slots' 0.99-1.07x (benchmarks/results/2026-12-01-h200-flashinfer-matrix/)")
+
+
+def preset_hints(plan, catalogue, facts) -> list[str]:
+    """SGLang's own FlashInfer host-plan switches that these server args would use but
+    the selection leaves off (they are opt-in, as upstream ships them)."""
+    if facts is None:
+        return []
+    useful = [name for name in ("flashinfer_verify_host_plan", "flashinfer_draft_host_indptr")
+              if name in catalogue and name not in plan.selected and inert_reason(catalogue[name], facts) is None
+              and "flashinfer" in (*facts.attention_backends, facts.draft_attention_backend)]
+    if not useful:
+        return []
+    return [f"SGLANG_HOSTSYNC_SLOTS={plan.spec},flashinfer also turns on {', '.join(useful)} "
+            f"(SGLang's opt-in FlashInfer host plans, outputs unchanged); {FLASHINFER_PRESET_GAIN}"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                               "ok": False, "error": message, "slots": []}, indent=2))
         return 2
     catalogue = registry.catalogue()
+    hints = preset_hints(plan, catalogue, facts)
     rows = report.doctor_rows(plan, catalogue)
     common = dict(sglang=installed, supported_sglang=version.SUPPORTED_SGLANG, selected=list(plan.selected),
                   strict=plan.strict)
@@ -106,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     # slot is shown, but is no drift: it is never read).
     ok = not [v for v in plan.verdicts if v.status is Status.FAILED and (v.selected or not v.bad_config)]
     if args.json:
-        print(report.doctor_json(rows, **common, ok=ok, seq_lens_d2h=seq_lens.as_dict() if seq_lens else None))
+        print(report.doctor_json(rows, **common, ok=ok, seq_lens_d2h=seq_lens.as_dict() if seq_lens else None,
+                                 hints=hints))
     else:
         header = (
             f"sglang-hostsync-plugin doctor: sglang {installed} "
@@ -118,5 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             print("(pass --speculative-algorithm etc. to check which slots would be inert)")
         if seq_lens is not None:
             print(backends.format_report(seq_lens))
+        for hint in hints:
+            print(f"hint: {hint}")
         print("OK: every slot is consistent with the installed sglang" if ok else "DRIFT: see the status column")
     return 0 if ok else 1

@@ -332,3 +332,22 @@ def test_doctor_hybrid_backends_and_tbo(capsys):
 def test_doctor_unknown_backend_is_a_configuration_error(capsys):
     code, cap = _doctor(capsys, "--attention-backend", "nope", "--speculative-algorithm", "EAGLE")
     assert code == 2 and "unknown attention backend 'nope'" in cap.err
+
+
+def test_doctor_hints_the_flashinfer_preset_where_its_switches_would_run(capsys, monkeypatch):
+    code, cap = _doctor(capsys, "--attention-backend", "flashinfer", "--speculative-algorithm", "EAGLE")
+    assert code == 0, cap.err
+    (hint,) = [line for line in cap.out.splitlines() if line.startswith("hint: ")]
+    assert "SGLANG_HOSTSYNC_SLOTS=default,flashinfer" in hint
+    assert "flashinfer_verify_host_plan, flashinfer_draft_host_indptr" in hint
+    # topk 4: SGLang's verify switch is topk 1 only, so only the draft indptr one is named.
+    code, cap = _doctor(capsys, "--json", "--attention-backend", "flashinfer", "--speculative-algorithm", "EAGLE",
+                        "--speculative-eagle-topk", "4", "--page-size", "16")
+    (hint,) = json.loads(cap.out)["hints"]
+    assert "also turns on flashinfer_draft_host_indptr (" in hint
+    for argv, env in ((("--attention-backend", "triton", "--speculative-algorithm", "EAGLE"), "default"),
+                      (("--attention-backend", "flashinfer", "--speculative-algorithm", "EAGLE"), "default,flashinfer"),
+                      (("--attention-backend", "flashinfer", "--speculative-algorithm", "NGRAM"), "default")):
+        monkeypatch.setenv("SGLANG_HOSTSYNC_SLOTS", env)
+        code, cap = _doctor(capsys, "--json", *argv)
+        assert code == 0 and json.loads(cap.out)["hints"] == [], (argv, env)
