@@ -15,7 +15,7 @@ import os
 from collections.abc import Iterable, Mapping
 
 from .config import HostsyncConfigError
-from .slot import ServingFacts, Slot, SlotKind
+from .slot import Slot, SlotKind
 
 
 def env_field(name: str):
@@ -73,10 +73,6 @@ def check_contrary_env(slots: Iterable[Slot], env: Mapping[str, str]) -> None:
             "; ".join(problems) + ". Unset the variable or deselect the slot "
             "(SGLANG_HOSTSYNC_SLOTS=...,-name)."
         )
-
-
-def inert_reason(slot: Slot, facts: ServingFacts) -> str | None:
-    return slot.inert(facts) if slot.inert else None
 
 
 def apply(slots: Iterable[Slot]) -> list[str]:

@@ -12,7 +12,7 @@ import torch
 
 from helpers import BUILTINS, HOST_PLAN_FLAGS, SWITCH_FLAGS, SWITCH_REQUIRES, out, run_python
 from sglang_hostsync_plugin import config, doctor, registry, switches
-from sglang_hostsync_plugin.slot import ServingFacts, SlotKind
+from sglang_hostsync_plugin.slot import ServingFacts, SlotKind, inert_reason
 from sglang_hostsync_plugin.slots import upstream_builtins as ub
 
 CATALOGUE = registry.catalogue()
@@ -95,7 +95,7 @@ INERT_CASES = [
 
 @pytest.mark.parametrize("slot,f,expected", INERT_CASES)
 def test_inert_rules(slot, f, expected):
-    reason = switches.inert_reason(CATALOGUE[slot], f)
+    reason = inert_reason(CATALOGUE[slot], f)
     if expected is None:
         assert reason is None
     else:

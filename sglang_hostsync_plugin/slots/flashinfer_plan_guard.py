@@ -38,10 +38,10 @@ from dataclasses import dataclass, field
 import torch
 
 from ..slot import HookTarget, Slot, SlotKind, TargetKind, not_flashinfer
+from .upstream_host_plans import FLASHINFER_PRESET as PRESET
 
 NAME = "flashinfer_plan_guard"
 FB = "sglang.srt.layers.attention.flashinfer_backend"
-PRESET = "flashinfer"
 
 # Step N's copy is queued while step N+1 plans; the buffer step N+2 rewrites is N's.
 DEPTH = 2

@@ -34,10 +34,9 @@ from functools import partial
 import torch
 
 from ..slot import HookTarget, Slot, SlotKind, TargetKind, not_flashinfer, not_speculative
-from .flashinfer_plan_guard import NAME as GUARD, PRESET
+from .flashinfer_plan_guard import FB, NAME as GUARD, PRESET
 
 NAME = "flashinfer_tree_verify_plan"
-FB = "sglang.srt.layers.attention.flashinfer_backend"
 HOST_PLAN_KV_DTYPES = (torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float8_e5m2)
 
 
