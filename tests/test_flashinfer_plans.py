@@ -120,13 +120,13 @@ def test_hooks_guard_graph_wrappers_and_pass_every_argument(monkeypatch):
 
 
 def _verify_batch(topk=4, spec_type=SpecInputType.EAGLE_VERIFY, mode=ForwardMode.TARGET_VERIFY, seq_lens_cpu=True, bs=2):
-    spec = SimpleNamespace(spec_input_type=spec_type, topk=topk)
+    spec = SimpleNamespace(spec_input_type=spec_type, topk=topk, draft_token_num=NDT)
     return SimpleNamespace(forward_mode=mode, spec_info=spec, batch_size=bs,
                            seq_lens_cpu=torch.tensor([5] * bs) if seq_lens_cpu else None)
 
 
 def _backend(**over):
-    wrappers = {2: [SimpleNamespace(begin_forward="plan()")]}
+    wrappers = {2: [SimpleNamespace(begin_forward="plan()")]}  # the wrapper's own plan()
     fields = dict(prefill_backend="fa2", dispatch_reason=None, flashinfer_kv_cache_dtype=torch.bfloat16,
                   prefill_cuda_graph_metadata=wrappers)
     fields.update(over)
@@ -150,7 +150,6 @@ def test_topk_above_one_verify_capture_installs_sglangs_host_plan():
 
 @pytest.mark.parametrize("case", [
     dict(batch=dict(topk=1)),  # the upstream switch's case, left to it
-    dict(batch=dict(spec_type=SpecInputType.NGRAM_VERIFY)),
     dict(batch=dict(mode=ForwardMode.DECODE)),
     dict(batch=dict(seq_lens_cpu=False)),
     dict(backend=dict(prefill_backend="fa3")),
@@ -161,6 +160,218 @@ def test_topk_above_one_verify_capture_installs_sglangs_host_plan():
 def test_other_captures_keep_stock_plan(case):
     backend = _backend(**case.get("backend", {}))
     assert _captured(backend, _verify_batch(**case.get("batch", {})), case.get("in_capture", True)) == "plan()"
+
+
+def test_ngram_verify_capture_installs_a_host_plan_over_the_wrappers_plan():
+    backend = _backend()
+    w = backend.prefill_cuda_graph_metadata[2][0]
+    bf = _captured(backend, _verify_batch(topk=-1, spec_type=SpecInputType.NGRAM_VERIFY))
+    # No .func: call_begin_forward takes its plain branch and calls it with plan()'s arguments.
+    assert isinstance(bf, tree.NgramHostPlan) and not hasattr(bf, "func")
+    assert bf.wrapper is w and bf.stock == "plan()" and bf.host is None
+    assert _captured(backend, _verify_batch(topk=-1, spec_type=SpecInputType.NGRAM_VERIFY)) is bf  # no double wrap
+
+
+@pytest.mark.parametrize("case", [
+    dict(batch=dict(seq_lens_cpu=False)),
+    dict(backend=dict(prefill_backend="fa3")),
+    dict(backend=dict(dispatch_reason="swa")),
+    dict(backend=dict(flashinfer_kv_cache_dtype=torch.float32)),
+    dict(in_capture=False),
+])
+def test_other_ngram_captures_keep_stock_plan(case):
+    backend = _backend(**case.get("backend", {}))
+    batch = _verify_batch(topk=-1, spec_type=SpecInputType.NGRAM_VERIFY, **case.get("batch", {}))
+    assert _captured(backend, batch, case.get("in_capture", True)) == "plan()"
+
+
+def test_ngram_replay_hands_its_host_lengths_to_the_plan_for_that_call_only():
+    backend = _backend()
+    capture = _verify_batch(topk=-1, spec_type=SpecInputType.NGRAM_VERIFY)
+    bf = _captured(backend, capture)
+    replay = _verify_batch(topk=-1, spec_type=SpecInputType.NGRAM_VERIFY)
+    seen = []
+    tree.capture_hook(lambda *a: seen.append(bf.host), backend, replay, False)
+    assert seen[0][0] is replay.seq_lens_cpu and seen[0][1] == NDT and bf.host is None
+    # No host lengths this replay: the plan gets none (it runs plan()).
+    tree.capture_hook(lambda *a: seen.append(bf.host), backend,
+                      _verify_batch(topk=-1, spec_type=SpecInputType.NGRAM_VERIFY, seq_lens_cpu=False), False)
+    assert seen[1] is None
+
+    def boom(*a):
+        raise RuntimeError("replay failed")
+
+    with pytest.raises(RuntimeError):
+        tree.capture_hook(boom, backend, replay, False)
+    assert bf.host is None  # never left behind for a later, unrelated plan
+
+
+# --- NGRAM verify through SGLang's real call_begin_forward, on the CPU ------------
+
+NDT = 8
+
+
+class CpuWrapper:
+    """The fields SGLang's fast_prefill_plan reads and writes on a CUDA-graph
+    BatchPrefillWithPagedKVCacheWrapper; the FlashInfer module's plan() records its arguments."""
+
+    is_cuda_graph_enabled = True
+    _backend = "fa2"
+
+    def __init__(self, bs: int, pool: int):
+        self.device = torch.device("cpu")
+        self.module_plans, self.stock_plans = [], []
+        self._cached_module = SimpleNamespace(plan=lambda *a: self.module_plans.append(a) or ("info", len(self.module_plans)))
+        self._max_total_num_rows = None
+        self._qo_indptr_buf = torch.zeros(bs + 1, dtype=torch.int32)
+        self._paged_kv_indptr_buf = torch.zeros(bs + 1, dtype=torch.int32)
+        self._paged_kv_last_page_len_buf = torch.zeros(bs, dtype=torch.int32)
+        self._paged_kv_indices_buf = torch.zeros(pool, dtype=torch.int32)
+        self._custom_mask_buf = torch.zeros(pool * NDT // 8 + 64, dtype=torch.uint8)
+        self._mask_indptr_buf = torch.zeros(bs + 1, dtype=torch.int32)
+        self._float_workspace_buffer = torch.zeros(8, dtype=torch.uint8)
+        self._int_workspace_buffer = torch.zeros(8, dtype=torch.uint8)
+        self._pin_memory_int_workspace_buffer = torch.zeros(8, dtype=torch.uint8)
+
+    def plan(self, *args, **kwargs):
+        self.stock_plans.append((args, kwargs))
+
+    begin_forward = plan
+
+
+def _ngram_mask(rng, seq_lens):
+    """USE_FULL_MASK's layout: per request [NDT, seq_len] ones, then the NDT x NDT tree."""
+    rows = []
+    for s in seq_lens:
+        tree_part = torch.tril(torch.ones(NDT, NDT, dtype=torch.bool))
+        tree_part &= torch.rand(NDT, NDT, generator=torch.Generator().manual_seed(rng.randrange(1 << 30))) < 0.6
+        tree_part |= torch.eye(NDT, dtype=torch.bool)
+        rows.append(torch.cat([torch.ones(NDT, s, dtype=torch.bool), tree_part], dim=1).flatten())
+    return torch.cat(rows)
+
+
+def _updater(bs):
+    translator = SimpleNamespace(
+        reads_are_translated=False,
+        pack_read_stream=lambda plan, *, out, indptr, **kw: out[: int(indptr[-1])].copy_(
+            torch.randperm(int(indptr[-1]), generator=torch.Generator().manual_seed(7)).to(out.dtype)))
+    return SimpleNamespace(attn_backend=SimpleNamespace(kv_index_translator=translator), num_qo_heads=32,
+                           num_kv_heads=8, head_dim=128, q_data_type=torch.bfloat16, data_type=torch.bfloat16,
+                           kv_last_page_len=torch.ones(16, dtype=torch.int32), _swa_kv_pool=None)
+
+
+def _call_begin_forward(wrapper, spec, seq_lens):
+    bs = len(seq_lens)
+    seq = torch.tensor(seq_lens, dtype=torch.int32)
+    fb.FlashInferIndicesUpdaterPrefill.call_begin_forward(
+        _updater(bs), None, wrapper, torch.arange(bs), seq, int(seq.sum()), seq, None, None,
+        torch.zeros(bs + 1, dtype=torch.int32), torch.zeros(bs + 1, dtype=torch.int32), False, spec,
+        seq_lens_cpu=seq.to(torch.int64), plan="kv-loc-plan")
+
+
+def _ngram_spec(mask, eagle_typed=False):
+    from sglang.srt.speculative.ngram_info import NgramVerifyInput
+
+    spec = NgramVerifyInput(custom_mask=mask, draft_token_num=NDT)
+    if eagle_typed:  # the same arrays, typed EAGLE: SGLang's own host branch plans it
+        spec.spec_input_type = SpecInputType.EAGLE_VERIFY
+    return spec
+
+
+EDGE_LENS = [1, 15, 16, 17, 31, 32, 33, 255, 256, 257]
+
+
+def _lens(rng, bs):
+    return [rng.choice(EDGE_LENS) if rng.random() < 0.5 else rng.randint(1, 300) for _ in range(bs)]
+
+
+def test_ngram_host_layout_is_what_sglangs_eagle_host_branch_builds(monkeypatch):
+    """Through SGLang's call_begin_forward: an NGRAM verify reaches fast_prefill_plan via the
+    slot with exactly the host kwargs (and the same device arrays) that SGLang's own EAGLE
+    branch passes for the same lengths."""
+    import random
+
+    calls = []
+    monkeypatch.setattr(fb, "fast_prefill_plan", lambda w, *a, **k: calls.append((w, a, k)))
+    rng = random.Random(15)
+    for bs in (1, 2, 3, 5, 8, 16):
+        lens = _lens(rng, bs)
+        mask = _ngram_mask(rng, lens)
+        ours = CpuWrapper(bs, 4096)
+        ours.begin_forward = tree.NgramHostPlan(ours, ours.plan)
+        ours.begin_forward.host = (torch.tensor(lens, dtype=torch.int64), NDT)
+        _call_begin_forward(ours, _ngram_spec(mask), lens)
+        sglangs = CpuWrapper(bs, 4096)
+        sglangs.begin_forward = partial(fb.fast_prefill_plan, sglangs)
+        _call_begin_forward(sglangs, _ngram_spec(mask, eagle_typed=True), lens)
+        (w1, a1, k1), (w2, a2, k2) = calls[-2:]
+        assert w1 is ours and w2 is sglangs and not ours.stock_plans
+        assert k1.keys() == k2.keys() and "qo_indptr_host" in k1 and "custom_mask" in k1
+        for key in k1:
+            v1, v2 = k1[key], k2[key]
+            assert torch.equal(v1, v2) if isinstance(v1, torch.Tensor) else v1 == v2, key
+        assert len(a1) == len(a2) == 8
+        for v1, v2 in zip(a1, a2):
+            assert torch.equal(v1, v2) if isinstance(v1, torch.Tensor) else v1 == v2
+
+
+def _packbits_little(bits: torch.Tensor) -> bytes:
+    import numpy as np
+
+    return np.packbits(bits.numpy().astype(np.uint8), bitorder="little").tobytes()
+
+
+def test_ngram_host_plan_equals_what_plan_computes_from_the_device_arrays():
+    """SGLang's real fast_prefill_plan (mask packed by its Triton kernel) behind the slot's
+    NGRAM plan: the host arrays FlashInfer's module is planned with are the ones plan()
+    reads back (qo/kv indptr, kv lens, rows), and the packed mask is plan()'s
+    segment_packbits(bitorder="little") of every request's qo x kv mask segment."""
+    import random
+
+    rng = random.Random(16)
+    for bs in (1, 2, 3, 8, 16):
+        lens = _lens(rng, bs)
+        mask = _ngram_mask(rng, lens)
+        w = CpuWrapper(bs, 8192)
+        w.begin_forward = tree.NgramHostPlan(w, w.plan)
+        w.begin_forward.host = (torch.tensor(lens, dtype=torch.int64), NDT)
+        _call_begin_forward(w, _ngram_spec(mask), lens)
+        assert w.begin_forward.host_plans == 1 and not w.stock_plans and len(w.module_plans) == 1
+        args = w.module_plans[0]
+        qo_host, kv_indptr_host, kv_lens_host, rows, plan_bs = args[3], args[4], args[5], args[6], args[7]
+        kv_lens = torch.tensor(lens, dtype=torch.int32) + NDT
+        kv_indptr = torch.cat([torch.zeros(1, dtype=torch.int32), torch.cumsum(kv_lens, 0).to(torch.int32)])
+        assert torch.equal(qo_host, torch.arange(0, (bs + 1) * NDT, NDT, dtype=torch.int32))
+        assert torch.equal(kv_indptr_host, kv_indptr) and torch.equal(kv_lens_host, kv_lens)
+        assert rows == bs * NDT and plan_bs == bs
+        assert torch.equal(w._qo_indptr_buf, qo_host) and torch.equal(w._paged_kv_indptr_buf, kv_indptr)
+        assert (w._max_q_len, w._max_kv_len) == (NDT, int(kv_lens.max()))
+        # plan(): mask_indptr = qo_len * kv_len per request, then segment_packbits.
+        seg = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(kv_lens.to(torch.int64) * NDT, 0)])
+        packed, indptr = b"", [0]
+        for i in range(bs):
+            chunk = _packbits_little(mask[int(seg[i]): int(seg[i + 1])])
+            packed += chunk
+            indptr.append(indptr[-1] + len(chunk))
+        assert w._mask_indptr_buf.tolist() == indptr
+        assert bytes(w._custom_mask_buf[: indptr[-1]].tolist()) == packed
+
+
+def test_ngram_plan_without_host_lengths_is_the_wrappers_own_plan():
+    w = CpuWrapper(2, 1024)
+    w.begin_forward = tree.NgramHostPlan(w, w.plan)
+    lens = [16, 17]
+    _call_begin_forward(w, _ngram_spec(_ngram_mask(__import__("random").Random(1), lens)), lens)
+    assert len(w.stock_plans) == 1 and not w.module_plans and w.begin_forward.host_plans == 0
+    args, kwargs = w.stock_plans[0]
+    assert len(args) == 8 and kwargs["custom_mask"] is not None and "qo_indptr_host" not in kwargs
+
+
+def test_call_begin_forward_still_refuses_a_non_eagle_mask_on_its_host_branch():
+    # Why NGRAM gets its own plan object: SGLang's host branch asserts the mask is EAGLE's.
+    src = __import__("inspect").getsource(fb.FlashInferIndicesUpdaterPrefill.call_begin_forward)
+    assert "assert use_custom_mask is None or eagle_verify" in src
+    assert 'hasattr(wrapper_paged.begin_forward, "func")' in src
 
 
 def test_upstream_topk1_install_is_still_the_one_extended():

@@ -5,6 +5,9 @@
   FlashInfer's ``plan()``: same plan info, int workspace, packed mask, indptr buffers
   and the same attention output, bit for bit (random trees and lengths across page
   boundaries, bs 1 / 3 / 8).
+- the same slot's NGRAM plan (``NgramHostPlan``, called with the arguments SGLang's
+  ``call_begin_forward`` gives a verify wrapper) on NGRAM's full verify mask (prefix ones,
+  then the draft tree): identical to ``plan()`` in the same fields and output.
 - ``flashinfer_plan_guard``: a WAR stress test with a delayed reader. The stream sleeps
   before each plan's H2D runs, while the host plans the next batch into the same wrapper.
   Without the guard the copies read a later plan (mismatches, so the test can fail);
@@ -148,6 +151,51 @@ def test_tree_verify_fast_plan_is_identical_to_plan():
         assert torch.equal(out_fast, out_stock)
         checked += 1
     assert checked == 8
+
+
+def _ngram_mask(rng: random.Random, prefix: int) -> torch.Tensor:
+    """NGRAM's USE_FULL_MASK rows for one request: [NDT, prefix] ones, then a draft tree
+    whose nodes may see any earlier node (NGRAM trees are irregular)."""
+    tree = torch.tensor([[j == i or (j < i and rng.random() < 0.5) for j in range(NDT)] for i in range(NDT)])
+    return torch.cat([torch.ones(NDT, prefix, dtype=torch.bool), tree], dim=1).flatten()
+
+
+def test_ngram_host_plan_is_identical_to_plan():
+    from sglang_hostsync_plugin.slots.flashinfer_tree_verify_plan import NgramHostPlan
+
+    rng = random.Random(17)
+    pairs = {}
+    for bs in (1, 2, 3, 5, 8):
+        pairs[bs] = _wrapper("prefill", bs), _wrapper("prefill", bs)
+        dev, _, _ = _batch(rng, bs)
+        for w in pairs[bs]:
+            _stock_plan(w, dev, bs)  # capture
+        fast = pairs[bs][1]
+        fast.begin_forward = NgramHostPlan(fast, fast.begin_forward)
+    k_cache = torch.randn(MAX_TOKENS, 1, KV_HEADS, HEAD_DIM, dtype=DT, device="cuda")
+    v_cache = torch.randn(MAX_TOKENS, 1, KV_HEADS, HEAD_DIM, dtype=DT, device="cuda")
+    for bs in (1, 3, 8, 1, 3, 8, 2, 5):
+        dev, _, bs = _batch(rng, bs)
+        lens = (dev["kv_indptr"].diff().cpu() - NDT).tolist()
+        dev["mask"] = torch.cat([_ngram_mask(rng, s) for s in lens]).cuda()
+        stock, fast = pairs[bs]
+        _stock_plan(stock, dev, bs)
+        fast.begin_forward.host = (torch.tensor(lens), NDT)  # what the slot's replay hook hands it
+        # call_begin_forward's plain-branch call
+        fast.begin_forward(dev["qo_indptr"], dev["kv_indptr"], dev["kv_indices"],
+                           torch.ones(bs, dtype=torch.int32, device="cuda"), QO_HEADS, KV_HEADS, HEAD_DIM, 1,
+                           q_data_type=DT, kv_data_type=DT, custom_mask=dev["mask"], non_blocking=True,
+                           fixed_split_size=None, prefix_len_ptr=None, token_pos_in_items_ptr=None,
+                           token_pos_in_items_len=0, max_item_len_ptr=None)
+        torch.cuda.synchronize()
+        assert fast._plan_info == stock._plan_info
+        assert torch.equal(fast._int_workspace_buffer, stock._int_workspace_buffer)
+        packed = int(fast._mask_indptr_buf[bs])
+        assert packed == int(stock._mask_indptr_buf[bs]) > 0
+        assert torch.equal(fast._custom_mask_buf[:packed], stock._custom_mask_buf[:packed])
+        q = torch.randn(bs * NDT, QO_HEADS, HEAD_DIM, dtype=DT, device="cuda")
+        assert torch.equal(fast.run(q, (k_cache, v_cache)), stock.run(q, (k_cache, v_cache)))
+    assert sum(p[1].begin_forward.host_plans for p in pairs.values()) == 8
 
 
 def _stress(kind: str, guard: PlanGuard | None, iters: int = 8) -> int:

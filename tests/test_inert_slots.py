@@ -66,7 +66,8 @@ def test_eagle_tail_is_reached_exactly_where_its_kernel_is_prebuilt(f, expected)
     (facts("DFLASH", 4, 16, "flashmla"), None, "is DFLASH"),
     (facts("DFLASH", 4, 16, "flashmla", draft="triton"), "not flashinfer", "is DFLASH"),
     (facts("EAGLE", 1, 16, "flashinfer"), None, "topk is 1"),
-    (facts("NGRAM", 1, 1, "flashinfer"), None, "is NGRAM"),
+    (facts("NGRAM", 1, 1, "flashinfer"), None, None),  # NGRAM verify is planned on the host too
+    (facts("NGRAM", 1, 1, "triton"), "not flashinfer", "not flashinfer"),
     (facts(None, 1, 1, "fa3"), "not flashinfer", "is unset"),
 ])
 def test_flashinfer_slots_are_inert_only_when_no_backend_is_flashinfer(f, guard, tree):
