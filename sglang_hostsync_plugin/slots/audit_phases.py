@@ -51,6 +51,19 @@ PHASES: tuple[tuple[str, str], ...] = (
     ("graph_load", f"{DECODE_RUNNER}.load_batch"),
     ("graph_execute", f"{DECODE_RUNNER}.execute"),
     ("draft_extend", "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_decode"),
+    # Inside the phases above (issue 16: which part of verify / draft extend / run_batch).
+    ("worker", "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation"),
+    ("resolve_inputs", "sglang.srt.managers.overlap_utils.resolve_forward_inputs"),
+    ("relay_payload", f"{SCHEDULER}._relay_forward_payload"),
+    ("copy_result", f"{SCHEDULER}._copy_result_to_cpu"),
+    ("target_forward", "sglang.srt.managers.tp_worker.TpModelWorker.forward_batch_generation"),
+    ("verify_sample", f"{EAGLE_UTILS}.eagle_sample"),
+    ("verify_commit", "sglang.kernels.ops.speculative.eagle.prepare_verify_commit_outputs"),
+    ("verify_logprobs", "sglang.srt.layers.logprob_processor.compute_spec_logprobs"),
+    ("tree_compact", f"{EAGLE_COMMON}._finalize_accept_tree_path"),
+    ("draft_extend_prep", f"{EAGLE_COMMON}.prepare_for_draft_extend"),
+    ("draft_extend_graph",
+     "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner.EAGLEDraftExtendCudaGraphRunner.execute"),
 )
 RUN_BATCH = "run_batch"
 OTHER = "other"
