@@ -64,11 +64,16 @@ class Selection:
 
 
 def _all_without_conflicts(catalogue: Mapping[str, Slot]) -> set[str]:
-    """Every slot, except the later-declared one of each conflicting pair (so ``all``
-    is always a valid selection; name the other one to get it instead)."""
+    """Every slot, except the later-declared one of each conflicting pair, ``unsafe_with``
+    pairs included (so ``all`` is always a valid selection; name the other one to get it
+    instead)."""
+
+    def against(slot: Slot) -> set[str]:
+        return set(slot.conflicts) | {other for other, _ in slot.unsafe_with}
+
     chosen: list[str] = []
     for name, slot in catalogue.items():
-        clash = set(slot.conflicts) | {n for n in chosen if name in catalogue[n].conflicts}
+        clash = against(slot) | {n for n in chosen if name in against(catalogue[n])}
         if not clash & set(chosen):
             chosen.append(name)
     return set(chosen)

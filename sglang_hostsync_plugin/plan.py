@@ -96,7 +96,7 @@ class Plan:
         for v in self.verdicts:
             inert = inert_reason(catalogue[v.name], facts) if v.status is Status.WOULD_APPLY else None
             verdicts.append(dataclasses.replace(v, status=Status.SKIPPED, reason=inert) if inert else v)
-        return dataclasses.replace(self, verdicts=tuple(verdicts), facts_applied=True)
+        return dataclasses.replace(self, verdicts=refuse_unsafe_pairs(tuple(verdicts), catalogue), facts_applied=True)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -106,6 +106,21 @@ class Plan:
         data = json.loads(raw)
         verdicts = tuple(Verdict(v["name"], v["selected"], Status(v["status"]), v["reason"]) for v in data.pop("verdicts"))
         return cls(verdicts=verdicts, **data)
+
+
+def refuse_unsafe_pairs(verdicts: tuple[Verdict, ...], catalogue: Mapping[str, Slot]) -> tuple[Verdict, ...]:
+    """Refuse each selected slot that would apply beside a slot its ``unsafe_with`` names
+    that would apply too (both known only once the server facts are: inert ones are
+    skipped by then)."""
+    applying = {v.name for v in verdicts if v.selected and v.status in (Status.WOULD_APPLY, Status.UPSTREAM)}
+    out = []
+    for v in verdicts:
+        clash = next(((o, why) for o, why in catalogue[v.name].unsafe_with if o in applying), None)
+        if v.name in applying and clash is not None:
+            v = dataclasses.replace(v, status=Status.FAILED, reason=(
+                f"cannot run beside slot {clash[0]!r} for these server arguments: {clash[1]}; deselect one"))
+        out.append(v)
+    return tuple(out)
 
 
 def inputs_digest(env: Mapping[str, str], catalogue: Mapping[str, Slot], sglang: str | None) -> str:
@@ -157,6 +172,8 @@ def resolve(env: Mapping[str, str] | None = None, facts: ServingFacts | None = N
     reasons.update(checks.refused_dependents(catalogue, reasons))
     verdicts = tuple(Verdict(name, name in chosen, Status.SKIPPED, inert[name]) if inert[name] and not reasons[name]
                      else _verdict(slot, name in chosen, reasons[name], env) for name, slot in catalogue.items())
+    if facts is not None:
+        verdicts = refuse_unsafe_pairs(verdicts, catalogue)
     return Plan(spec=selection.spec, strict=strict, sglang=installed, version_warning=version_warning,
                 verdicts=verdicts, inputs=inputs_digest(env, catalogue, installed), facts_applied=facts is not None)
 

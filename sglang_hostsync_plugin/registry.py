@@ -46,7 +46,7 @@ def collect(pm: pluggy.PluginManager) -> dict[str, Slot]:
                 )
             catalogue[slot.name] = slot
     for slot in catalogue.values():
-        for dep in (*slot.requires, *slot.conflicts):
+        for dep in (*slot.requires, *slot.conflicts, *(other for other, _ in slot.unsafe_with)):
             if dep not in catalogue:
                 raise SlotRegistryError(f"slot {slot.name!r} names unknown slot {dep!r}")
     return catalogue

@@ -86,6 +86,8 @@ def validate(server_args=None) -> Plan:
             plan = rt.plan
         else:
             plan = plan.with_facts(registry.catalogue(), facts)
+        plan.check_startup()  # the facts can refuse a slot (Slot.unsafe_with)
+        if rt is None:
             _set_switch_flags(plan)
         plans.export(plan)
         csrc.start_prebuild(kernels_for(_will_apply(plan), facts))
@@ -174,8 +176,8 @@ def apply_facts(rt: Runtime, server_args) -> None:
     rt.facts_applied = True
     rt.plan = rt.plan.with_facts(registry.catalogue(), ServingFacts.from_server_args(server_args, os.environ))
     for v in rt.plan.verdicts:
-        if v.selected and v.status is Status.SKIPPED and v.name in rt.state.active:
-            rt.state.set(v.name, Status.SKIPPED, v.reason)
+        if v.selected and v.status in (Status.SKIPPED, Status.FAILED) and v.name in rt.state.active:
+            rt.state.set(v.name, v.status, v.reason)
     for slot in switches.switch_slots(_will_apply(rt.plan)):
         if slot.name in rt.state.active:
             switches.apply([slot])

@@ -124,8 +124,12 @@ def test_all_is_a_valid_selection_even_with_conflicting_slots():
 
     cat = registry.catalogue()
     names = parse_slot_spec("all", cat).names
-    assert "metadata_glue_graph" in names and "flashinfer_verify_host_plan" not in names
-    assert len(names) == len(cat) - 1
+    # The glue graph is declared after the owned flashinfer_tree_verify_plan it must not run
+    # beside (unsafe_with), so "all" leaves it out; then its conflict partner fits.
+    assert "metadata_glue_graph" not in names and "flashinfer_verify_host_plan" in names
+    assert "flashinfer_tree_verify_plan" in names and len(names) == len(cat) - 1
     # The other side of the conflict is still selectable by name, alone.
-    swapped = parse_slot_spec("all,-metadata_glue_graph,flashinfer_verify_host_plan", cat).names
-    assert "flashinfer_verify_host_plan" in swapped and "metadata_glue_graph" not in swapped
+    swapped = parse_slot_spec("all,-flashinfer_verify_host_plan,metadata_glue_graph", cat).names
+    assert "metadata_glue_graph" in swapped and "flashinfer_verify_host_plan" not in swapped
+    with pytest.raises(HostsyncConfigError, match="conflict"):
+        parse_slot_spec("all,metadata_glue_graph", cat)

@@ -85,3 +85,83 @@ def test_glue_graph_and_host_fed_verify_plan_cannot_be_selected_together():
     for name in ("metadata_glue_graph", "flashinfer_verify_host_plan", "flashinfer_draft_host_indptr"):
         slot = CATALOGUE[name]
         assert not slot.default and slot.precheck() is None and name not in slot.presets
+
+
+def _plan(spec, *argv):
+    from sglang_hostsync_plugin import plan as plans
+
+    return plans.resolve({config.ENV_ENABLE: "1", config.ENV_SLOTS: spec}, facts=facts(*argv))
+
+
+FI_T4 = (*EAGLE, "--speculative-eagle-topk", "4", "--page-size", "16", "--attention-backend", "flashinfer")
+
+
+@pytest.mark.parametrize("argv, refused", [
+    (FI_T4, True),  # the owned host plan is active: the glue would freeze it
+    (("--speculative-algorithm", "NGRAM", "--attention-backend", "flashinfer"), True),
+    ((*EAGLE, "--speculative-eagle-topk", "4", "--page-size", "16", "--attention-backend", "triton"), False),
+    ((*EAGLE, "--speculative-eagle-topk", "1", "--attention-backend", "flashinfer"), False),  # tree plan inert
+])
+def test_glue_graph_is_refused_beside_an_active_tree_verify_host_plan(argv, refused):
+    from sglang_hostsync_plugin import plan as plans
+    from sglang_hostsync_plugin.slot import Status
+
+    p = _plan("default,metadata_glue_graph", *argv)
+    glue, tree = p.verdict("metadata_glue_graph"), p.verdict("flashinfer_tree_verify_plan")
+    if refused:
+        assert glue.status is Status.FAILED and "flashinfer_tree_verify_plan" in glue.reason
+        assert "frozen" in glue.reason and tree.status is Status.WOULD_APPLY  # the default slot stays
+        with pytest.raises(plans.HostsyncStartupError, match="metadata_glue_graph: cannot run beside"):
+            p.check_startup()
+    else:
+        assert glue.status is Status.WOULD_APPLY and tree.status is Status.SKIPPED
+        p.check_startup()
+    # Deselecting the host plan (and its guard-free remainder) makes the glue valid again.
+    p = _plan("default,metadata_glue_graph,-flashinfer_tree_verify_plan", *argv)
+    assert p.verdict("metadata_glue_graph").status is Status.WOULD_APPLY
+
+
+def test_the_refusal_waits_for_the_facts_and_with_facts_applies_it():
+    """An activated launcher resolves its plan before the server arguments are parsed: the
+    pair is judged when they are (Plan.with_facts), as the inert rules are."""
+    from sglang_hostsync_plugin import plan as plans
+    from sglang_hostsync_plugin.slot import Status
+
+    early = plans.resolve({config.ENV_ENABLE: "1", config.ENV_SLOTS: "default,metadata_glue_graph"})
+    assert early.verdict("metadata_glue_graph").status is Status.WOULD_APPLY
+    late = early.with_facts(CATALOGUE, facts(*FI_T4))
+    assert late.verdict("metadata_glue_graph").status is Status.FAILED
+    triton = early.with_facts(CATALOGUE, facts(*EAGLE, "--speculative-eagle-topk", "4", "--attention-backend", "triton"))
+    assert triton.verdict("metadata_glue_graph").status is Status.WOULD_APPLY
+
+
+def test_all_leaves_out_the_later_slot_of_an_unsafe_pair():
+    names = config.parse_slot_spec("all", CATALOGUE).names
+    assert "flashinfer_tree_verify_plan" in names and "metadata_glue_graph" not in names
+
+
+def test_an_activated_launcher_refuses_the_glue_when_the_facts_come(monkeypatch):
+    """load_plugins() ran first (the env switch was exported): the plan was resolved without
+    server facts and installed; apply_facts then refuses the glue, whose flag is never set,
+    and the strict startup check stops with both slots named."""
+    from sglang.srt.server_args import prepare_server_args
+
+    from sglang_hostsync_plugin import plan as plans, runtime
+    from sglang_hostsync_plugin.slot import Status
+
+    rt = runtime.Runtime()
+    rt.plan = plans.resolve({config.ENV_ENABLE: "1", config.ENV_SLOTS: "default,metadata_glue_graph"})
+    for v in rt.plan.verdicts:  # what installer.install records for the applicable ones
+        rt.state.statuses[v.name] = v
+        if v.selected and v.status is Status.WOULD_APPLY:
+            rt.state.active.add(v.name)
+    flags = []
+    monkeypatch.setattr(runtime.switches, "apply", lambda slots: flags.extend(s.env_flag for s in slots))
+    runtime.apply_facts(rt, prepare_server_args(["--model-path", "dummy", *FI_T4]))
+    glue = rt.state.statuses["metadata_glue_graph"]
+    assert glue.status is Status.FAILED and "metadata_glue_graph" not in rt.state.active
+    assert "SGLANG_ENABLE_METADATA_GLUE_GRAPH" not in flags
+    assert "flashinfer_tree_verify_plan" in rt.state.active
+    rt.state.verified = rt.reported = True
+    with pytest.raises(plans.HostsyncStartupError, match="metadata_glue_graph: cannot run beside"):
+        runtime.startup_check(rt)

@@ -10,7 +10,9 @@ as switch slots (none in ``default``; each turns on one of SGLang's env flags):
   back to eager for good. A backend whose prep computes plan inputs on the host every
   replay must never be glued: capture keeps only device ops, the plan replays frozen
   and only the accept length shows it. Hence the conflict with
-  ``flashinfer_verify_host_plan``.
+  ``flashinfer_verify_host_plan``, and the refusal beside the owned
+  ``flashinfer_tree_verify_plan`` (a default slot) wherever that one is not inert:
+  FlashInfer EAGLE verify at topk > 1 and NGRAM verify (``Slot.unsafe_with``).
 - ``flashinfer_verify_host_plan`` (``SGLANG_OPT_FLASHINFER_VERIFY_HOST_PLAN``):
   FlashInfer's EAGLE target-verify CUDA-graph replays plan from host values
   (``fast_prefill_plan``) instead of reading ``indptr``/lengths back from the GPU
@@ -80,16 +82,21 @@ def draft_host_indptr_inert(f: ServingFacts) -> str | None:
     return _uses_flashinfer(f, "draft")
 
 
-def _switch(name, flag, summary, inert, conflicts=(), presets=()) -> Slot:
+def _switch(name, flag, summary, inert, conflicts=(), presets=(), unsafe_with=()) -> Slot:
     return Slot(name=name, kind=SlotKind.UPSTREAM_SWITCH, origin=ORIGIN, summary=summary, default=False,
                 precheck=lambda: flag_precheck(flag), env_flag=flag, inert=inert, conflicts=tuple(conflicts),
-                presets=tuple(presets))
+                presets=tuple(presets), unsafe_with=tuple(unsafe_with))
+
+
+GLUE_FREEZES_HOST_PLAN = ("its FlashInfer verify plan is computed on the host every replay, and the glue graph "
+                          "would replay the capture's plan frozen (silently: only the accept length shows it)")
 
 
 SLOTS = (
     _switch("metadata_glue_graph", "SGLANG_ENABLE_METADATA_GLUE_GRAPH",
             "per-replay attention metadata prep captured into one small CUDA graph", glue_inert,
-            conflicts=("flashinfer_verify_host_plan",)),
+            conflicts=("flashinfer_verify_host_plan",),
+            unsafe_with=(("flashinfer_tree_verify_plan", GLUE_FREEZES_HOST_PLAN),)),
     _switch("flashinfer_verify_host_plan", "SGLANG_OPT_FLASHINFER_VERIFY_HOST_PLAN",
             "FlashInfer EAGLE verify (topk 1) planned from host values: no indptr reads per step",
             verify_host_plan_inert, presets=(FLASHINFER_PRESET,)),
