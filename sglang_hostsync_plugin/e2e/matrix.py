@@ -120,6 +120,8 @@ class Options:
     simulate_acc_len: float = 3.0  # SGLANG_SIMULATE_ACC_LEN; 0 = real acceptance
     cuda_graph_max_bs: int = 8
     extra_server_args: tuple[str, ...] = ()
+    # (KEY, VALUE) added to every plugin arm's environment (e.g. a slot's check setting).
+    plugin_env: tuple[tuple[str, str], ...] = ()
     python: str = sys.executable
     server_module: str = "sglang.launch_server"
 
@@ -161,6 +163,8 @@ def launch(config: Config, arm: Arm, port: int, opts: Options, models: dict[str,
     stem = f"{config.name}__{_safe(arm.name)}"
     trace = os.path.join(out_dir, f"{stem}.trace.tsv") if arm.audited else ""
     env = arm.env()
+    if arm.slots is not None:
+        env.update(dict(opts.plugin_env))
     if trace:
         # The summary's periodic log line is not needed: the benchmark reads the trace.
         env.update({ENV_TRACE: trace, ENV_EVERY: "100000000"})
@@ -171,6 +175,18 @@ def launch(config: Config, arm: Arm, port: int, opts: Options, models: dict[str,
 
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def parse_plugin_env(items: list[str]) -> tuple[tuple[str, str], ...]:
+    """``--plugin-env KEY=VALUE`` items; the benchmark strips SGLANG_HOSTSYNC_* from the
+    environment it inherits, so this is how a plugin arm gets a slot setting."""
+    out = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not key.strip().replace("_", "").isalnum():
+            raise ValueError(f"--plugin-env {item!r}: use KEY=VALUE")
+        out.append((key.strip(), value))
+    return tuple(out)
 
 
 def parse_configs(spec: str) -> list[Config]:

@@ -60,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="stop starting new work after S seconds (results so far are reported)")
     ap.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                     help="appended to every launch command; repeatable (--server-arg=--foo)")
+    ap.add_argument("--plugin-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="added to every plugin arm's environment; repeatable (e.g. SGLANG_HOSTSYNC_GLUE_CHECK=50)")
     ap.add_argument("--server-module", default="sglang.launch_server", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help="output directory (default hostsync-e2e-<UTC time>)")
     ap.add_argument("--dry-run", action="store_true", help="print the matrix and launch commands, start nothing")
@@ -75,7 +77,7 @@ def options(args) -> matrix.Options:
         mem_fraction_static=args.mem_fraction_static, max_total_tokens=args.max_total_tokens,
         random_seed=args.random_seed, simulate_acc_len=args.simulate_acc_len,
         cuda_graph_max_bs=max(args.concurrency), extra_server_args=tuple(args.server_arg),
-        server_module=args.server_module,
+        plugin_env=matrix.parse_plugin_env(args.plugin_env), server_module=args.server_module,
     )
 
 
@@ -136,6 +138,18 @@ class Server:
         self.log.flush()
         with open(self.launch.log, errors="replace") as f:
             return "".join(f.readlines()[-n:])
+
+    def slot_checks(self) -> list[str]:
+        """Each slot's last self-check line in this server's log ("hostsync: <slot> check: ...")."""
+        self.log.flush()
+        last: dict[str, str] = {}
+        with open(self.launch.log, errors="replace") as f:
+            for line in f:
+                at = line.find("hostsync: ")
+                if at >= 0 and " check: " in line:
+                    text = line[at + len("hostsync: "):].strip()
+                    last[text.split(" ", 1)[0]] = text
+        return list(last.values())
 
     def status_block(self) -> list[str]:
         """The plugin's startup status lines from this server's log."""
@@ -228,6 +242,7 @@ def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, res
                         + (f", {len(load.errors)} errors" if load.errors else ""))
         for name, srv in live.items():  # the trace is written in batches: a last request flushes it
             client.generate(srv.base, prompt_pool[0], 32)
+            srv.info["slot_checks"] = srv.slot_checks()
     finally:
         for srv in servers.values():
             srv.stop()

@@ -212,4 +212,8 @@ def markdown(cell_rows: list[dict], servers: dict[str, dict], identity: dict[str
     if sites:
         lines += ["", "Sync sites (per step, worst concurrency):", ""]
         lines += [f"- {cfg} / {arm}: `{site}` {v:.2f}" for (cfg, arm, site), v in sorted(sites.items())]
+    checks = [(name, line) for name, s in servers.items() for line in s.get("slot_checks") or ()]
+    if checks:
+        lines += ["", "Slot self-checks (each slot's last line in the server log):", ""]
+        lines += [f"- {name}: {line}" for name, line in checks]
     return "\n".join(lines) + "\n"

@@ -29,6 +29,7 @@ OWNED = (
     ("flashinfer_plan_guard", "flashinfer_plan_guard", True),
     ("flashinfer_tree_verify_plan", "flashinfer_tree_verify_plan", True),
     ("ngram_accept_readback", "ngram_accept_readback", True),
+    ("draft_extend_glue_graph", "draft_extend_glue_graph", False),
 )
 
 

@@ -1,0 +1,229 @@
+"""Slot ``draft_extend_glue_graph``: the EAGLE draft-extend graph's per-replay attention
+metadata prep (triton) through SGLang's own metadata glue graph (issue 16).
+
+SGLang 0.5.23's ``EAGLEDraftExtendCudaGraphRunner.execute`` runs
+``draft_extend_attn_backend.init_forward_metadata_out_graph(fb_view)`` eagerly before
+every replay: with triton, ``_update_draft_extend_buffers`` (qo indptr arange, kv
+lengths, the kv indptr cumsum and the kv-index gather into the graph's static
+buffers), a handful of small launches whose host dispatch cost lands in each step.
+SGLang captures the same kind of op soup into one small CUDA graph per replay key
+(``MetadataGlueGraph``, ``SGLANG_ENABLE_METADATA_GLUE_GRAPH``), but routes only
+``DecodeCudaGraphRunner`` (target verify, DSpark draft) there, never the EAGLE
+draft-extend runner. This slot routes that one call through a ``MetadataGlueGraph``
+of its own per backend, keyed by the batch size, under the glue's contract
+(``metadata_glue_graph.py``): every device input lives at a stable address and every
+Python-visible branch is constant per key. It steps aside, leaving SGLang's eager
+prep, for:
+
+- any call but a draft-extend replay (capture, the target verify, the draft decode);
+- a padded replay (``bs * num_draft_tokens`` tokens or the runner pads rows);
+- translated KV reads (``kv_index_translator.reads_are_translated``: the iteration's
+  plan may own the read table, a per-step address), sliding-window layers or a
+  sliding-window KV pool (its write ids come through the plan), dLLM;
+- a glue that could not be captured (SGLang's fallback: eager for good).
+
+Triton's prep is host-value free here: its inputs are the runner's static buffers
+(``seq_lens``, ``req_pool_indices``, ``extend_seq_lens``) and the persistent
+``req_to_token``, and it writes the graph's ``qo_indptr``, ``kv_indptr`` and
+``cuda_graph_kv_indices``. Other backends never reach the hook (FlashInfer's
+draft-extend plan is host-fed: a glue would freeze it).
+
+``SGLANG_HOSTSYNC_GLUE_CHECK=N`` (default 0, off): every Nth glued replay the slot
+snapshots those three outputs, runs SGLang's eager prep over them again and compares
+(one host read per check); mismatches are counted and logged. It is the real-server
+proof that the glue replays what the eager prep computes.
+
+Opt-in (not in ``default``) until measured on a GPU. Hook target:
+``TritonAttnBackend.init_forward_metadata_out_graph`` (AROUND).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+
+from ..slot import HookTarget, ServingFacts, Slot, SlotKind, TargetKind, config_precheck, not_speculative
+
+logger = logging.getLogger("sglang.srt.plugins.hostsync")
+
+NAME = "draft_extend_glue_graph"
+TRITON = "sglang.srt.layers.attention.triton_backend.TritonAttnBackend"
+ENV_CHECK = "SGLANG_HOSTSYNC_GLUE_CHECK"
+MAX_LOGGED = 10
+
+
+# What the glue contract was read from (SGLang 0.5.23): the prep's body, the runner's
+# static-buffer view and the KV gather; a change upstream refuses the slot.
+PINS = (
+    (TRITON, "init_forward_metadata_out_graph", "eca4f02a38884845"),
+    (TRITON, "_init_forward_metadata_out_graph", "7acaaee9a41857fe"),
+    (TRITON, "_apply_cuda_graph_metadata", "49f61923ed152a6f"),
+    (TRITON, "_update_draft_extend_buffers", "7e2ce776f4158812"),
+    (TRITON, "_fill_kv_indptr_and_indices", "f4200d88c8c7e78c"),
+    ("sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner.EAGLEDraftExtendCudaGraphRunner", "execute",
+     "915f2539380690ee"),
+    ("sglang.srt.mem_cache.kv_index_translator.KVIndexTranslator", "pack_read_stream", "376a9540c6b0d444"),
+    ("sglang.srt.mem_cache.kv_index_translator.KVIndexTranslator", "read_source", "a25626819f55ccc2"),
+    ("sglang.srt.model_executor.runner.metadata_glue_graph", "MetadataGlueGraph", "793568554a092295"),
+)
+
+
+def pinned_sources() -> str | None:
+    import inspect
+
+    from ..checks import resolve, source_sha
+
+    for owner, attr, sha in PINS:
+        try:
+            got = source_sha(inspect.unwrap(resolve(f"{owner}.{attr}")))
+        except (ImportError, AttributeError, OSError, TypeError) as exc:
+            return f"target missing: {owner}.{attr} ({type(exc).__name__}: {exc})"
+        if got != sha:
+            return f"upstream shape changed: {owner}.{attr} source sha {got}, expected {sha} (the glue contract)"
+    return None
+
+
+def check_every(env=None) -> int:
+    env = os.environ if env is None else env
+    raw = env.get(ENV_CHECK, "0").strip() or "0"
+    try:
+        every = int(raw)
+    except ValueError:
+        every = -1
+    if every < 0:
+        raise ValueError(f"{ENV_CHECK}={raw!r}: use 0 (off) or a positive number of glued replays")
+    return every
+
+
+@dataclass
+class GlueRoute:
+    """Per process: one SGLang ``MetadataGlueGraph`` per draft-extend backend, and counts."""
+
+    check: int = 0
+    glues: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary)
+    inside: bool = False  # the glue's own (warm-up / capture / check) call of the prep
+    glued: int = 0  # replays handed to the glue (its warm-ups included)
+    eager: int = 0  # draft-extend replays left to SGLang's eager prep
+    checks: int = 0
+    mismatches: int = 0
+    new_glue: object = None  # injectable for the CPU tests
+
+    def glue_for(self, backend):
+        glue = self.glues.get(backend)
+        if glue is None:
+            if self.new_glue is not None:
+                glue = self.new_glue(backend)
+            else:
+                from sglang.srt.model_executor.runner.metadata_glue_graph import MetadataGlueGraph
+
+                glue = MetadataGlueGraph(backend.device)
+            self.glues[backend] = glue
+        return glue
+
+
+_route = GlueRoute()
+
+
+def route() -> GlueRoute:
+    return _route
+
+
+def _draft_extend_replay(backend, fb, in_capture) -> bool:
+    return (not in_capture and fb.forward_mode.is_draft_extend_v2() and fb.spec_info is not None
+            and fb.input_ids is not None)
+
+
+def glueable(backend, fb) -> bool:
+    """The glue contract for this backend and replay (see the module docstring)."""
+    return (
+        fb.input_ids.shape[0] == fb.batch_size * backend.num_draft_tokens
+        and backend.dllm_attention is None
+        and not (backend.sliding_window_size is not None and backend.sliding_window_size > 0)
+        and not backend.use_sliding_window_kv_pool  # its write ids come through the iteration's plan
+        and not backend.kv_index_translator.reads_are_translated
+    )
+
+
+def _outputs(backend, bs: int) -> tuple[torch.Tensor, ...]:
+    kv_indptr = backend.kv_indptr[: bs + 1].clone()
+    total = int(kv_indptr[-1])  # the check's one host read
+    return backend.qo_indptr[: bs + 1].clone(), kv_indptr, backend.cuda_graph_kv_indices[:total].clone()
+
+
+def _check(original, backend, fb, in_capture) -> None:
+    r = _route
+    glued = _outputs(backend, fb.batch_size)
+    original(backend, fb, in_capture)  # SGLang's eager prep over the same buffers
+    eager = _outputs(backend, fb.batch_size)
+    r.checks += 1
+    same = len(glued[2]) == len(eager[2]) and all(torch.equal(a, b) for a, b in zip(glued, eager))
+    if not same:
+        r.mismatches += 1
+        if r.mismatches <= MAX_LOGGED:
+            logger.warning("hostsync: %s check: the glued draft-extend metadata differs from the eager prep "
+                           "(bs %d; %d of %d checks)", NAME, fb.batch_size, r.mismatches, r.checks)
+    if r.checks in (1, 10, 100) or r.checks % 1000 == 0:
+        logger.info("hostsync: %s check: %d checks, %d mismatches", NAME, r.checks, r.mismatches)
+
+
+def prep_hook(original, self, forward_batch, in_capture=False):
+    r = _route
+    if r.inside or not _draft_extend_replay(self, forward_batch, in_capture):
+        return original(self, forward_batch, in_capture)
+    glue = r.glue_for(self) if glueable(self, forward_batch) else None
+    if glue is None or glue.disabled:
+        r.eager += 1
+        return original(self, forward_batch, in_capture)
+    r.inside = True
+    try:
+        was_captured = glue.is_captured((forward_batch.batch_size,))
+        glue.run(self, forward_batch, (forward_batch.batch_size,))
+        r.glued += 1
+        if not was_captured and glue.is_captured((forward_batch.batch_size,)):
+            logger.info("hostsync: %s: draft-extend metadata prep captured for bs %d", NAME, forward_batch.batch_size)
+        if r.check and was_captured and r.glued % r.check == 0:
+            _check(original, self, forward_batch, in_capture)
+    finally:
+        r.inside = False
+    return None
+
+
+def inert(f: ServingFacts) -> str | None:
+    if not f.speculative_algorithm or not f.is_eagle_family():
+        return not_speculative(f, "only the EAGLE-family draft extend has this graph runner", False)
+    if f.disable_cuda_graph:
+        return "inert because --disable-cuda-graph is set (no draft-extend graph)"
+    for on, what in ((f.two_batch_overlap, "two-batch overlap"), (f.enable_pdmux, "pdmux"), (f.enable_lora, "LoRA")):
+        if on:
+            return f"inert because {what} is on (SGLang's glue contract excludes it)"
+    backends = [*f.attention_backends, f.draft_attention_backend]
+    if None not in backends[:2] and "triton" not in backends:
+        return f"inert because the attention backends are {', '.join(sorted({b for b in backends if b}))}, not triton"
+    return None
+
+
+def prepare(facts) -> str:
+    _route.check = check_every()
+    return f"eager check every {_route.check} glued replays" if _route.check else ""
+
+
+SLOT = Slot(
+    name=NAME,
+    kind=SlotKind.OWNED,
+    origin="sglang 0.5.23 MetadataGlueGraph, routed for the EAGLE draft extend (issue 16)",
+    summary="EAGLE draft-extend graph's triton metadata prep replayed as one small CUDA graph (SGLang's glue)",
+    default=False,
+    precheck=config_precheck(check_every, pinned_sources),
+    inert=inert,
+    prepare=prepare,
+    targets=(
+        HookTarget(
+            f"{TRITON}.init_forward_metadata_out_graph", TargetKind.FUNCTION, hook=prep_hook,
+            params=("self", "forward_batch", "in_capture"), source_sha=None,
+        ),
+    ),
+)
