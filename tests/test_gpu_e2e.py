@@ -110,3 +110,18 @@ def test_audited_cells_attribute_host_time_by_phase(e2e):
         clock = next(r["host_us_per_step"] for r in att["phases"] if r["phase"] == "@clock")
         print(f"{c['config']} c{c['concurrency']} {c['arm']}: phase clock {clock:.1f} us/step of a "
               f"{att['window_us_per_step']:.0f} us window ({clock / att['window_us_per_step']:.2%})")
+
+
+def test_slot_self_checks_found_no_mismatch(e2e):
+    """Where a run turned a slot's self-check on (e2e --plugin-env, e.g.
+    SGLANG_HOSTSYNC_GLUE_CHECK), its last line counts checks and no mismatch."""
+    import re
+
+    lines = {k: s.get("slot_checks") or [] for k, s in e2e["servers"].items()}
+    checked = {k: v for k, v in lines.items() if v}
+    if not checked:
+        pytest.skip("no slot self-check in this run")
+    for server, found in checked.items():
+        for line in found:
+            m = re.search(r"check: (\d+) checks, (\d+) mismatches", line)
+            assert m and int(m.group(1)) > 0 and int(m.group(2)) == 0, (server, line)

@@ -165,3 +165,17 @@ def test_an_activated_launcher_refuses_the_glue_when_the_facts_come(monkeypatch)
     rt.state.verified = rt.reported = True
     with pytest.raises(plans.HostsyncStartupError, match="metadata_glue_graph: cannot run beside"):
         runtime.startup_check(rt)
+
+
+def test_eagle_host_preset():
+    from sglang_hostsync_plugin.slot import Status
+
+    names = set(config.parse_slot_spec("eagle_host", CATALOGUE).names)
+    assert names == {"metadata_glue_graph", "skip_glued_replay_view", "fill_fast_path", "draft_extend_glue_graph"}
+    triton = _plan("default,eagle_host", *EAGLE, "--speculative-eagle-topk", "4", "--page-size", "16",
+                   "--attention-backend", "triton")
+    assert all(triton.verdict(n).status is Status.WOULD_APPLY for n in names)
+    fi = _plan("default,eagle_host", *FI_T4)  # the glue would freeze the default host plan there
+    assert fi.verdict("metadata_glue_graph").status is Status.FAILED
+    assert fi.verdict("draft_extend_glue_graph").status is Status.SKIPPED  # not triton
+    assert _plan("default,eagle_host,-metadata_glue_graph", *FI_T4).refused() == []

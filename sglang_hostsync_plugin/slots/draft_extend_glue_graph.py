@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..slot import HookTarget, ServingFacts, Slot, SlotKind, TargetKind, config_precheck, not_speculative
+from .upstream_switches import HOST_PRESET
 
 logger = logging.getLogger("sglang.srt.plugins.hostsync")
 
@@ -217,6 +218,7 @@ SLOT = Slot(
     origin="sglang 0.5.23 MetadataGlueGraph, routed for the EAGLE draft extend (issue 16)",
     summary="EAGLE draft-extend graph's triton metadata prep replayed as one small CUDA graph (SGLang's glue)",
     default=False,
+    presets=(HOST_PRESET,),
     precheck=config_precheck(check_every, pinned_sources),
     inert=inert,
     prepare=prepare,

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from ..slot import ServingFacts, Slot, SlotKind
 from ..switches import flag_precheck
+from .upstream_switches import HOST_PRESET
 
 ORIGIN = "sglang 0.5.23 opt-in"
 # ``SGLANG_HOSTSYNC_SLOTS=default,flashinfer``: these two plus the owned FlashInfer slots.
@@ -96,7 +97,7 @@ SLOTS = (
     _switch("metadata_glue_graph", "SGLANG_ENABLE_METADATA_GLUE_GRAPH",
             "per-replay attention metadata prep captured into one small CUDA graph", glue_inert,
             conflicts=("flashinfer_verify_host_plan",),
-            unsafe_with=(("flashinfer_tree_verify_plan", GLUE_FREEZES_HOST_PLAN),)),
+            unsafe_with=(("flashinfer_tree_verify_plan", GLUE_FREEZES_HOST_PLAN),), presets=(HOST_PRESET,)),
     _switch("flashinfer_verify_host_plan", "SGLANG_OPT_FLASHINFER_VERIFY_HOST_PLAN",
             "FlashInfer EAGLE verify (topk 1) planned from host values: no indptr reads per step",
             verify_host_plan_inert, presets=(FLASHINFER_PRESET,)),

@@ -16,6 +16,9 @@ from ..switches import env_value, flag_precheck
 
 ORIGIN = "sglang#45450"
 PRESET = "dspark_mega"
+# The slots that cut EAGLE-family host work between graphs (issue 16), one A/B handle:
+# ``SGLANG_HOSTSYNC_SLOTS=default,eagle_host``. Not measured as a set yet.
+HOST_PRESET = "eagle_host"
 
 Inert = Callable[[ServingFacts], "str | None"]
 
@@ -69,7 +72,7 @@ def _all(*checks: Inert) -> Inert:
     return inert
 
 
-def _switch(name, flag, summary, inert=None, requires=()) -> Slot:
+def _switch(name, flag, summary, inert=None, requires=(), presets=()) -> Slot:
     return Slot(
         name=name,
         kind=SlotKind.UPSTREAM_SWITCH,
@@ -80,7 +83,7 @@ def _switch(name, flag, summary, inert=None, requires=()) -> Slot:
         precheck=lambda: flag_precheck(flag),
         env_flag=flag,
         inert=inert,
-        presets=(PRESET,),
+        presets=(PRESET, *presets),
     )
 
 
@@ -109,6 +112,7 @@ SLOTS = (
     _switch(
         "fill_fast_path", "SGLANG_OPT_CUDA_GRAPH_FILL_FAST_PATH",
         "CUDA graph replay fill: skip unpadded padding reset, one foreach copy",
+        presets=(HOST_PRESET,),
     ),
     _switch(
         "target_verify_metadata_glue", "SGLANG_OPT_DSV41_TARGET_VERIFY_METADATA_GLUE",
@@ -157,6 +161,7 @@ SLOTS = (
     _switch(
         "skip_glued_replay_view", "SGLANG_OPT_SKIP_GLUED_REPLAY_VIEW",
         "replays with a captured metadata glue graph skip the ForwardBatch view",
+        presets=(HOST_PRESET,),
     ),
     _switch(
         "sim_draw_ahead", "SGLANG_OPT_DSV41_DSPARK_SIM_DRAW_AHEAD",
