@@ -148,14 +148,20 @@ def test_topk_above_one_verify_capture_installs_sglangs_host_plan():
     assert bf.args == (backend.prefill_cuda_graph_metadata[2][0],) and not bf.keywords
 
 
+NGRAM = dict(topk=-1, spec_type=SpecInputType.NGRAM_VERIFY)
+
+
 @pytest.mark.parametrize("case", [
     dict(batch=dict(topk=1)),  # the upstream switch's case, left to it
     dict(batch=dict(mode=ForwardMode.DECODE)),
-    dict(batch=dict(seq_lens_cpu=False)),
-    dict(backend=dict(prefill_backend="fa3")),
-    dict(backend=dict(dispatch_reason="swa")),
-    dict(backend=dict(flashinfer_kv_cache_dtype=torch.float32)),
-    dict(in_capture=False),
+    *(dict(batch=dict(verify, **c.get("batch", {})), **{k: v for k, v in c.items() if k != "batch"})
+      for verify in (dict(topk=4), NGRAM) for c in (
+          dict(batch=dict(seq_lens_cpu=False)),
+          dict(backend=dict(prefill_backend="fa3")),
+          dict(backend=dict(dispatch_reason="swa")),
+          dict(backend=dict(flashinfer_kv_cache_dtype=torch.float32)),
+          dict(in_capture=False),
+      )),
 ])
 def test_other_captures_keep_stock_plan(case):
     backend = _backend(**case.get("backend", {}))
@@ -165,24 +171,11 @@ def test_other_captures_keep_stock_plan(case):
 def test_ngram_verify_capture_installs_a_host_plan_over_the_wrappers_plan():
     backend = _backend()
     w = backend.prefill_cuda_graph_metadata[2][0]
-    bf = _captured(backend, _verify_batch(topk=-1, spec_type=SpecInputType.NGRAM_VERIFY))
+    bf = _captured(backend, _verify_batch(**NGRAM))
     # No .func: call_begin_forward takes its plain branch and calls it with plan()'s arguments.
     assert isinstance(bf, tree.NgramHostPlan) and not hasattr(bf, "func")
     assert bf.wrapper is w and bf.stock == "plan()" and bf.host is None
-    assert _captured(backend, _verify_batch(topk=-1, spec_type=SpecInputType.NGRAM_VERIFY)) is bf  # no double wrap
-
-
-@pytest.mark.parametrize("case", [
-    dict(batch=dict(seq_lens_cpu=False)),
-    dict(backend=dict(prefill_backend="fa3")),
-    dict(backend=dict(dispatch_reason="swa")),
-    dict(backend=dict(flashinfer_kv_cache_dtype=torch.float32)),
-    dict(in_capture=False),
-])
-def test_other_ngram_captures_keep_stock_plan(case):
-    backend = _backend(**case.get("backend", {}))
-    batch = _verify_batch(topk=-1, spec_type=SpecInputType.NGRAM_VERIFY, **case.get("batch", {}))
-    assert _captured(backend, batch, case.get("in_capture", True)) == "plan()"
+    assert _captured(backend, _verify_batch(**NGRAM)) is bf  # no double wrap
 
 
 def test_ngram_replay_hands_its_host_lengths_to_the_plan_for_that_call_only():
@@ -278,6 +271,16 @@ def _ngram_spec(mask, eagle_typed=False):
     return spec
 
 
+def _ngram_planned(bs, pool, lens, mask):
+    """A wrapper with the slot's NGRAM plan, after SGLang's call_begin_forward planned an
+    NGRAM verify of ``lens`` through it (the replay hook's host lengths handed over)."""
+    w = CpuWrapper(bs, pool)
+    w.begin_forward = tree.NgramHostPlan(w, w.plan)
+    w.begin_forward.host = (torch.tensor(lens, dtype=torch.int64), NDT)
+    _call_begin_forward(w, _ngram_spec(mask), lens)
+    return w
+
+
 EDGE_LENS = [1, 15, 16, 17, 31, 32, 33, 255, 256, 257]
 
 
@@ -297,10 +300,7 @@ def test_ngram_host_layout_is_what_sglangs_eagle_host_branch_builds(monkeypatch)
     for bs in (1, 2, 3, 5, 8, 16):
         lens = _lens(rng, bs)
         mask = _ngram_mask(rng, lens)
-        ours = CpuWrapper(bs, 4096)
-        ours.begin_forward = tree.NgramHostPlan(ours, ours.plan)
-        ours.begin_forward.host = (torch.tensor(lens, dtype=torch.int64), NDT)
-        _call_begin_forward(ours, _ngram_spec(mask), lens)
+        ours = _ngram_planned(bs, 4096, lens, mask)
         sglangs = CpuWrapper(bs, 4096)
         sglangs.begin_forward = partial(fb.fast_prefill_plan, sglangs)
         _call_begin_forward(sglangs, _ngram_spec(mask, eagle_typed=True), lens)
@@ -332,10 +332,7 @@ def test_ngram_host_plan_equals_what_plan_computes_from_the_device_arrays():
     for bs in (1, 2, 3, 8, 16):
         lens = _lens(rng, bs)
         mask = _ngram_mask(rng, lens)
-        w = CpuWrapper(bs, 8192)
-        w.begin_forward = tree.NgramHostPlan(w, w.plan)
-        w.begin_forward.host = (torch.tensor(lens, dtype=torch.int64), NDT)
-        _call_begin_forward(w, _ngram_spec(mask), lens)
+        w = _ngram_planned(bs, 8192, lens, mask)
         assert w.begin_forward.host_plans == 1 and not w.stock_plans and len(w.module_plans) == 1
         args = w.module_plans[0]
         qo_host, kv_indptr_host, kv_lens_host, rows, plan_bs = args[3], args[4], args[5], args[6], args[7]
