@@ -150,9 +150,9 @@ class Slot:
     targets: tuple[HookTarget, ...] = ()
     requires: tuple[str, ...] = ()
     conflicts: tuple[str, ...] = ()
-    # (slot, why): slots that must not be active beside this one, where "active" means
-    # selected, passing its checks and not inert for the server facts (no facts: selected).
-    # The plan refuses this slot when one is; unlike ``conflicts`` the pair may be selected.
+    # (slot, why): slots that must not apply beside this one (selected, passing their checks,
+    # not inert). Judged once the server facts are known (``plan.refuse_unsafe_pairs``): this
+    # slot is then refused. Unlike ``conflicts`` the pair may be selected together.
     unsafe_with: tuple[tuple[str, str], ...] = ()
     # Returns None when the slot applies to the installed SGLang, else the reason
     # it must be refused (checked before any of its hooks is registered).
