@@ -117,8 +117,10 @@ def refuse_unsafe_pairs(verdicts: tuple[Verdict, ...], catalogue: Mapping[str, S
     for v in verdicts:
         clash = next(((o, why) for o, why in catalogue[v.name].unsafe_with if o in applying), None)
         if v.name in applying and clash is not None:
+            # Bad input: the selection must change, so it stops startup in every mode.
             v = dataclasses.replace(v, status=Status.FAILED, reason=(
-                f"cannot run beside slot {clash[0]!r} for these server arguments: {clash[1]}; deselect one"))
+                f"{config.BAD_CONFIGURATION}cannot run beside slot {clash[0]!r} for these server arguments: "
+                f"{clash[1]}; deselect one"))
         out.append(v)
     return tuple(out)
 

@@ -187,6 +187,9 @@ def apply_facts(rt: Runtime, server_args) -> None:
 def startup_check(rt: Runtime) -> None:
     if rt.error is not None:
         raise rt.error
+    bad = rt.plan.config_errors() if rt.plan is not None else []
+    if bad:  # e.g. a pair the server facts made unsafe (Slot.unsafe_with): every mode
+        raise config.HostsyncConfigError("hostsync: " + "; ".join(bad))
     if not rt.state.verified:
         installer.verify(rt.state, registry.catalogue())
     if not rt.reported:

@@ -111,8 +111,12 @@ def test_glue_graph_is_refused_beside_an_active_tree_verify_host_plan(argv, refu
     if refused:
         assert glue.status is Status.FAILED and "flashinfer_tree_verify_plan" in glue.reason
         assert "frozen" in glue.reason and tree.status is Status.WOULD_APPLY  # the default slot stays
-        with pytest.raises(plans.HostsyncStartupError, match="metadata_glue_graph: cannot run beside"):
+        with pytest.raises(config.HostsyncConfigError, match="metadata_glue_graph: cannot run beside"):
             p.check_startup()
+        lenient = plans.resolve({config.ENV_ENABLE: "1", config.ENV_SLOTS: "default,metadata_glue_graph",
+                                 config.ENV_STRICT: "0"}, facts=facts(*argv))
+        with pytest.raises(config.HostsyncConfigError):  # bad input stops startup in every mode
+            lenient.check_startup()
     else:
         assert glue.status is Status.WOULD_APPLY and tree.status is Status.SKIPPED
         p.check_startup()
@@ -163,7 +167,7 @@ def test_an_activated_launcher_refuses_the_glue_when_the_facts_come(monkeypatch)
     assert "SGLANG_ENABLE_METADATA_GLUE_GRAPH" not in flags
     assert "flashinfer_tree_verify_plan" in rt.state.active
     rt.state.verified = rt.reported = True
-    with pytest.raises(plans.HostsyncStartupError, match="metadata_glue_graph: cannot run beside"):
+    with pytest.raises(config.HostsyncConfigError, match="metadata_glue_graph: cannot run beside"):
         runtime.startup_check(rt)
 
 
@@ -179,3 +183,13 @@ def test_eagle_host_preset():
     assert fi.verdict("metadata_glue_graph").status is Status.FAILED
     assert fi.verdict("draft_extend_glue_graph").status is Status.SKIPPED  # not triton
     assert _plan("default,eagle_host,-metadata_glue_graph", *FI_T4).refused() == []
+
+
+def test_doctor_names_the_unsafe_pair_as_bad_input(monkeypatch, capsys):
+    from sglang_hostsync_plugin import doctor
+
+    monkeypatch.setenv(config.ENV_SLOTS, "default,metadata_glue_graph")
+    argv = ["doctor", "--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "4", "--page-size", "16"]
+    assert doctor.main([*argv, "--attention-backend", "flashinfer"]) == 2
+    assert "metadata_glue_graph: cannot run beside slot 'flashinfer_tree_verify_plan'" in capsys.readouterr().err
+    assert doctor.main([*argv, "--attention-backend", "triton"]) == 0
