@@ -33,7 +33,9 @@ snapshots those three outputs, runs SGLang's eager prep over them again and comp
 (one host read per check); mismatches are counted and logged. It is the real-server
 proof that the glue replays what the eager prep computes.
 
-Opt-in (not in ``default``) until measured on a GPU. Hook target:
+Each batch size's first glued replays are SGLang's glue warm-ups (2, eager) and its
+capture (torch's graph capture synchronizes the device and empties its caches, once per
+batch size, while serving). Opt-in (not in ``default``) until measured on a GPU. Hook target:
 ``TritonAttnBackend.init_forward_metadata_out_graph`` (AROUND).
 """
 
