@@ -71,6 +71,17 @@ def test_plugin_env_goes_to_plugin_arms_only(tmp_path):
             matrix.parse_plugin_env([bad])
 
 
+def test_a_slots_arm_without_the_audit(tmp_path):
+    models = matrix.write_models(str(tmp_path / "models"))
+    cfg = matrix.CONFIGS["standalone-t4-p16"]
+    arm = matrix.parse_arms("stock", ["default,eagle_host,-audit"])[1]
+    assert arm.name == "slots:default,eagle_host,-audit" and not arm.audited
+    ln = matrix.launch(cfg, arm, 1, matrix.Options(), models, str(tmp_path))
+    assert ln.env["SGLANG_HOSTSYNC_SLOTS"] == "default,eagle_host" and ln.trace == ""
+    assert "SGLANG_HOSTSYNC_AUDIT_TRACE" not in ln.env
+    assert matrix.extra_arm("default,eagle_host").slots == "default,eagle_host,audit"
+
+
 def test_real_checkpoints_replace_the_dummy_models(tmp_path):
     opts = matrix.Options(model_path="/ckpt/target", draft_model_path="/ckpt/draft")
     ln = matrix.launch(matrix.CONFIGS["standalone-t4-p16"], matrix.STOCK, 1, opts, {}, str(tmp_path))
