@@ -148,7 +148,9 @@ def test_sglangs_triton_draft_extend_prep_meets_the_glue_contract():
 
 
 def test_the_contract_functions_are_pinned():
-    assert glue_mod.pinned_sources() is None
+    from sglang_hostsync_plugin.checks import check_slot
+
+    assert glue_mod.pinned_sources() is None and check_slot(glue_mod.SLOT) is None
     names = {attr for _, attr, _ in glue_mod.PINS}
     assert {"_update_draft_extend_buffers", "_fill_kv_indptr_and_indices", "execute", "MetadataGlueGraph"} <= names
 
@@ -221,7 +223,7 @@ def test_everything_else_stays_eager(routed, case):
     assert r.eager == int(counted_eager)
 
 
-def test_the_eager_check_counts_a_glue_that_replays_a_stale_layout(routed):
+def test_the_eager_check_counts_a_glue_that_replays_a_stale_layout(routed, caplog):
     r, _ = routed
     r.check = 1
     backend, runner, rng = _backend(), Runner(), torch.Generator().manual_seed(3)
@@ -231,6 +233,9 @@ def test_the_eager_check_counts_a_glue_that_replays_a_stale_layout(routed):
     r.glues[backend].corrupt = True
     backend.init_forward_metadata_out_graph(runner.view(rng, 2))
     assert r.checks == 4 and r.mismatches == 1
+    # The log's last check line carries the current counts (what the e2e report shows).
+    lines = [m.getMessage() for m in caplog.records if " check: " in m.getMessage()]
+    assert lines and lines[-1].startswith("hostsync: draft_extend_glue_graph check: 4 checks, 1 mismatches")
     # The check's own eager prep left SGLang's values in the buffers.
     kv_lens = (runner.seq_lens[:2] - NDT).to(torch.int32)
     assert torch.equal(backend.kv_indptr[1:3], torch.cumsum(kv_lens, 0).to(torch.int32))

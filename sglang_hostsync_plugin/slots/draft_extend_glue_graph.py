@@ -61,10 +61,9 @@ ENV_CHECK = "SGLANG_HOSTSYNC_GLUE_CHECK"
 MAX_LOGGED = 10
 
 
-# What the glue contract was read from (SGLang 0.5.23): the prep's body, the runner's
+# What the glue contract was read from (SGLang 0.5.23) besides the target: the prep's body, the runner's
 # static-buffer view and the KV gather; a change upstream refuses the slot.
 PINS = (
-    (TRITON, "init_forward_metadata_out_graph", "eca4f02a38884845"),
     (TRITON, "_init_forward_metadata_out_graph", "7acaaee9a41857fe"),
     (TRITON, "_apply_cuda_graph_metadata", "49f61923ed152a6f"),
     (TRITON, "_update_draft_extend_buffers", "7e2ce776f4158812"),
@@ -133,10 +132,6 @@ class GlueRoute:
 _route = GlueRoute()
 
 
-def route() -> GlueRoute:
-    return _route
-
-
 def _draft_extend_replay(backend, fb, in_capture) -> bool:
     return (not in_capture and fb.forward_mode.is_draft_extend_v2() and fb.spec_info is not None
             and fb.input_ids is not None)
@@ -168,9 +163,10 @@ def _check(original, backend, fb, in_capture) -> None:
     same = len(glued[2]) == len(eager[2]) and all(torch.equal(a, b) for a, b in zip(glued, eager))
     if not same:
         r.mismatches += 1
-        if r.mismatches <= MAX_LOGGED:
-            logger.warning("hostsync: %s check: the glued draft-extend metadata differs from the eager prep "
-                           "(bs %d; %d of %d checks)", NAME, fb.batch_size, r.mismatches, r.checks)
+        if r.mismatches <= MAX_LOGGED:  # the same counts as the summary: the last line is always current
+            logger.warning("hostsync: %s check: %d checks, %d mismatches (bs %d: the glued draft-extend metadata "
+                           "differs from the eager prep)", NAME, r.checks, r.mismatches, fb.batch_size)
+            return
     if r.checks in (1, 10, 100) or r.checks % 1000 == 0:
         logger.info("hostsync: %s check: %d checks, %d mismatches", NAME, r.checks, r.mismatches)
 
@@ -183,15 +179,17 @@ def prep_hook(original, self, forward_batch, in_capture=False):
     if glue is None or glue.disabled:
         r.eager += 1
         return original(self, forward_batch, in_capture)
+    key = (forward_batch.batch_size,)
     r.inside = True
     try:
-        was_captured = glue.is_captured((forward_batch.batch_size,))
-        glue.run(self, forward_batch, (forward_batch.batch_size,))
+        was_captured = glue.is_captured(key)
+        glue.run(self, forward_batch, key)
         r.glued += 1
-        if not was_captured and glue.is_captured((forward_batch.batch_size,)):
-            logger.info("hostsync: %s: draft-extend metadata prep captured for bs %d", NAME, forward_batch.batch_size)
-        if r.check and was_captured and r.glued % r.check == 0:
-            _check(original, self, forward_batch, in_capture)
+        if was_captured:
+            if r.check and r.glued % r.check == 0:
+                _check(original, self, forward_batch, in_capture)
+        elif glue.is_captured(key):
+            logger.info("hostsync: %s: draft-extend metadata prep captured for bs %d", NAME, key[0])
     finally:
         r.inside = False
     return None
@@ -229,7 +227,7 @@ SLOT = Slot(
     targets=(
         HookTarget(
             f"{TRITON}.init_forward_metadata_out_graph", TargetKind.FUNCTION, hook=prep_hook,
-            params=("self", "forward_batch", "in_capture"), source_sha=None,
+            params=("self", "forward_batch", "in_capture"), source_sha="eca4f02a38884845",
         ),
     ),
 )
