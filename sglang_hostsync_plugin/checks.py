@@ -30,6 +30,22 @@ def resolve(path: str):
     return getattr(owner, attr)
 
 
+def pinned_sources(pins, what: str) -> str | None:
+    """None when every ``(owner, attr, sha)`` in ``pins`` (upstream code a slot relies on beyond
+    its hook targets) still has that source, else the reason to refuse the slot."""
+    from triton.runtime import KernelInterface
+
+    for owner, attr, sha in pins:
+        try:
+            obj = inspect.unwrap(resolve(f"{owner}.{attr}"))
+            got = source_sha(obj.fn if isinstance(obj, KernelInterface) else obj)  # a @triton.jit kernel
+        except (ImportError, AttributeError, OSError, TypeError) as exc:
+            return f"target missing: {owner}.{attr} ({type(exc).__name__}: {exc})"
+        if got != sha:
+            return f"upstream shape changed: {owner}.{attr} source sha {got}, expected {sha} ({what})"
+    return None
+
+
 def _import_error(path: str) -> ImportError | None:
     """The import error behind an unresolvable path, when a module on it fails to
     import (pkgutil reports that as a missing attribute of its parent package)."""
@@ -115,10 +131,11 @@ def check_slot(slot: Slot) -> str | None:
 
 def claim_conflicts(slots: Iterable[Slot]) -> dict[str, str]:
     """Slot name -> reason, for every slot that hooks a function (or overrides a
-    method) another of ``slots`` also hooks: each of them is refused."""
+    method) another of ``slots`` also hooks: each of them is refused. Observer targets
+    claim nothing."""
     claims: dict[str, list[str]] = {}
     for slot in slots:
-        for target in slot.targets:
+        for target in (t for t in slot.targets if not t.observer):
             keys = ([f"{target.path}.{m}" for m in overridden_methods(target.mixin)]
                     if target.kind is TargetKind.CLASS else [target.path])
             for key in keys:

@@ -30,8 +30,8 @@ class InstallState:
     then the outcome of installing them here)."""
 
     statuses: dict[str, Verdict] = field(default_factory=dict)
-    # target path -> (hook object registered, slot names behind it)
-    registered: dict[str, tuple[object, tuple[str, ...]]] = field(default_factory=dict)
+    # (target path, hook object registered, slot names behind it), in registration order
+    registered: list[tuple[str, object, tuple[str, ...]]] = field(default_factory=list)
     active: set[str] = field(default_factory=set)
     verified: bool = False
 
@@ -106,7 +106,7 @@ def install(
     ``register(path, hook, kind)`` is the HookRegistry call ("around" / "replace").
     """
     by_class: dict[str, list[tuple[str, type]]] = {}
-    functions: list[tuple[str, str, Callable]] = []
+    functions: list[tuple[str, str, Callable, bool]] = []
     for verdict in plan.verdicts:
         if not verdict.selected:
             state.statuses[verdict.name] = dataclasses.replace(verdict, status=Status.SKIPPED, reason="not selected")
@@ -119,15 +119,16 @@ def install(
             if target.kind is TargetKind.CLASS:
                 by_class.setdefault(target.path, []).append((verdict.name, target.mixin))
             else:
-                functions.append((target.path, verdict.name, target.hook))
-    for path, slot, hook in functions:
+                functions.append((target.path, verdict.name, target.hook, target.observer))
+    # Observers last: HookRegistry wraps in registration order, so they sit outside.
+    for path, slot, hook, _ in sorted(functions, key=lambda f: f[3]):
         gated = _gate_function(state, slot, hook)
         register(path, gated, "around")
-        state.registered[path] = (gated, (slot,))
+        state.registered.append((path, gated, (slot,)))
     for path, parts in by_class.items():
         cls = compose_class(state, resolve(path), parts)
         register(path, cls, "replace")
-        state.registered[path] = (cls, tuple(s for s, _ in parts))
+        state.registered.append((path, cls, tuple(s for s, _ in parts)))
 
 
 def hook_in_place(path: str, hook: object) -> bool:
@@ -191,15 +192,18 @@ def verify(state: InstallState, catalogue: Mapping[str, Slot] | None = None) -> 
     """Mark each pending slot applied if all its hooks are live (and, for a hook that
     recompiles its original, that original is SGLang's own), else failed."""
     problems: dict[str, list[str]] = {}
-    for path, (hook, slot_names) in state.registered.items():
+    for path, hook, slot_names in state.registered:
         if not hook_in_place(path, hook):
             for name in slot_names:
                 problems.setdefault(name, []).append(f"hook not in place after load_plugins(): {path}")
     for name in list(state.statuses):
         slot = catalogue.get(name) if catalogue else None
         for target in slot.targets if slot and name in state.active else ():
-            if target.needs_upstream_original and target.path in state.registered:
-                why = foreign_wrapper(target.path, state.registered[target.path][0], target.source_sha)
+            if not target.needs_upstream_original:
+                continue
+            for path, hook, slot_names in state.registered:
+                why = (foreign_wrapper(path, hook, target.source_sha)
+                       if path == target.path and name in slot_names else None)
                 if why:
                     problems.setdefault(name, []).append(why + "; its source edit is refused")
     for name, status in list(state.statuses.items()):

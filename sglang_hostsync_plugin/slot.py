@@ -58,12 +58,18 @@ class HookTarget:
     # FUNCTION: the hook recompiles ``original`` from source (``source_edit``), so it
     # must receive SGLang's own function; another plugin's hook inside ours refuses the slot.
     needs_upstream_original: bool = False
+    # FUNCTION: a pass-through wrapper (calls ``original`` once with the same arguments and
+    # returns its result; the audit's phase timers). It claims nothing, so it may share the
+    # function with another slot's hook, which it wraps from outside.
+    observer: bool = False
 
     def __post_init__(self):
         if self.kind is TargetKind.FUNCTION and self.hook is None:
             raise ValueError(f"function target {self.path} needs a hook")
         if self.kind is TargetKind.CLASS and self.mixin is None:
             raise ValueError(f"class target {self.path} needs a mixin")
+        if self.observer and (self.kind is not TargetKind.FUNCTION or self.needs_upstream_original):
+            raise ValueError(f"observer target {self.path} must be a plain function hook")
 
 
 @dataclass(frozen=True)
@@ -184,10 +190,12 @@ class ConfigPrecheck:
     ``upstream`` (optional) checks SGLang code the slot relies on beyond its targets;
     it runs only where the slot is not inert."""
 
-    check: Callable[[], object]
+    check: Callable[[], object] | None  # None: the slot has no settings of its own
     upstream: Callable[[], str | None] | None = None
 
     def config(self) -> str | None:
+        if self.check is None:
+            return None
         try:
             self.check()
         except ValueError as exc:
@@ -198,7 +206,7 @@ class ConfigPrecheck:
         return self.config() or (self.upstream() if self.upstream else None)
 
 
-def config_precheck(check: Callable[[], object], upstream: Callable[[], str | None] | None = None) -> ConfigPrecheck:
+def config_precheck(check: Callable[[], object] | None, upstream: Callable[[], str | None] | None = None) -> ConfigPrecheck:
     return ConfigPrecheck(check, upstream)
 
 

@@ -30,6 +30,7 @@ OWNED = (
     ("flashinfer_tree_verify_plan", "flashinfer_tree_verify_plan", True),
     ("ngram_accept_readback", "ngram_accept_readback", True),
     ("draft_extend_glue_graph", "draft_extend_glue_graph", False),
+    ("fused_tree_compact", "fused_tree_compact", False),
 )
 
 

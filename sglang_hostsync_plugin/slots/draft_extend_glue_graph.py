@@ -77,18 +77,9 @@ PINS = (
 
 
 def pinned_sources() -> str | None:
-    import inspect
+    from ..checks import pinned_sources as check_pins
 
-    from ..checks import resolve, source_sha
-
-    for owner, attr, sha in PINS:
-        try:
-            got = source_sha(inspect.unwrap(resolve(f"{owner}.{attr}")))
-        except (ImportError, AttributeError, OSError, TypeError) as exc:
-            return f"target missing: {owner}.{attr} ({type(exc).__name__}: {exc})"
-        if got != sha:
-            return f"upstream shape changed: {owner}.{attr} source sha {got}, expected {sha} (the glue contract)"
-    return None
+    return check_pins(PINS, "the glue contract")
 
 
 def check_every(env=None) -> int:
