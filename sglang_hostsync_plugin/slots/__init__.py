@@ -31,6 +31,7 @@ OWNED = (
     ("ngram_accept_readback", "ngram_accept_readback", True),
     ("draft_extend_glue_graph", "draft_extend_glue_graph", False),
     ("fused_tree_compact", "fused_tree_compact", False),
+    ("fused_draft_page_locs", "fused_draft_page_locs", False),
 )
 
 

@@ -1,0 +1,97 @@
+"""fused_draft_page_locs on the CPU: SGLang's real ``prepare_for_draft`` against the slot's
+recompiled copy (its Triton kernel under TRITON_INTERPRET): ``out_cache_loc`` (values and
+dtype), the draft pool after the prefix-tail move, and everything after the block."""
+
+import random
+
+import pytest
+import torch
+
+from hostsync_drivers.draft_page_locs import make_case, run_both, same
+from sglang_hostsync_plugin.checks import check_slot
+from sglang_hostsync_plugin.slot import ServingFacts
+from sglang_hostsync_plugin.slots import fused_draft_page_locs as fdl
+from sglang_hostsync_plugin.source_edit import edit_function
+
+EDGES = [
+    dict(bs=1, topk=2, page_size=4, num_steps=1),
+    dict(bs=1, topk=4, page_size=16, num_steps=3, last_page=0),  # page-aligned prefix: no tail lane
+    dict(bs=3, topk=3, page_size=16, num_steps=5, last_page=15),  # the draft spills into a new page
+    dict(bs=2, topk=2, page_size=2, num_steps=7, last_page=1),
+    dict(bs=32, topk=4, page_size=64, num_steps=3),
+    dict(bs=5, topk=8, page_size=8, num_steps=9),
+]
+
+
+@pytest.mark.parametrize("case", EDGES, ids=[str(c) for c in EDGES])
+def test_edges_bit_identical_to_stock(case, monkeypatch):
+    inputs = make_case(random.Random(str(case)), **case)
+    stock, plugin = run_both(inputs, monkeypatch)
+    assert plugin[0]["fused_calls"] == 1  # the fused branch ran (the comparison is not vacuous)
+    assert same(stock, plugin)
+    assert stock[0]["out_cache_loc"].dtype == torch.int32  # stock's gather keeps req_to_token's dtype
+
+
+def test_random_batches_bit_identical_to_stock(monkeypatch):
+    rng = random.Random(9)
+    for i in range(25):
+        case = dict(bs=rng.randint(1, 12), topk=rng.choice([2, 3, 4, 8]), page_size=rng.choice([2, 4, 16, 32, 64]),
+                    num_steps=rng.randint(1, 7))
+        stock, plugin = run_both(make_case(rng, **case), monkeypatch, seed=i)
+        assert plugin[0]["fused_calls"] == 1 and same(stock, plugin), (i, case)
+
+
+def test_the_comparison_catches_a_wrong_slot(monkeypatch):
+    inputs = make_case(random.Random(4), 3, 4, 16, 3, last_page=5)
+    stock, plugin = run_both(inputs, monkeypatch)
+    assert same(stock, plugin)
+    broken = dict(plugin[0], out_cache_loc=plugin[0]["out_cache_loc"].clone())
+    broken["out_cache_loc"][2] += 1
+    assert not same(stock, (broken, plugin[1]))
+    untouched = make_case(random.Random(4), 3, 4, 16, 3, last_page=5)
+    from hostsync_drivers import eagle_tail
+
+    fresh = eagle_tail.make_pool(untouched["size"], 16, "cpu", 0)
+    assert not eagle_tail.pools_equal(fresh, plugin[1])  # the tail really moved KV
+
+
+def test_what_the_kernel_does_not_take_runs_sglangs_block(monkeypatch):
+    inputs = make_case(random.Random(6), 2, 4, 16, 3)
+    monkeypatch.setattr(fdl, "_INTERPRET", False)  # CPU tensors outside the interpreter: SGLang's CPU path
+    stock, plugin = run_both(inputs, monkeypatch)
+    assert plugin[0]["fused_calls"] == 0 and same(stock, plugin)
+    inputs = make_case(random.Random(6), 2, 4, 2048, 3)  # a page over MAX_PAGE
+    monkeypatch.setattr(fdl, "_INTERPRET", True)
+    stock, plugin = run_both(inputs, monkeypatch)
+    assert plugin[0]["fused_calls"] == 0 and same(stock, plugin)
+
+
+def test_the_edit_applies_to_the_pinned_source_only():
+    from sglang.srt.speculative import eagle_worker_common as ewc
+
+    edited = edit_function(ewc.prepare_for_draft, (fdl.EDIT,), {"_hostsync_page_locs_fit": fdl.page_locs_fit,
+                                                              "_hostsync_page_locs": fdl.page_locs},
+                           expected_sha=fdl.PREPARE_SHA)
+    assert edited is not ewc.prepare_for_draft
+    assert check_slot(fdl.SLOT) is None and fdl.pinned_sources() is None
+
+
+def test_inert_rule():
+    eagle = dict(speculative_algorithm="EAGLE")
+    assert fdl.inert(ServingFacts(**eagle, topk=4, page_size=16)) is None
+    assert "topk is 1" in fdl.inert(ServingFacts(**eagle, topk=1, page_size=16))
+    assert "page-size is 1" in fdl.inert(ServingFacts(**eagle, topk=4, page_size=1))
+    assert "DSPARK" in fdl.inert(ServingFacts(speculative_algorithm="DSPARK", topk=4, page_size=16))
+
+
+def test_applies_beside_the_audit_and_the_tail_slot():
+    """The audit's draft_prep timer observes the same function (outside the recompiled copy), and
+    eagle_fixed_shape_tail's hook (no longer reached on this path) is no claim on it."""
+    from sglang_hostsync_plugin import plan as plans
+    from sglang_hostsync_plugin.slot import Status
+
+    facts = ServingFacts(speculative_algorithm="STANDALONE", topk=4, page_size=16,
+                         attention_backends=("triton", "triton"))
+    plan = plans.resolve({"SGLANG_HOSTSYNC_SLOTS": "default,fused_draft_page_locs,audit"}, facts=facts)
+    for name in (fdl.NAME, "audit", "eagle_fixed_shape_tail"):
+        assert plan.verdict(name).status is Status.WOULD_APPLY, plan.verdict(name)
