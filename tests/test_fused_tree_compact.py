@@ -83,11 +83,17 @@ def test_steps_aside_for_what_the_kernel_does_not_take(monkeypatch):
     got = ftc.finalize_hook(original, batch, inputs["accept_index"], inputs["accept_lens"], inputs["predict"], logits,
                             2, token_to_kv_pool_allocator=None, num_draft_tokens=inputs["nd"])
     assert got == "stock" and calls == [1]
-    monkeypatch.setattr(ftc, "_INTERPRET", False)  # a CPU tensor outside the interpreter: SGLang's CPU path
+    monkeypatch.setattr(ftc, "MAX_WINDOW", inputs["out_cache_loc"].numel() - 1)  # a batch past the bound
     logits = SimpleNamespace(hidden_states=inputs["hidden"])
     got = ftc.finalize_hook(original, batch, inputs["accept_index"], inputs["accept_lens"], inputs["predict"], logits,
                             2, token_to_kv_pool_allocator=None, num_draft_tokens=inputs["nd"])
     assert got == "stock" and calls == [1, 1]
+    monkeypatch.undo()
+    monkeypatch.setattr(ftc, "_INTERPRET", False)  # a CPU tensor outside the interpreter: SGLang's CPU path
+    logits = SimpleNamespace(hidden_states=inputs["hidden"])
+    got = ftc.finalize_hook(original, batch, inputs["accept_index"], inputs["accept_lens"], inputs["predict"], logits,
+                            2, token_to_kv_pool_allocator=None, num_draft_tokens=inputs["nd"])
+    assert got == "stock" and calls == [1, 1, 1]
 
 
 def test_inert_rule_and_pins():

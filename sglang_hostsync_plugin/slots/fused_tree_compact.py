@@ -20,8 +20,8 @@ Bit-identical to stock, including what stock writes where nothing reads:
   (stock's ``clamp(min=0)``), and rows past the path keep their own.
 
 It steps aside, leaving SGLang's code, for a non-CUDA tensor (the CPU engine; the tests run the
-kernel under ``TRITON_INTERPRET=1``), a non-contiguous or mis-shaped input, and more than
-``MAX_LOCS`` accepted positions per batch. Hook target: ``_finalize_accept_tree_path`` (AROUND).
+kernel under ``TRITON_INTERPRET=1``), a non-contiguous or mis-shaped input, and a batch past
+``MAX_LOCS`` accepted positions or ``MAX_WINDOW`` verify slots. Hook target: ``_finalize_accept_tree_path`` (AROUND).
 """
 
 from __future__ import annotations
@@ -41,7 +41,10 @@ logger = logging.getLogger("sglang.srt.plugins.hostsync")
 NAME = "fused_tree_compact"
 COMMON = "sglang.srt.speculative.eagle_worker_common"
 TARGET = f"{COMMON}._finalize_accept_tree_path"
-MAX_LOCS = 4096  # bs * (spec_steps + 1): one program builds both slot lists in registers
+# One program builds both slot lists in registers: bs * (spec_steps + 1) accepted positions and
+# the bs x window block of verify slots stay bounded (larger batches run SGLang's code).
+MAX_LOCS = 1024
+MAX_WINDOW = 4096
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 # What the kernel restates (SGLang 0.5.23); a change upstream refuses the slot.
@@ -131,7 +134,7 @@ def fits(batch, accept_index, accept_lens, predict, hidden, bs: int, num_draft_t
         and accept_index.dim() == 2 and accept_index.shape[0] == bs and 0 < accept_index.shape[1] <= num_draft_tokens
         and bs * accept_index.shape[1] <= MAX_LOCS and accept_index.is_contiguous()
         and accept_lens.numel() == bs and accept_lens.is_contiguous()
-        and ocl.dim() == 1 and ocl.is_contiguous() and ocl.numel() % bs == 0
+        and ocl.dim() == 1 and ocl.is_contiguous() and ocl.numel() % bs == 0 and ocl.numel() <= MAX_WINDOW
         and predict.dim() == 1 and predict.numel() == bs * num_draft_tokens and predict.is_contiguous()
         and (hidden is None or (hidden.shape[0] == predict.numel() and hidden.is_contiguous()))
     )
