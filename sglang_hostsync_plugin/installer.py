@@ -30,8 +30,8 @@ class InstallState:
     then the outcome of installing them here)."""
 
     statuses: dict[str, Verdict] = field(default_factory=dict)
-    # (target path, hook object registered, slot names behind it), in registration order
-    registered: list[tuple[str, object, tuple[str, ...]]] = field(default_factory=list)
+    # target path -> (hook object registered, slot names behind it)
+    registered: dict[str, tuple[object, tuple[str, ...]]] = field(default_factory=dict)
     active: set[str] = field(default_factory=set)
     verified: bool = False
 
@@ -60,6 +60,25 @@ def _gate_function(state: InstallState, slot: str, hook: Callable) -> Callable:
     gated.__qualname__ = f"hostsync[{slot}].{getattr(hook, '__name__', 'hook')}"
     gated.hostsync_hook = hook
     return gated
+
+
+def _nest(outer: Callable, inner: Callable) -> Callable:
+    def nested(original, *args, **kwargs):
+        return outer(lambda *a, **k: inner(original, *a, **k), *args, **kwargs)
+
+    nested.__qualname__ = f"{outer.__qualname__}({inner.__qualname__})"
+    return nested
+
+
+def compose_function(state: InstallState, parts: list[tuple[str, Callable, bool]]) -> Callable:
+    """One AROUND hook for a function from every enabled slot's ``(slot, hook, observer)``: the
+    claiming hook (at most one: the plan refuses two) innermost, observers around it, each behind
+    its slot's gate. One registration per function, so SGLang sees no hook stacking."""
+    ordered = sorted(parts, key=lambda p: p[2])  # stable: claiming first, then observers
+    hook = _gate_function(state, ordered[0][0], ordered[0][1])
+    for slot, fn, _ in ordered[1:]:
+        hook = _nest(_gate_function(state, slot, fn), hook)
+    return hook
 
 
 def _gate_method(state: InstallState, slot: str, impl: Callable, fallback: Callable) -> Callable:
@@ -106,7 +125,7 @@ def install(
     ``register(path, hook, kind)`` is the HookRegistry call ("around" / "replace").
     """
     by_class: dict[str, list[tuple[str, type]]] = {}
-    functions: list[tuple[str, str, Callable, bool]] = []
+    functions: dict[str, list[tuple[str, Callable, bool]]] = {}
     for verdict in plan.verdicts:
         if not verdict.selected:
             state.statuses[verdict.name] = dataclasses.replace(verdict, status=Status.SKIPPED, reason="not selected")
@@ -119,16 +138,15 @@ def install(
             if target.kind is TargetKind.CLASS:
                 by_class.setdefault(target.path, []).append((verdict.name, target.mixin))
             else:
-                functions.append((target.path, verdict.name, target.hook, target.observer))
-    # Observers last: HookRegistry wraps in registration order, so they sit outside.
-    for path, slot, hook, _ in sorted(functions, key=lambda f: f[3]):
-        gated = _gate_function(state, slot, hook)
-        register(path, gated, "around")
-        state.registered.append((path, gated, (slot,)))
+                functions.setdefault(target.path, []).append((verdict.name, target.hook, target.observer))
+    for path, parts in functions.items():
+        hook = compose_function(state, parts)
+        register(path, hook, "around")
+        state.registered[path] = (hook, tuple(s for s, _, _ in parts))
     for path, parts in by_class.items():
         cls = compose_class(state, resolve(path), parts)
         register(path, cls, "replace")
-        state.registered.append((path, cls, tuple(s for s, _ in parts)))
+        state.registered[path] = (cls, tuple(s for s, _ in parts))
 
 
 def hook_in_place(path: str, hook: object) -> bool:
@@ -192,18 +210,15 @@ def verify(state: InstallState, catalogue: Mapping[str, Slot] | None = None) -> 
     """Mark each pending slot applied if all its hooks are live (and, for a hook that
     recompiles its original, that original is SGLang's own), else failed."""
     problems: dict[str, list[str]] = {}
-    for path, hook, slot_names in state.registered:
+    for path, (hook, slot_names) in state.registered.items():
         if not hook_in_place(path, hook):
             for name in slot_names:
                 problems.setdefault(name, []).append(f"hook not in place after load_plugins(): {path}")
     for name in list(state.statuses):
         slot = catalogue.get(name) if catalogue else None
         for target in slot.targets if slot and name in state.active else ():
-            if not target.needs_upstream_original:
-                continue
-            for path, hook, slot_names in state.registered:
-                why = (foreign_wrapper(path, hook, target.source_sha)
-                       if path == target.path and name in slot_names else None)
+            if target.needs_upstream_original and target.path in state.registered:
+                why = foreign_wrapper(target.path, state.registered[target.path][0], target.source_sha)
                 if why:
                     problems.setdefault(name, []).append(why + "; its source edit is refused")
     for name, status in list(state.statuses.items()):

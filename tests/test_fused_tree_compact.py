@@ -120,8 +120,8 @@ def test_in_the_eagle_host_preset_not_default():
 
 def test_the_audit_phase_timer_composes_with_the_slot_from_outside():
     """The audit times the same function (phase tree_compact): an observer target, so selecting
-    both applies both, and the timer is registered after the slot's hook (HookRegistry wraps in
-    registration order: the timer sits outside and times the fused path)."""
+    both applies both, and the installer registers one hook there with the timer outside the
+    slot's hook (SGLang's HookRegistry sees no stacked hooks)."""
     from sglang_hostsync_plugin import installer, plan as plans, registry
     from sglang_hostsync_plugin.slot import Status
 
@@ -134,7 +134,32 @@ def test_the_audit_phase_timer_composes_with_the_slot_from_outside():
     installer.install(installer.InstallState(), plan, registry.catalogue(),
                       lambda path, hook, kind: order.append((path, hook.__qualname__)))
     at_target = [name for path, name in order if path == ftc.TARGET]
-    assert [name.split(".")[0] for name in at_target] == [f"hostsync[{ftc.NAME}]", "hostsync[audit]"]
+    assert len(at_target) == 1 and len(order) == len({p for p, _ in order})
+    assert at_target[0].startswith("hostsync[audit].") and f"(hostsync[{ftc.NAME}]." in at_target[0]
+
+
+def test_composed_hook_runs_the_observer_around_the_claiming_hook():
+    from sglang_hostsync_plugin import installer
+
+    seen = []
+
+    def claim(original, x):
+        seen.append("claim")
+        return x * 10  # never calls original (as a fused path does)
+
+    def observe(original, *args, **kwargs):
+        seen.append("enter")
+        try:
+            return original(*args, **kwargs)
+        finally:
+            seen.append("exit")
+
+    state = installer.InstallState(active={"c", "o"})
+    hook = installer.compose_function(state, [("o", observe, True), ("c", claim, False)])
+    assert hook(lambda x: -1, 3) == 30 and seen == ["enter", "claim", "exit"]
+    state.active.discard("c")  # a refused claiming slot: SGLang's function, still observed
+    seen.clear()
+    assert hook(lambda x: -1, 3) == -1 and seen == ["enter", "exit"]
 
 
 def test_two_claiming_slots_on_one_function_are_still_refused():
