@@ -32,6 +32,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from sglang.srt.utils.async_probe import maybe_detect_oob
 
 from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck, not_speculative
 from .upstream_switches import HOST_PRESET
@@ -146,8 +147,6 @@ def finalize_hook(original, batch, accept_index, accept_lens, predict, logits_ou
     if not fits(batch, accept_index, accept_lens, predict, hidden, bs, num_draft_tokens):
         return original(batch, accept_index, accept_lens, predict, logits_output, bs,
                         token_to_kv_pool_allocator=token_to_kv_pool_allocator, num_draft_tokens=num_draft_tokens)
-    from sglang.srt.utils.async_probe import maybe_detect_oob
-
     maybe_detect_oob(accept_index, -1, batch.out_cache_loc.size(0), "spec v2 move_accept_tokens accept_index")
     tgt, src, predict, hidden = compact(accept_index, accept_lens, batch.out_cache_loc, predict, hidden, bs,
                                         num_draft_tokens)
