@@ -95,3 +95,39 @@ def test_applies_beside_the_audit_and_the_tail_slot():
     plan = plans.resolve({"SGLANG_HOSTSYNC_SLOTS": "default,fused_draft_page_locs,audit"}, facts=facts)
     for name in (fdl.NAME, "audit", "eagle_fixed_shape_tail"):
         assert plan.verdict(name).status is Status.WOULD_APPLY, plan.verdict(name)
+
+
+def test_installed_in_real_sglang_beside_the_audit_and_eagle_host():
+    """In a fresh interpreter with SGLang's HookRegistry: the source-edit slot, the audit's observer
+    on the same function and fused_tree_compact all verify as applied, the live prepare_for_draft
+    runs the recompiled copy (bit-identical to SGLang's own), and SGLang logs no stacked hooks."""
+    from helpers import LOAD_AND_STARTUP_CHECK, out, run_python
+
+    proc = run_python(LOAD_AND_STARTUP_CHECK + """
+import json, random, sys
+import torch
+sys.path.insert(0, "tests")
+from sglang.srt.speculative import eagle_worker_common as ewc
+from sglang_hostsync_plugin.slots import fused_draft_page_locs as fdl
+from hostsync_drivers import draft_page_locs as drv
+from hostsync_drivers import Patcher
+status = {n: rt.state.statuses[n].status.value for n in
+          ("fused_draft_page_locs", "fused_tree_compact", "audit", "eagle_fixed_shape_tail")}
+patcher = Patcher()
+case = drv.make_case(random.Random(1), 3, 4, 16, 3)
+stock, plugin = drv.run_both(case, patcher, plugin_original=ewc.prepare_for_draft.__wrapped__)
+patcher.setattr(ewc, "ForwardBatch", drv.InitNew)
+live = drv._run(ewc.prepare_for_draft, case, drv.eagle_tail.make_pool(case["size"], 16, "cpu", 0))  # the hooked chain
+print("RESULT" + json.dumps({"err": err, "status": status, "same": drv.same(stock, plugin),
+      "edited": fdl._prepare_for_draft is not None and fdl._prepare_for_draft is not ewc.prepare_for_draft.__wrapped__,
+      "live_same": bool(torch.equal(live["out_cache_loc"], stock[0]["out_cache_loc"]))}))
+""", SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", SGLANG_HOSTSYNC_SLOTS="default,eagle_host,fused_draft_page_locs,audit")
+    assert proc.returncode == 0, out(proc)
+    import json
+
+    res = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert res["err"] is None, res
+    assert res["status"] == dict.fromkeys(("fused_draft_page_locs", "fused_tree_compact", "audit",
+                                           "eagle_fixed_shape_tail"), "applied"), res
+    assert res["same"] and res["edited"] and res["live_same"], res
+    assert "Multiple AROUND hooks" not in proc.stderr + proc.stdout
