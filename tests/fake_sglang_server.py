@@ -5,7 +5,8 @@ trace lines in the audit slot's own format (one "step" per 4 tokens).
 
 Behaviour switches for the tests come from the arm's slot list: a slot token
 ``perturb`` changes the logprob of the last output position, ``crash`` exits before
-ready. Outputs depend only on the prompt, like greedy decoding."""
+ready, ``die`` exits while serving (on its 5th 16-token request: the first one, the two
+warm-ups, then inside the first timed round). Outputs depend only on the prompt, like greedy decoding."""
 
 import argparse
 import json
@@ -40,7 +41,7 @@ def main():
                 print(f"[x] INFO hostsync: draft_extend_glue_graph check: {n} checks, 0 mismatches", flush=True)
     trace_path = os.environ.get(ENV_TRACE)
     lock = threading.Lock()
-    state = {"step": 0}
+    state = {"step": 0, "served16": 0}
     stock_like = tokens <= {"audit", ""}
     if trace_path:
         with open(trace_path, "w") as f:
@@ -88,6 +89,12 @@ def main():
                 return self._send(404, {})
             req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             ids, n = req["input_ids"], req["sampling_params"]["max_new_tokens"]
+            if n == 16 and "die" in tokens:
+                with lock:
+                    state["served16"] += 1
+                    if state["served16"] == 5:
+                        print("fake server: dying while serving", flush=True)
+                        os._exit(5)
             out = [(sum(ids) * 31 + 7 * k) % 50000 for k in range(n)]
             record_steps(max(1, n // 4))
             meta = {"completion_tokens": n, "spec_accept_length": 3.0 if stock_like else 3.0}

@@ -263,10 +263,10 @@ def test_whole_run_against_fake_servers(tmp_path, monkeypatch):
     out = tmp_path / "run"
     argv = ["--server-module", "fake_sglang_server", "--configs", "standalone-t4-p16", "--concurrency", "1", "2",
             "--rounds", "2", "--requests", "3", "--max-new-tokens", "16", "--identity-tokens", "8",
-            "--slots", "default,perturb", "--slots", "crash", "--port", str(38000 + os.getpid() % 500), "--out", str(out),
+            "--slots", "default,perturb", "--slots", "crash", "--slots", "die", "--port", str(38000 + os.getpid() % 500), "--out", str(out),
             "--plugin-env", "SGLANG_HOSTSYNC_GLUE_CHECK=5"]
     t0 = time.perf_counter()
-    assert run.main(argv) == 1  # the perturbed arm differs and the crashing one never started
+    assert run.main(argv) == 1  # the perturbed arm differs, the crashing one never started, one died
     result = json.load(open(out / "e2e.json"))
     servers = result["servers"]
     assert servers["standalone-t4-p16/slots:crash"]["ready_s"] is None
@@ -275,7 +275,13 @@ def test_whole_run_against_fake_servers(tmp_path, monkeypatch):
     ident = result["identity"]
     assert ident["standalone-t4-p16/plugin"]["identical"] and ident["standalone-t4-p16/audit"]["identical"]
     assert not ident["standalone-t4-p16/slots:default,perturb"]["identical"]
-    rows = result["rows"]
+    # The arm that died inside c1 round 0 keeps that row (with its errors) and nothing after it;
+    # the rest of the run and its report go on.
+    assert "c1 round 0" in servers["standalone-t4-p16/slots:die"]["died"]
+    assert "dying while serving" in servers["standalone-t4-p16/slots:die"]["log_tail"]
+    died_rows = [r for r in result["rows"] if r["arm"] == "slots:die"]
+    assert [(r["concurrency"], r["round"]) for r in died_rows] == [(1, 0)] and died_rows[0]["errors"]
+    rows = [r for r in result["rows"] if r["arm"] != "slots:die"]
     assert {(r["arm"], r["concurrency"]) for r in rows} == {(a, c) for a in ("stock", "audit", "plugin", "slots:default,perturb") for c in (1, 2)}
     first_round = [r["arm"] for r in rows if r["concurrency"] == 1 and r["round"] == 0]
     second_round = [r["arm"] for r in rows if r["concurrency"] == 1 and r["round"] == 1]
@@ -286,6 +292,7 @@ def test_whole_run_against_fake_servers(tmp_path, monkeypatch):
     assert cells[("stock", 1)]["audit"] is None and cells[("plugin", 2)]["ratio_tok_s_user"] > 0
     md = (out / "e2e.md").read_text()
     assert "| standalone-t4-p16/slots:crash | failed |" in md and (out / "e2e.png").exists()
+    assert "- standalone-t4-p16/slots:die: exited (rc 5) during c1 round 0" in md
     # --plugin-env reached the plugin arms only; each slot's last self-check line is reported.
     assert servers["standalone-t4-p16/plugin"]["slot_checks"] == ["draft_extend_glue_graph check: 10 checks, 0 mismatches"]
     assert servers["standalone-t4-p16/stock"]["slot_checks"] == []

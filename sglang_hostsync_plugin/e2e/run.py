@@ -120,6 +120,13 @@ class Server:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def exited_within(self, seconds: float) -> bool:
+        try:
+            self.proc.wait(seconds)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
     def stop(self) -> None:
         for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
             if self.proc.poll() is not None:
@@ -167,6 +174,19 @@ class Server:
         return []
 
 
+LOW_FREE_GIB = 8.0  # c8 rounds grow every server's allocator after the warm-up
+
+
+def gpu_free_gib() -> float | None:
+    """The least free memory of the visible GPUs (nvidia-smi; None without it)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20).stdout.split()
+        return min(float(v) for v in out) / 1024 if out else None
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return None
+
+
 def say(msg: str) -> None:
     print(f"[e2e {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
@@ -211,16 +231,29 @@ def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, res
             return
         identity_prompts = prompt_pool[: args.identity_prompts]
         outputs = {}
-        for name, srv in live.items():
+        for name, srv in list(live.items()):
             client.run_load(srv.base, prompt_pool[1:3], 1, args.max_new_tokens)  # warm-up
-            outputs[name] = _identity_outputs(srv, identity_prompts, args)
+            try:
+                outputs[name] = _identity_outputs(srv, identity_prompts, args)
+            except client.ClientError as exc:
+                _died(live.pop(name), f"{config.name}/{name}", f"the identity requests ({exc})")
+                continue
             result["servers"][f"{config.name}/{name}"]["distinct_tokens"] = stats.distinct_tokens(outputs[name])
+        if "stock" not in live:
+            say(f"{config.name}: the stock server died; nothing to compare")
+            return
         for name in live:
             if name != "stock":
                 verdict = stats.compare_outputs(outputs["stock"], outputs[name])
                 result["identity"][f"{config.name}/{name}"] = verdict
                 say(f"{config.name}/{name}: greedy identical to stock: {verdict['identical']}"
                     + ("" if verdict["identical"] else f" ({verdict['first_mismatch']})"))
+        free = gpu_free_gib()
+        result["servers"][f"{config.name}/stock"]["gpu_free_gib_after_warmup"] = free
+        if free is not None and free < LOW_FREE_GIB:
+            say(f"{config.name}: only {free:.1f} GiB of GPU memory free with {len(live)} servers up: a Triton kernel "
+                "first loaded while serving can fail with CUDA OOM (SGLang warns 'device-loaded after serving "
+                "started'); run fewer arms at a time or lower --max-total-tokens")
         order = [a for a in arms if a.name in live]
         for conc in args.concurrency:
             n = max(args.requests, 2 * conc)
@@ -230,6 +263,8 @@ def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, res
                     say(f"{config.name}: time budget spent, stopping before c{conc} round {rnd}")
                     break
                 for arm in (order if rnd % 2 == 0 else order[::-1]):
+                    if arm.name not in live:
+                        continue
                     batch = [prompt_pool[(rnd * n + k) % len(prompt_pool)] for k in range(n)]
                     load = client.run_load(live[arm.name].base, batch, conc, args.max_new_tokens)
                     result["rows"].append({
@@ -240,12 +275,23 @@ def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, res
                     f = result["rows"][-1]["load"]
                     say(f"{config.name} c{conc} r{rnd} {arm.name}: {stats.fmt(f['tok_s_user_median'], '.1f')} tok/s/user"
                         + (f", {len(load.errors)} errors" if load.errors else ""))
-        for name, srv in live.items():  # the trace is written in batches: a last request flushes it
-            client.generate(srv.base, prompt_pool[0], 32)
+                    if load.errors and live[arm.name].exited_within(5.0):
+                        _died(live.pop(arm.name), f"{config.name}/{arm.name}", f"c{conc} round {rnd}")
+        for name, srv in list(live.items()):  # the trace is written in batches: a last request flushes it
+            try:
+                client.generate(srv.base, prompt_pool[0], 32)
+            except client.ClientError as exc:
+                _died(srv, f"{config.name}/{name}", f"the final request ({exc})")
             srv.info["slot_checks"] = srv.slot_checks()
     finally:
         for srv in servers.values():
             srv.stop()
+
+
+def _died(srv: Server, key: str, when: str) -> None:
+    """A server that exits while serving: its later rounds are skipped and the run fails."""
+    srv.info.update(died=f"exited (rc {srv.proc.poll()}) during {when}", log_tail=srv.log_tail())
+    say(f"{key}: DIED during {when}; its later rounds are skipped\n{srv.info['log_tail']}")
 
 
 def _identity_outputs(srv: Server, identity_prompts, args) -> list[client.Result]:
@@ -383,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(json_path, "w") as f:
         json.dump(result, f, indent=1)
     print(md)
-    failed = [k for k, s in result["servers"].items() if s.get("ready_s") is None]
+    failed = [k for k, s in result["servers"].items() if s.get("ready_s") is None or s.get("died")]
     different = [k for k, v in result["identity"].items() if not v["identical"]]
     if failed or different:
         say(f"servers that failed: {failed or 'none'}; outputs different from stock: {different or 'none'}")

@@ -204,6 +204,10 @@ def markdown(cell_rows: list[dict], servers: dict[str, dict], identity: dict[str
             f"| {name} | {fmt(s.get('ready_s'), '.1f', 'failed')} | {fmt(s.get('first_request_s'), '.3f')} | {verdict} | "
             f"{'-' if ident is None else ('yes' if ident['logprobs_compared'] else 'no')} | {s.get('distinct_tokens', '-')} |"
         )
+    died = [(name, s["died"]) for name, s in servers.items() if s.get("died")]
+    if died:
+        lines += ["", "Servers that died while serving (rows after that are missing; the log tail is in e2e.json):", ""]
+        lines += [f"- {name}: {why}" for name, why in died]
     lines += attribution_tables(cell_rows)
     sites = collections.Counter()
     for c in cell_rows:
