@@ -78,6 +78,12 @@ def test_the_edit_applies_to_the_pinned_source_only():
     assert check_slot(fdl.SLOT) is None and fdl.pinned_sources() is None
 
 
+def test_in_the_eagle_host_preset_not_default():
+    from sglang_hostsync_plugin.slots.upstream_switches import HOST_PRESET
+
+    assert HOST_PRESET in fdl.SLOT.presets and not fdl.SLOT.default
+
+
 def test_inert_rule():
     eagle = dict(speculative_algorithm="EAGLE")
     assert fdl.inert(ServingFacts(**eagle, topk=4, page_size=16)) is None
@@ -123,7 +129,7 @@ live = drv._run(ewc.prepare_for_draft, case, drv.eagle_tail.make_pool(case["size
 print("RESULT" + json.dumps({"err": err, "status": status, "same": drv.same(stock, plugin),
       "edited": fdl._prepare_for_draft is not None and fdl._prepare_for_draft is not ewc.prepare_for_draft.__wrapped__,
       "live_same": bool(torch.equal(live["out_cache_loc"], stock[0]["out_cache_loc"]))}))
-""", SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", SGLANG_HOSTSYNC_SLOTS="default,eagle_host,fused_draft_page_locs,audit")
+""", SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", SGLANG_HOSTSYNC_SLOTS="default,eagle_host,audit")  # the preset brings it
     assert proc.returncode == 0, out(proc)
     import json
 

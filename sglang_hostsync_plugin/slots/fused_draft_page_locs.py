@@ -31,6 +31,7 @@ import triton.language as tl
 
 from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck, not_speculative
 from ..source_edit import SourceEditError, edit_function
+from .upstream_switches import HOST_PRESET
 
 logger = logging.getLogger("sglang.srt.plugins.hostsync")
 
@@ -172,7 +173,8 @@ SLOT = Slot(
     kind=SlotKind.OWNED,
     origin="hostsync (EAGLE page > 1, topk > 1; issue 16)",
     summary="paged tree-draft slot gather and prefix-tail lists in one Triton launch (prepare_for_draft)",
-    default=False,  # not in eagle_host until a real server has run it (GPU test passed)
+    default=False,
+    presets=(HOST_PRESET,),
     precheck=config_precheck(None, pinned_sources),
     inert=inert,
     targets=(
