@@ -8,10 +8,11 @@
 #   bash scripts/gpu_run.sh                                # every benchmark below, then the GPU tests
 #   TESTS=0 BENCHES=e2e E2E_ARGS="--configs standalone-t4-p16" bash scripts/gpu_run.sh
 #   bash scripts/gpu_run.sh tests/test_gpu_e2e.py          # only these tests
-# BENCHES (default: all): e2e startup dp_meta eagle_tail tree_compact draft_input events decode_loop pageable_h2d
+# BENCHES (default: all but profile): e2e startup dp_meta eagle_tail tree_compact draft_input events decode_loop pageable_h2d profile
 #   e2e:         python -m sglang_hostsync_plugin.e2e $E2E_ARGS (real servers) -> $OUT/e2e/
 #   startup:     benchmarks/bench_startup.py $STARTUP_ARGS (launch-to-ready, cold/warm csrc cache) -> $OUT/startup/
 #   decode_loop: benchmarks/bench_decode_loop.py with every owned slot (--opt-in pinned_d2h_ring)
+#   profile:     benchmarks/profile_step_kernels.py $PROFILE_ARGS (GPU time per step, graph vs eager; real servers) -> $OUT/profile/
 # TESTS=1 (default) then runs tests/test_gpu_*.py (the CPU suite is CI's); the real-server
 # tests check the e2e/startup output of this run where there is one, else start their own.
 set -uo pipefail
@@ -42,6 +43,8 @@ for b in ${BENCHES:-dp_meta eagle_tail tree_compact draft_input events decode_lo
     startup) python3 benchmarks/bench_startup.py --out "$OUT/startup" ${STARTUP_ARGS:-} 2>&1 | tee "$OUT/startup.txt"
          [ "${PIPESTATUS[0]}" = 0 ] || rc=1
          export HOSTSYNC_STARTUP_DIR="$OUT/startup" ;;
+    profile) python3 benchmarks/profile_step_kernels.py --out "$OUT/profile" ${PROFILE_ARGS:-} 2>&1 | tee "$OUT/profile.txt"
+         [ "${PIPESTATUS[0]}" = 0 ] || rc=1 ;;
     decode_loop) python3 benchmarks/bench_decode_loop.py --opt-in pinned_d2h_ring --json "$OUT/bench_decode_loop.json" \
                    --png "$OUT/bench_decode_loop_lead.png" 2>&1 | grep -v Warning | tee "$OUT/bench_decode_loop.txt" ;;
     *) python3 "benchmarks/bench_$b.py" --json "$OUT/bench_$b.json" 2>&1 | grep -v Warning | tee "$OUT/bench_$b.txt" ;;

@@ -9,6 +9,7 @@ ready, ``die`` exits while serving (on its 5th 16-token request: the first one, 
 warm-ups, then inside the first timed round). Outputs depend only on the prompt, like greedy decoding."""
 
 import argparse
+import gzip
 import json
 import math
 import os
@@ -85,6 +86,27 @@ def main():
             self._send(200 if self.path == "/health" else 404, {})
 
         def do_POST(self):
+            if self.path == "/start_profile":  # a Kineto-shaped trace: per step one graph kernel, one eager
+                req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                events = []
+                for k in range(req["num_steps"]):
+                    t = 100.0 * k
+                    events += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": t, "dur": 5,
+                                "args": {"correlation": 2 * k}},
+                               {"ph": "X", "cat": "kernel", "name": "gemm", "ts": t, "dur": 50,
+                                "args": {"correlation": 2 * k, "graph id": 1}},
+                               {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": t + 50, "dur": 5,
+                                "args": {"correlation": 2 * k + 1}},
+                               {"ph": "X", "cat": "kernel", "name": "eager_add", "ts": t + 60, "dur": 20,
+                                "args": {"correlation": 2 * k + 1}}]
+                os.makedirs(req["output_dir"], exist_ok=True)
+                with gzip.open(os.path.join(req["output_dir"], f"{req['profile_id']}-TP-0.trace.json.gz"), "wt") as f:
+                    json.dump({"traceEvents": events}, f)
+                data = b"Start profiling.\n"
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                return self.wfile.write(data)
             if self.path != "/generate":
                 return self._send(404, {})
             req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))

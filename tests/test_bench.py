@@ -58,3 +58,71 @@ def test_abba_interleaves_and_collects_every_run():
     out = abba({"a": lambda: calls.append("a") or len(calls), "b": lambda: calls.append("b") or len(calls)}, 4)
     assert calls == ["a", "b", "b", "a", "a", "b", "b", "a"]
     assert out == {"a": [1, 4, 5, 8], "b": [2, 3, 6, 7]}
+
+
+_pspec = importlib.util.spec_from_file_location("profile_step_kernels", os.path.join(REPO, "benchmarks", "profile_step_kernels.py"))
+prof = importlib.util.module_from_spec(_pspec)
+_pspec.loader.exec_module(prof)
+
+
+def _kineto_steps(n_steps: int) -> list[dict]:
+    """A Kineto-shaped trace: per step one graph launch (3 kernels, graph id 7), two eager kernels
+    (one runtime launch, one Triton driver launch), one H2D copy; the GPU is idle 10 µs per step."""
+    ev, corr, t = [], 0, 0.0
+    for _ in range(n_steps):
+        corr += 1
+        ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": t, "dur": 5, "args": {"correlation": corr}})
+        for k in range(3):
+            ev.append({"ph": "X", "cat": "kernel", "name": f"gemm{k}", "ts": t + 10 * k, "dur": 10,
+                       "args": {"correlation": corr, "graph id": 7}})
+        t += 30
+        for name, api in (("index_kernel", "cudaLaunchKernel"), ("_fused_triton", "cuLaunchKernelEx")):
+            corr += 1
+            ev.append({"ph": "X", "cat": "cuda_runtime" if api.startswith("cuda") else "cuda_driver", "name": api,
+                       "ts": t, "dur": 3, "args": {"correlation": corr}})
+            ev.append({"ph": "X", "cat": "kernel", "name": name, "ts": t, "dur": 4, "args": {"correlation": corr}})
+            t += 4
+        corr += 1
+        ev.append({"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)", "ts": t, "dur": 2,
+                   "args": {"correlation": corr}})
+        t += 2 + 10
+    return ev
+
+
+def test_profile_reduction_splits_graph_and_eager_time_per_step():
+    f = prof.reduce_trace(_kineto_steps(5), steps=99)
+    assert f["steps"] == 5 and f["steps_source"] == "most-launched graph"  # not the asked-for 99
+    assert f["graph_kernels_per_step"] == 3 and f["graph_kernel_us_per_step"] == 30
+    assert f["eager_kernels_per_step"] == 2 and f["eager_kernel_us_per_step"] == 8
+    assert f["copies_per_step"] == 1 and f["copy_us_per_step"] == 2
+    assert f["gpu_busy_us_per_step"] == 40 and f["graph_launches_per_step"] == 1
+    # 5 steps of 50 µs, less the idle tail after the last copy
+    assert f["span_us_per_step"] == (5 * 50 - 10) / 5 and f["gpu_idle_us_per_step"] == (5 * 50 - 10 - 200) / 5
+    assert [k["name"] for k in f["eager_kernels"]] == ["_fused_triton", "index_kernel"]
+    assert f["eager_kernels"][0]["per_step"] == 1
+
+
+def test_profile_reduction_uses_the_launch_call_without_graph_ids():
+    ev = _kineto_steps(4)
+    for e in ev:
+        (e.get("args") or {}).pop("graph id", None)
+    f = prof.reduce_trace(ev, steps=4)
+    assert f["steps_source"] == "profiler num_steps" and f["graph_kernels_per_step"] == 3
+    assert f["eager_kernels_per_step"] == 2
+    assert "no GPU events" in prof.reduce_trace([e for e in ev if e["cat"] not in prof.GPU_CATS], 4)["error"]
+
+
+def test_profile_run_against_fake_servers(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.path.join(REPO, "tests"), os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "prof"
+    argv = ["--server-module", "fake_sglang_server", "--configs", "standalone-t1-p16", "--arms", "stock",
+            "--slots", "default,-audit", "--steps", "6", "--profile-tokens", "16", "--out", str(out),
+            "--port", str(38600 + os.getpid() % 300)]
+    assert prof.main(argv) == 0
+    res = json.loads((out / "profile.json").read_text())
+    assert set(res) == {"standalone-t1-p16/stock", "standalone-t1-p16/slots:default,-audit"}
+    for f in res.values():
+        assert f["steps"] == 6 and f["eager_kernels_per_step"] == 1 and f["graph_kernel_us_per_step"] == 50
+        assert f["gpu_idle_us_per_step"] == (600 - 20 - 6 * 70) / 6 and not f["request_errors"]
+    assert (out / "standalone-t1-p16__stock.gpu.tsv.xz").exists() and not list((out / "traces").rglob("*.gz"))
+    assert "`eager_add`" in (out / "profile.md").read_text()
