@@ -32,6 +32,7 @@ OWNED = (
     ("draft_extend_glue_graph", "draft_extend_glue_graph", False),
     ("fused_tree_compact", "fused_tree_compact", False),
     ("fused_draft_page_locs", "fused_draft_page_locs", False),
+    ("greedy_row_argmax", "greedy_row_argmax", False),
 )
 
 

@@ -1,0 +1,137 @@
+"""Slot ``greedy_row_argmax``: the greedy speculative argmax over the vocabulary in one
+Triton program per row (issue 16: GPU time per step, where topk 1 is GPU-bound).
+
+SGLang 0.5.23 takes ``torch.argmax(next_token_logits, dim=-1)`` eagerly, outside the graphs,
+in two places each step: the greedy verify (``eagle_sample``: EAGLE family and NGRAM, rows =
+requests x draft tokens) and the topk-1 draft extend (``EagleDraftWorker._draft_extend_for_decode``,
+one row per request). On the H200 with a 128k vocabulary each took about 56 µs of GPU time per
+call at concurrency 1 (``benchmarks/profile_step_kernels.py``): torch's reduction over a few
+long rows keeps a few SMs busy. This slot recompiles both functions from their pinned source
+(``source_edit``) with that call replaced by ``row_argmax``: one program per row streams the
+row in 4096-wide blocks, each lane keeping its earliest maximum, and reduces once at the end. The result is
+torch's exactly (an index, no arithmetic): the first maximal index, NaN above everything
+(the first NaN wins), and ``-0.0 == 0.0``. Anything else (a CPU tensor outside the Triton
+interpreter, not 2-D, a strided row, an empty batch, another dtype) calls ``torch.argmax``.
+Hook targets: both functions (AROUND, each recompiles SGLang's own function).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ..slot import HookTarget, Slot, SlotKind, TargetKind, not_speculative
+from ..source_edit import SourceEditError, edit_function
+from .upstream_switches import HOST_PRESET
+
+logger = logging.getLogger("sglang.srt.plugins.hostsync")
+
+NAME = "greedy_row_argmax"
+SAMPLE = "sglang.srt.speculative.eagle_utils.eagle_sample"
+SAMPLE_SHA = "b497c62acadc5e71"
+DRAFT_EXTEND = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_decode"
+DRAFT_EXTEND_SHA = "43fac9eb9ad0ac5e"
+BLOCK = 4096
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+SAMPLE_EDIT = (
+    "        target_predict = torch.argmax(next_token_logits, dim=-1)\n"
+    "        target_predict = target_predict.reshape(bs, verify_input.draft_token_num)\n",
+    "        target_predict = _hostsync_row_argmax(next_token_logits)\n"
+    "        target_predict = target_predict.reshape(bs, verify_input.draft_token_num)\n",
+)
+DRAFT_EXTEND_EDIT = (
+    "            ret_topk_index = torch.argmax(\n"
+    "                draft_logits_output.next_token_logits, dim=-1, keepdim=True\n"
+    "            )\n",
+    "            ret_topk_index = _hostsync_row_argmax(\n"
+    "                draft_logits_output.next_token_logits, keepdim=True\n"
+    "            )\n",
+)
+
+
+@triton.jit
+def _row_argmax_kernel(x_ptr, out_ptr, row_stride, width, BLOCK: tl.constexpr):
+    # Each lane keeps its own earliest maximum and first NaN; one reduction at the end, so the
+    # loop only streams the row.
+    row = tl.program_id(0).to(tl.int64)
+    base = x_ptr + row * row_stride
+    lanes = tl.arange(0, BLOCK)
+    best_val = tl.full((BLOCK,), float("-inf"), tl.float32)
+    best_idx = lanes
+    first_nan = tl.zeros((BLOCK,), tl.int32) + width
+    for start in range(0, width, BLOCK):
+        cols = start + lanes
+        x = tl.load(base + cols, mask=cols < width, other=float("-inf")).to(tl.float32)
+        first_nan = tl.where((x != x) & (first_nan == width), cols, first_nan)
+        take = x > best_val  # strictly (and never for NaN): a lane keeps its earliest maximum
+        best_idx = tl.where(take, cols, best_idx)
+        best_val = tl.where(take, x, best_val)
+    top = tl.max(best_val, axis=0)
+    idx = tl.min(tl.where(best_val == top, best_idx, width), axis=0)  # all -inf: index 0
+    nan_at = tl.min(first_nan, axis=0)
+    tl.store(out_ptr + row, tl.where(nan_at < width, nan_at, idx).to(tl.int64))
+
+
+def fits(logits: torch.Tensor) -> bool:
+    return ((logits.is_cuda or _INTERPRET) and logits.dim() == 2 and logits.dtype in DTYPES
+            and logits.shape[0] > 0 and 0 < logits.shape[1] < 2**31 - BLOCK and logits.stride(1) == 1)
+
+
+def row_argmax(logits: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
+    """``torch.argmax(logits, dim=-1, keepdim=keepdim)``, the same int64 values."""
+    if not fits(logits):
+        return torch.argmax(logits, dim=-1, keepdim=keepdim)
+    out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+    _row_argmax_kernel[(logits.shape[0],)](logits, out, logits.stride(0), logits.shape[1], BLOCK=BLOCK, num_warps=8)
+    return out.unsqueeze(-1) if keepdim else out
+
+
+_edited: dict[str, object] = {}
+
+
+def _recompiled(path: str, original, edit, sha: str):
+    fn = _edited.get(path)
+    if fn is None:
+        try:  # only from the exact pinned source (verify() already refuses the slot under a foreign hook)
+            fn = edit_function(original, (edit,), {"_hostsync_row_argmax": row_argmax}, expected_sha=sha)
+        except SourceEditError as exc:
+            logger.error("hostsync: %s: %s keeps torch.argmax: %s", NAME, path.rsplit(".", 1)[-1], exc)
+            fn = original
+        _edited[path] = fn
+    return fn
+
+
+def eagle_sample_hook(original, *args, **kwargs):
+    return _recompiled(SAMPLE, original, SAMPLE_EDIT, SAMPLE_SHA)(*args, **kwargs)
+
+
+def draft_extend_hook(original, *args, **kwargs):
+    return _recompiled(DRAFT_EXTEND, original, DRAFT_EXTEND_EDIT, DRAFT_EXTEND_SHA)(*args, **kwargs)
+
+
+def inert(f) -> str | None:
+    ok = bool(f.speculative_algorithm) and (f.is_eagle_family() or f.is_ngram())
+    return not_speculative(f, "only EAGLE-family and NGRAM verify take the greedy argmax in eagle_sample", ok)
+
+
+SLOT = Slot(
+    name=NAME,
+    kind=SlotKind.OWNED,
+    origin="hostsync (greedy EAGLE-family / NGRAM verify and topk-1 draft extend; issue 16)",
+    summary="the greedy verify and topk-1 draft-extend argmax in one Triton program per row",
+    default=False,
+    presets=(HOST_PRESET,),
+    inert=inert,
+    targets=(
+        HookTarget(SAMPLE, TargetKind.FUNCTION, hook=eagle_sample_hook, source_sha=SAMPLE_SHA,
+                   needs_upstream_original=True),
+        HookTarget(DRAFT_EXTEND, TargetKind.FUNCTION, hook=draft_extend_hook, source_sha=DRAFT_EXTEND_SHA,
+                   needs_upstream_original=True),
+    ),
+)
