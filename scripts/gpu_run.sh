@@ -33,7 +33,9 @@ if [ $# -gt 0 ]; then
 fi
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   python3 -c "import torch, triton, sglang, sgl_kernel; print('torch', torch.__version__, 'triton', triton.__version__, 'sglang', sglang.__version__, 'sgl_kernel', sgl_kernel.__file__)"
-  git rev-parse HEAD 2>/dev/null; } | tee "$OUT/env.txt"
+  git rev-parse HEAD 2>/dev/null  # the device's .git can be older than the tree that runs: the digest says which ran
+  echo "plugin source digest $(find sglang_hostsync_plugin -name '*.py' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)"
+  } | tee "$OUT/env.txt"
 rc=0
 for b in ${BENCHES:-dp_meta eagle_tail tree_compact draft_input events decode_loop pageable_h2d startup e2e}; do
   case $b in

@@ -1,0 +1,43 @@
+"""The audited arms of this run, per concurrency, from their traces (the run's e2e.json was lost
+when a server died, which the e2e now survives). Each server's trace holds only its own steps;
+the arms took turns, so its timed rounds are its bursts of steps: after the identity and warm-up
+bursts come c1 rounds 0-2, c8 rounds 0-2, and the final flush request.
+
+    python benchmarks/results/2026-12-02-h200/fdpl-t4/analysis.py benchmarks/results/2026-12-02-h200/fdpl-t4/*.trace.tsv.xz
+"""
+
+import lzma
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), *[".."] * 4))
+
+from sglang_hostsync_plugin.e2e import stats  # noqa: E402
+from sglang_hostsync_plugin.slots.audit import parse_trace  # noqa: E402
+
+
+def bursts(steps, gap_s=1.0):
+    out, cur = [], []
+    for s in steps:
+        if cur and s.t_launch - cur[-1].t_launch > gap_s:
+            out.append(cur)
+            cur = []
+        cur.append(s)
+    return out + [cur]
+
+
+phases = {}
+for path in sys.argv[1:]:
+    name = os.path.basename(path).split("__", 1)[1].split(".trace")[0]
+    b = bursts(parse_trace(lzma.open(path, "rt").read()))
+    for conc, windows in (("c1", b[-7:-4]), ("c8", b[-4:-1])):
+        p = stats.pool_audit(windows)
+        print(f"{name} {conc}: steps {p['steps']}, syncs/step {p['syncs_per_step']:.2f}, run-ahead "
+              f"{p['run_ahead_fraction']:.3f} (worst round {p['run_ahead_fraction_min_round']:.3f}), lead median "
+              f"{p['launch_lead_ms_median']:.2f} ms, host µs/step {p['host_us_per_step_median']:.0f}")
+        phases[(name, conc)] = {ph["phase"]: ph["host_us_per_step"] for ph in p["attribution"]["phases"]}
+keys = list(phases)
+print("\n| phase | " + " | ".join(f"{n} {c}" for n, c in keys) + " |")
+print("| --- |" + " --- |" * len(keys))
+for ph in sorted(set().union(*phases.values()), key=lambda n: -phases[keys[0]].get(n, 0)):
+    print(f"| {ph} | " + " | ".join(f"{phases[k].get(ph, 0):.0f}" for k in keys) + " |")
