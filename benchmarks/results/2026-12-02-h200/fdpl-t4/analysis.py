@@ -41,3 +41,20 @@ print("\n| phase | " + " | ".join(f"{n} {c}" for n, c in keys) + " |")
 print("| --- |" + " --- |" * len(keys))
 for ph in sorted(set().union(*phases.values()), key=lambda n: -phases[keys[0]].get(n, 0)):
     print(f"| {ph} | " + " | ".join(f"{phases[k].get(ph, 0):.0f}" for k in keys) + " |")
+
+# Where run-ahead is lost: decode pairs with lead <= 0, split by whether they fall in the first
+# 10 steps of a request (a c1 round runs its requests back to back, a new one every
+# steps/requests steps) or later.
+print("\n| arm | c1 round | decode pairs | lead <= 0 | of them in a request's first 10 steps |")
+print("| --- | --- | --- | --- | --- |")
+for path in sys.argv[1:]:
+    name = os.path.basename(path).split("__", 1)[1].split(".trace")[0]
+    b = bursts(parse_trace(lzma.open(path, "rt").read()))
+    for rnd, w in enumerate(b[-7:-4]):
+        by = {s.step: s for s in w}
+        per_request = len(w) / 6  # --requests 6 at c1
+        pairs = [(s.step - w[0].step, s.t_finish - by[s.step + 1].t_launch) for s in w
+                 if s.decode and s.step + 1 in by and by[s.step + 1].decode]
+        neg = [i for i, lead in pairs if lead <= 0]
+        early = [i for i in neg if i % per_request < 10]
+        print(f"| {name} | {rnd} | {len(pairs)} | {len(neg)} | {len(early)} |")
