@@ -46,12 +46,13 @@ def source_path(name: str) -> str:
 def unavailable_reason() -> str | None:
     """None when CUDA C++ extensions can be built and run here, else why not."""
     import torch
-    from torch.utils import cpp_extension
 
     if torch.version.cuda is None:
         return "torch is built without CUDA"
     if not torch.cuda.is_available():
         return "no CUDA device"
+    from torch.utils import cpp_extension  # after the checks: it imports setuptools (0.4 s on a CPU host)
+
     if cpp_extension.CUDA_HOME is None or shutil.which("nvcc", path=f"{cpp_extension.CUDA_HOME}/bin") is None:
         return "no nvcc (CUDA_HOME not found)"
     return None
