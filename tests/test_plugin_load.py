@@ -100,7 +100,8 @@ def test_enabled_applies_verifies_and_logs_status_block():
     # default: the #31468 built-ins verified, the #45450 switches opt-in.
     assert status == {**{n: ["upstream present", ""] for n in BUILTINS},
                       **{n: ["skipped", "not selected"] for n in [*SWITCH_FLAGS, *HOST_PLAN_FLAGS, "audit", "pinned_d2h_ring",
-                                                                 "draft_extend_glue_graph", "fused_tree_compact", "fused_draft_page_locs"]}}
+                                                                 "draft_extend_glue_graph", "fused_tree_compact", "fused_draft_page_locs",
+                                                                 "greedy_row_argmax"]}}
     assert res["cls"] == "HostsyncDraftBlockProposer" and res["slots"] == ["dspark_dp_meta"]
     assert res["bases"] == ["HostsyncDraftBlockProposer", "DSparkDpMetaProposer", "DraftBlockProposer"]
     assert res["nnp"] is None and res["sched"] is True
