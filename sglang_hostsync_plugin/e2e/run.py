@@ -289,8 +289,11 @@ def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, res
 
 
 def _died(srv: Server, key: str, when: str) -> None:
-    """A server that exits while serving: its later rounds are skipped and the run fails."""
-    srv.info.update(died=f"exited (rc {srv.proc.poll()}) during {when}", log_tail=srv.log_tail())
+    """A server that exits (or stops answering) while serving: its later rounds are skipped and
+    the run fails."""
+    rc = srv.proc.poll()
+    what = "stopped answering" if rc is None else f"exited (rc {rc})"
+    srv.info.update(died=f"{what} during {when}", log_tail=srv.log_tail())
     say(f"{key}: DIED during {when}; its later rounds are skipped\n{srv.info['log_tail']}")
 
 
