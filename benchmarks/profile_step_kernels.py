@@ -65,16 +65,14 @@ def reduce_trace(events: list[dict], steps: int) -> dict:
     gpu = [e for e in events if e.get("cat") in GPU_CATS and e.get("ph") == "X"]
     if not gpu:
         return {"error": "no GPU events in the trace"}
-    rows, graph_launches = [], collections.Counter()
+    rows = []
     for e in gpu:
         args = e.get("args") or {}
         via = launcher.get(args.get("correlation"), "")
         graph_id = args.get("graph id") or args.get("graph_id")
         in_graph = bool(graph_id) or via.startswith(GRAPH_LAUNCH)
         rows.append((float(e["ts"]), float(e.get("dur", 0.0)), e["cat"], e.get("name", ""), in_graph, via, graph_id))
-    for e in events:
-        if e.get("cat") in ("cuda_runtime", "cuda_driver") and e.get("name", "").startswith(GRAPH_LAUNCH):
-            graph_launches[e["args"].get("correlation")] += 1
+    graph_launches = sum(1 for name in launcher.values() if name.startswith(GRAPH_LAUNCH))
     seen = collections.defaultdict(set)  # graph id -> the launches (correlation ids) it ran in
     for e in gpu:
         args = e.get("args") or {}
@@ -106,7 +104,7 @@ def reduce_trace(events: list[dict], steps: int) -> dict:
         "span_us_per_step": (t1 - t0) / n,
         "gpu_busy_us_per_step": busy / n,
         "gpu_idle_us_per_step": (t1 - t0 - busy) / n,
-        "graph_launches_per_step": sum(graph_launches.values()) / n,
+        "graph_launches_per_step": graph_launches / n,
         "launches_by_graph": launches_by_graph,
         "graph_kernels_per_step": len(graph_k) / n,
         "graph_kernel_us_per_step": sum(r[1] for r in graph_k) / n,

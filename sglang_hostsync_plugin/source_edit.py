@@ -15,6 +15,7 @@ import __future__
 import ast
 import hashlib
 import inspect
+import logging
 import sys
 import textwrap
 import types
@@ -66,3 +67,37 @@ def edit_function(func: types.FunctionType, edits: tuple[tuple[str, str], ...], 
     edited.__kwdefaults__ = func.__kwdefaults__
     edited.__doc__ = func.__doc__
     return edited
+
+
+class PinnedEdit:
+    """An AROUND hook's replacement for SGLang's function ``path``: that function recompiled with
+    ``edits`` from its pinned source (``sha``), once per process, names from ``bind()`` (looked up
+    then, so later patches of them are seen by the first edit). ``check`` is the slot's precheck:
+    it makes the same edit before anything is hooked, so a source it does not apply to refuses
+    the slot at startup. If the first call's edit fails anyway (``original`` is not SGLang's own),
+    that is logged once and SGLang's function runs: nothing raises into the serving loop."""
+
+    def __init__(self, slot: str, path: str, edits: tuple[tuple[str, str], ...], bind, sha: str):
+        self.slot, self.path, self.edits, self.bind, self.sha = slot, path, edits, bind, sha
+        self._edited = None
+
+    def check(self) -> str | None:
+        from .checks import resolve
+
+        try:
+            edit_function(inspect.unwrap(resolve(self.path)), self.edits, self.bind(), expected_sha=self.sha)
+        except Exception as exc:  # noqa: BLE001 (any failure refuses the slot, before serving)
+            return f"source edit of {self.path} does not apply: {type(exc).__name__}: {exc}"
+        return None
+
+    def __call__(self, original):
+        fn = self._edited
+        if fn is None:
+            try:
+                fn = edit_function(original, self.edits, self.bind(), expected_sha=self.sha)
+            except Exception as exc:  # noqa: BLE001 (SGLang's own function runs instead)
+                logging.getLogger("sglang.srt.plugins.hostsync").error(
+                    "hostsync: %s: %s runs unedited: %s", self.slot, self.path.rsplit(".", 1)[-1], exc)
+                fn = original
+            self._edited = fn
+        return fn

@@ -258,8 +258,9 @@ def test_png_charts_draw_what_they_are_given(tmp_path):
 
 # --- a whole run against fake servers -------------------------------------------
 
-def test_whole_run_against_fake_servers(tmp_path, monkeypatch):
+def test_whole_run_against_fake_servers(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setattr(run, "gpu_free_gib", lambda: 2.5)  # as nvidia-smi would say on a full GPU
     out = tmp_path / "run"
     argv = ["--server-module", "fake_sglang_server", "--configs", "standalone-t4-p16", "--concurrency", "1", "2",
             "--rounds", "2", "--requests", "3", "--max-new-tokens", "16", "--identity-tokens", "8",
@@ -267,7 +268,9 @@ def test_whole_run_against_fake_servers(tmp_path, monkeypatch):
             "--plugin-env", "SGLANG_HOSTSYNC_GLUE_CHECK=5"]
     t0 = time.perf_counter()
     assert run.main(argv) == 1  # the perturbed arm differs, the crashing one never started, one died
+    assert "only 2.5 GiB of GPU memory free with 5 servers up" in capsys.readouterr().out
     result = json.load(open(out / "e2e.json"))
+    assert result["gpu_free_gib_after_warmup"] == {"standalone-t4-p16": 2.5}
     servers = result["servers"]
     assert servers["standalone-t4-p16/slots:crash"]["ready_s"] is None
     assert "exited before it was ready" in servers["standalone-t4-p16/slots:crash"]["error"]

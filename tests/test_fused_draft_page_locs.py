@@ -127,7 +127,7 @@ stock, plugin = drv.run_both(case, patcher, plugin_original=ewc.prepare_for_draf
 patcher.setattr(ewc, "ForwardBatch", drv.InitNew)
 live = drv._run(ewc.prepare_for_draft, case, drv.eagle_tail.make_pool(case["size"], 16, "cpu", 0))  # the hooked chain
 print("RESULT" + json.dumps({"err": err, "status": status, "same": drv.same(stock, plugin),
-      "edited": fdl._prepare_for_draft is not None and fdl._prepare_for_draft is not ewc.prepare_for_draft.__wrapped__,
+      "edited": fdl.PREPARE._edited is not None and fdl.PREPARE._edited is not ewc.prepare_for_draft.__wrapped__,
       "live_same": bool(torch.equal(live["out_cache_loc"], stock[0]["out_cache_loc"]))}))
 """, SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", SGLANG_HOSTSYNC_SLOTS="default,eagle_host,audit")  # the preset brings it
     assert proc.returncode == 0, out(proc)

@@ -1,6 +1,6 @@
 """greedy_row_argmax on a CUDA device: torch.argmax's exact indices on random vocab-wide rows
-(ties, NaN, infinities, fp32 / bf16 / fp16, the row counts verify and draft extend use), no
-host sync, and the GPU time per call of both (printed; no timed assert).
+(ties, NaN, infinities, fp32 / bf16 / fp16, the row counts verify and draft extend use) and no
+host sync. Time per call: benchmarks/bench_greedy_row_argmax.py.
 
 Skipped without CUDA (CI); run on the H200 by scripts/gpu_run.sh."""
 
@@ -60,19 +60,3 @@ def test_no_host_sync():
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
 
-
-def test_gpu_time_per_call_printed():
-    for rows in (1, 4, 8, 32, 64):
-        x = torch.randn(rows, VOCAB, device="cuda")
-        times = {}
-        for name, fn in (("torch", lambda: torch.argmax(x, dim=-1)), ("kernel", lambda: gra.row_argmax(x))):
-            fn()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(200):
-                fn()
-            end.record()
-            end.synchronize()
-            times[name] = start.elapsed_time(end) / 200 * 1e3
-        print(f"greedy_row_argmax: rows {rows} x {VOCAB} fp32: torch {times['torch']:.1f} µs, "
-              f"kernel {times['kernel']:.1f} µs per call")

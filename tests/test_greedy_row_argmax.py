@@ -111,9 +111,15 @@ def test_recompiled_eagle_sample_calls_the_kernel_with_stock_values(monkeypatch)
 
     monkeypatch.setattr(eu, "verify_tree_greedy_func", capture)
     calls = []
-    real = gra.row_argmax
-    monkeypatch.setattr(gra, "row_argmax", lambda *a, **k: calls.append(1) or real(*a, **k))
-    monkeypatch.setattr(gra, "_edited", {})
+    kernel = gra._row_argmax_kernel
+
+    class Counting:  # the kernel, counting its launches
+        def __getitem__(self, grid):
+            calls.append(grid)
+            return kernel[grid]
+
+    monkeypatch.setattr(gra, "_row_argmax_kernel", Counting())
+    monkeypatch.setattr(gra.SAMPLE_ONCE, "_edited", None)
     original = getattr(eu.eagle_sample, "__wrapped__", eu.eagle_sample)
     for bs, n in ((1, 4), (3, 8)):
         args = _fake_sample_inputs(bs, n, B + 77, bs)
@@ -123,16 +129,16 @@ def test_recompiled_eagle_sample_calls_the_kernel_with_stock_values(monkeypatch)
         stock, plugin = seen[-2:]
         assert plugin.shape == (bs, n) and torch.equal(stock, plugin)
         assert plugin[0, 0] == 11
-    assert len(calls) == 2 and gra._edited[gra.SAMPLE] is not original
+    assert len(calls) == 2 and gra.SAMPLE_ONCE._edited not in (None, original)
 
 
-def test_the_draft_extend_edit_replaces_only_the_topk1_argmax():
+def test_the_draft_extend_edit_replaces_only_the_topk1_argmax(monkeypatch):
     from sglang.srt.speculative import eagle_worker_v2 as w
 
+    monkeypatch.setattr(gra.DRAFT_EXTEND_ONCE, "_edited", None)
     original = w.EagleDraftWorker._draft_extend_for_decode
     original = getattr(original, "__wrapped__", original)
-    edited = gra.edit_function(original, (gra.DRAFT_EXTEND_EDIT,), {"_hostsync_row_argmax": gra.row_argmax},
-                               expected_sha=gra.DRAFT_EXTEND_SHA)
+    edited = gra.DRAFT_EXTEND_ONCE(original)
     assert "_hostsync_row_argmax" in edited.__code__.co_freevars
     assert edited.__closure__[edited.__code__.co_freevars.index("_hostsync_row_argmax")].cell_contents is gra.row_argmax
     import inspect
@@ -161,6 +167,22 @@ def test_inert_rule_and_preset():
     assert "DFLASH" in gra.inert(ServingFacts(speculative_algorithm="DFLASH"))
     assert gra.inert(ServingFacts(speculative_algorithm=None)) is not None
     assert HOST_PRESET in gra.SLOT.presets and not gra.SLOT.default
+
+
+def test_an_edit_that_does_not_apply_refuses_the_slot_before_anything_is_hooked(monkeypatch):
+    """The precheck makes both edits: one that no longer applies (an upstream change the pin
+    missed) refuses the whole slot at startup; the other slots of the preset still apply."""
+    from sglang_hostsync_plugin import plan as plans
+    from sglang_hostsync_plugin.slot import Status
+
+    assert gra.SAMPLE_ONCE.check() is None and gra.DRAFT_EXTEND_ONCE.check() is None
+    monkeypatch.setattr(gra.DRAFT_EXTEND_ONCE, "edits", (("a line SGLang no longer has\n", "x"),))
+    reason = gra.SLOT.precheck()
+    assert reason.startswith(f"source edit of {gra.DRAFT_EXTEND} does not apply: SourceEditError"), reason
+    facts = ServingFacts(speculative_algorithm="STANDALONE", topk=1, page_size=16, attention_backends=("triton", "triton"))
+    plan = plans.resolve({"SGLANG_HOSTSYNC_SLOTS": "default,eagle_host"}, facts=facts)
+    assert plan.verdict(gra.NAME).status is Status.FAILED and "does not apply" in plan.verdict(gra.NAME).reason
+    assert plan.verdict("draft_extend_glue_graph").status is Status.WOULD_APPLY
 
 
 def test_applies_beside_the_audit_and_eagle_host():
@@ -200,7 +222,7 @@ for fn in (eu.eagle_sample, eu.eagle_sample.__wrapped__):  # the hooked chain, t
         pass
 print("RESULT" + json.dumps({"err": err, "status": rt.state.statuses["greedy_row_argmax"].status.value,
       "audit": rt.state.statuses["audit"].status.value, "n": len(seen),
-      "same": len(seen) == 2 and bool(torch.equal(seen[0], seen[1])), "edited": gra.SAMPLE in gra._edited}))
+      "same": len(seen) == 2 and bool(torch.equal(seen[0], seen[1])), "edited": gra.SAMPLE_ONCE._edited is not None}))
 """, SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", SGLANG_HOSTSYNC_SLOTS="default,eagle_host,audit")
     assert proc.returncode == 0, out(proc)
     import json

@@ -112,9 +112,22 @@ def test_hook_under_another_plugins_wrapper_calls_it_and_says_so(monkeypatch, ca
         calls.append((self, model_runner))
         return "theirs"
 
-    monkeypatch.setattr(tdm, "_prepare_mlp_sync_batch", None)
+    monkeypatch.setattr(tdm.PREPARE, "_edited", None)
     with caplog.at_level("ERROR", logger="sglang.srt.plugins.hostsync"):
         assert tdm.prepare_mlp_sync_batch_hook(other_plugins_wrapper, "batch", "runner") == "theirs"
         assert tdm.prepare_mlp_sync_batch_hook(other_plugins_wrapper, "batch", "runner") == "theirs"
     assert calls == [("batch", "runner")] * 2
-    assert caplog.text.count("staged copy is off") == 1
+    assert caplog.text.count("target_dp_meta: prepare_mlp_sync_batch runs unedited") == 1
+
+
+def test_every_shipped_source_edit_applies_to_the_pinned_sglang():
+    """Each owned slot's PinnedEdit makes its edit in the precheck; all of them apply here."""
+    from sglang_hostsync_plugin.slots import fused_draft_page_locs as fdl
+    from sglang_hostsync_plugin.slots import greedy_row_argmax as gra
+    from sglang_hostsync_plugin.slots import target_dp_meta as tdm
+    from sglang_hostsync_plugin.source_edit import PinnedEdit
+
+    edits = [fdl.PREPARE, tdm.PREPARE, gra.SAMPLE_ONCE, gra.DRAFT_EXTEND_ONCE]
+    assert all(isinstance(e, PinnedEdit) and e.check() is None for e in edits)
+    wrong_sha = PinnedEdit("x", tdm.PREPARE.path, tdm.PREPARE.edits, tdm.PREPARE.bind, "0" * 16)
+    assert "source sha" in wrong_sha.check()

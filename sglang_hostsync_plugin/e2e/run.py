@@ -249,7 +249,7 @@ def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, res
                 say(f"{config.name}/{name}: greedy identical to stock: {verdict['identical']}"
                     + ("" if verdict["identical"] else f" ({verdict['first_mismatch']})"))
         free = gpu_free_gib()
-        result["servers"][f"{config.name}/stock"]["gpu_free_gib_after_warmup"] = free
+        result["gpu_free_gib_after_warmup"][config.name] = free
         if free is not None and free < LOW_FREE_GIB:
             say(f"{config.name}: only {free:.1f} GiB of GPU memory free with {len(live)} servers up: a Triton kernel "
                 "first loaded while serving can fail with CUDA OOM (SGLang warns 'device-loaded after serving "
@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
                  "configs": [c.name for c in configs], "arms": [a.name for a in arms],
                  "arm_slots": {a.name: a.slots for a in arms}, "concurrency": args.concurrency,
                  "rounds": args.rounds, "max_new_tokens": args.max_new_tokens, "options": vars(args)},
-        "servers": {}, "identity": {}, "rows": [],
+        "servers": {}, "identity": {}, "rows": [], "gpu_free_gib_after_warmup": {},
     }
     json_path = os.path.join(out_dir, "e2e.json")
     budget = Budget(args.time_budget)

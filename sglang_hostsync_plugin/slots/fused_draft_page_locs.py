@@ -21,7 +21,6 @@ this path. Hook target: ``prepare_for_draft`` (AROUND, recompiles SGLang's own f
 
 from __future__ import annotations
 
-import logging
 import os
 import textwrap
 
@@ -30,10 +29,8 @@ import triton
 import triton.language as tl
 
 from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck, not_speculative
-from ..source_edit import SourceEditError, edit_function
+from ..source_edit import PinnedEdit
 from .upstream_switches import HOST_PRESET
-
-logger = logging.getLogger("sglang.srt.plugins.hostsync")
 
 NAME = "fused_draft_page_locs"
 TARGET = "sglang.srt.speculative.eagle_worker_common.prepare_for_draft"
@@ -136,20 +133,12 @@ def page_locs(batch, req_to_token_pool, token_to_kv_pool, topk: int, num_steps: 
     return out
 
 
-_prepare_for_draft = None
+PREPARE = PinnedEdit(NAME, TARGET, (EDIT,),
+                     lambda: {"_hostsync_page_locs_fit": page_locs_fit, "_hostsync_page_locs": page_locs}, PREPARE_SHA)
 
 
 def prepare_for_draft_hook(original, *args, **kwargs):
-    global _prepare_for_draft
-    if _prepare_for_draft is None:
-        try:  # only from the exact pinned source (verify() already refuses the slot under a foreign hook)
-            _prepare_for_draft = edit_function(
-                original, (EDIT,), {"_hostsync_page_locs_fit": page_locs_fit, "_hostsync_page_locs": page_locs},
-                expected_sha=PREPARE_SHA)
-        except SourceEditError as exc:
-            logger.error("hostsync: %s: prepare_for_draft's fused slot gather is off: %s", NAME, exc)
-            _prepare_for_draft = original
-    return _prepare_for_draft(*args, **kwargs)
+    return PREPARE(original)(*args, **kwargs)
 
 
 def pinned_sources() -> str | None:
@@ -175,7 +164,7 @@ SLOT = Slot(
     summary="paged tree-draft slot gather and prefix-tail lists in one Triton launch (prepare_for_draft)",
     default=False,
     presets=(HOST_PRESET,),
-    precheck=config_precheck(None, pinned_sources),
+    precheck=config_precheck(None, lambda: pinned_sources() or PREPARE.check()),
     inert=inert,
     targets=(
         HookTarget(

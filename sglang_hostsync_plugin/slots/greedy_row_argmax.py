@@ -17,18 +17,15 @@ Hook targets: both functions (AROUND, each recompiles SGLang's own function).
 
 from __future__ import annotations
 
-import logging
 import os
 
 import torch
 import triton
 import triton.language as tl
 
-from ..slot import HookTarget, Slot, SlotKind, TargetKind, not_speculative
-from ..source_edit import SourceEditError, edit_function
+from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck, not_speculative
+from ..source_edit import PinnedEdit
 from .upstream_switches import HOST_PRESET
-
-logger = logging.getLogger("sglang.srt.plugins.hostsync")
 
 NAME = "greedy_row_argmax"
 SAMPLE = "sglang.srt.speculative.eagle_utils.eagle_sample"
@@ -92,27 +89,20 @@ def row_argmax(logits: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
     return out.unsqueeze(-1) if keepdim else out
 
 
-_edited: dict[str, object] = {}
+def _bind():
+    return {"_hostsync_row_argmax": row_argmax}
 
 
-def _recompiled(path: str, original, edit, sha: str):
-    fn = _edited.get(path)
-    if fn is None:
-        try:  # only from the exact pinned source (verify() already refuses the slot under a foreign hook)
-            fn = edit_function(original, (edit,), {"_hostsync_row_argmax": row_argmax}, expected_sha=sha)
-        except SourceEditError as exc:
-            logger.error("hostsync: %s: %s keeps torch.argmax: %s", NAME, path.rsplit(".", 1)[-1], exc)
-            fn = original
-        _edited[path] = fn
-    return fn
+SAMPLE_ONCE = PinnedEdit(NAME, SAMPLE, (SAMPLE_EDIT,), _bind, SAMPLE_SHA)
+DRAFT_EXTEND_ONCE = PinnedEdit(NAME, DRAFT_EXTEND, (DRAFT_EXTEND_EDIT,), _bind, DRAFT_EXTEND_SHA)
 
 
 def eagle_sample_hook(original, *args, **kwargs):
-    return _recompiled(SAMPLE, original, SAMPLE_EDIT, SAMPLE_SHA)(*args, **kwargs)
+    return SAMPLE_ONCE(original)(*args, **kwargs)
 
 
 def draft_extend_hook(original, *args, **kwargs):
-    return _recompiled(DRAFT_EXTEND, original, DRAFT_EXTEND_EDIT, DRAFT_EXTEND_SHA)(*args, **kwargs)
+    return DRAFT_EXTEND_ONCE(original)(*args, **kwargs)
 
 
 def inert(f) -> str | None:
@@ -127,6 +117,7 @@ SLOT = Slot(
     summary="the greedy verify and topk-1 draft-extend argmax in one Triton program per row",
     default=False,
     presets=(HOST_PRESET,),
+    precheck=config_precheck(None, lambda: SAMPLE_ONCE.check() or DRAFT_EXTEND_ONCE.check()),
     inert=inert,
     targets=(
         HookTarget(SAMPLE, TargetKind.FUNCTION, hook=eagle_sample_hook, source_sha=SAMPLE_SHA,

@@ -32,18 +32,15 @@ Each stager's copies and event record are one C++ call where csrc builds
 
 from __future__ import annotations
 
-import logging
 
 import torch
 
 from sglang.srt.model_executor import forward_batch_info
 from sglang.srt.speculative.spec_info import spec_scale_global_num_tokens
 
-from ..source_edit import SourceEditError, edit_function
+from ..source_edit import PinnedEdit
 from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck
 from ..staging import TwoSlotStager, check_staging_impl, prepare_staging, staging_kernels
-
-logger = logging.getLogger("sglang.srt.plugins.hostsync")
 
 NAME = "target_dp_meta"
 FORWARD_BATCH = "sglang.srt.model_executor.forward_batch_info.ForwardBatch"
@@ -135,20 +132,12 @@ PADDED_COUNTS_H2D = (
 """,
 )
 PREPARE_SHA = "314a988fac1c4001"
-_prepare_mlp_sync_batch = None
+PREPARE = PinnedEdit(NAME, f"{FORWARD_BATCH}.prepare_mlp_sync_batch", (PADDED_COUNTS_H2D,),
+                     lambda: {"_hostsync_stage_padded_counts": stage_padded_counts}, PREPARE_SHA)
 
 
 def prepare_mlp_sync_batch_hook(original, self, model_runner):
-    global _prepare_mlp_sync_batch
-    if _prepare_mlp_sync_batch is None:
-        try:  # only from the exact pinned source (verify() already refuses the slot under a foreign hook)
-            _prepare_mlp_sync_batch = edit_function(
-                original, (PADDED_COUNTS_H2D,), {"_hostsync_stage_padded_counts": stage_padded_counts},
-                expected_sha=PREPARE_SHA)
-        except SourceEditError as exc:
-            logger.error("hostsync: %s: prepare_mlp_sync_batch's staged copy is off: %s", NAME, exc)
-            _prepare_mlp_sync_batch = original
-    return _prepare_mlp_sync_batch(self, model_runner)
+    return PREPARE(original)(self, model_runner)
 
 
 SLOT = Slot(
@@ -157,7 +146,7 @@ SLOT = Slot(
     origin="sglang#47677 (target side)",
     summary="target ForwardBatch DP counts: persistent pinned staging, one H2D for both count rows",
     default=True,
-    precheck=config_precheck(check_staging_impl),
+    precheck=config_precheck(check_staging_impl, PREPARE.check),
     # The staged sites run under attention DP (and EP / DP gather, which imply it here).
     kernels=lambda facts: staging_kernels(facts.dp_attention, facts.env),
     prepare=lambda facts: prepare_staging(NAME, facts.dp_attention),

@@ -66,7 +66,7 @@ def run_both(case, patcher, seed: int = 0, plugin_original=None):
     fused = []
     real = fdl.page_locs
     patcher.setattr(fdl, "page_locs", lambda *a: fused.append(1) or real(*a))
-    patcher.setattr(fdl, "_prepare_for_draft", None)  # recompile (binding the counter) from the live function
+    patcher.setattr(fdl.PREPARE, "_edited", None)  # recompile (binding the counter) from the live function
     original = plugin_original or ewc.prepare_for_draft
     out = []
     for fn in (ewc.prepare_for_draft, lambda *a, **k: fdl.prepare_for_draft_hook(original, *a, **k)):
