@@ -5,8 +5,10 @@ slot cannot apply."""
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
+import importlib.util
 import inspect
 import pkgutil
 from collections.abc import Iterable, Mapping
@@ -28,6 +30,40 @@ def resolve(path: str):
         if isinstance(raw, (classmethod, staticmethod)):
             return raw.__func__
     return getattr(owner, attr)
+
+
+# Modules of SGLang that import these at their top (CUDA kernels) do not import on a CPU
+# machine; their targets are checked from the module's file there instead.
+GPU_RUNTIME_MODULES = ("sgl_kernel",)
+
+
+def needs_gpu_runtime(exc: BaseException) -> bool:
+    return isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] in GPU_RUNTIME_MODULES
+
+
+def read_source(path: str) -> str:
+    """What ``inspect.getsource`` gives for the function or method at ``path``, read from its
+    module's file without importing the module."""
+    parts = path.split(".")
+    for i in range(1, len(parts)):
+        spec = importlib.util.find_spec(".".join(parts[:i]))  # imports the parents only
+        if spec is None:
+            raise ModuleNotFoundError(f"no module {'.'.join(parts[:i])}")
+        if spec.submodule_search_locations is None:
+            break
+    else:
+        raise ModuleNotFoundError(f"no module on {path}")
+    with open(spec.origin, encoding="utf-8") as f:
+        text = f.read()
+    node = ast.parse(text)
+    for name in parts[i:]:
+        found = [n for n in node.body if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                 and n.name == name]
+        if not found:
+            raise AttributeError(f"{path}: no {name}")
+        node = found[-1]  # the last definition wins, as at import
+    start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+    return "".join(text.splitlines(keepends=True)[start - 1:node.end_lineno])
 
 
 def pinned_sources(pins, what: str) -> str | None:
@@ -83,6 +119,19 @@ def _check_callable(path: str, fn, params, sha) -> str | None:
     return None
 
 
+def _check_file_source(target: HookTarget) -> str | None:
+    """A function target whose module needs a GPU runtime absent here: its pinned source, as
+    its module's file has it (its parameters are checked where it imports)."""
+    try:
+        source = read_source(target.path)
+    except (ImportError, AttributeError, OSError, SyntaxError) as exc:
+        return f"target missing: {target.path} ({type(exc).__name__}: {exc})"
+    got = hashlib.sha256(source.encode()).hexdigest()[:16]
+    if target.source_sha is not None and got != target.source_sha:
+        return f"upstream shape changed: {target.path} source sha {got}, expected {target.source_sha}"
+    return None
+
+
 def overridden_methods(mixin: type) -> list[str]:
     """Methods a mixin replaces on its upstream class (its non-``_hs_`` callables)."""
     return [
@@ -98,6 +147,8 @@ def check_target(target: HookTarget) -> str | None:
         obj = resolve(target.path)
     except (ImportError, AttributeError, ValueError) as exc:
         exc = _import_error(target.path) or exc
+        if target.kind is TargetKind.FUNCTION and needs_gpu_runtime(exc):
+            return _check_file_source(target)
         return f"target missing: {target.path} ({type(exc).__name__}: {exc})"
     if target.kind is TargetKind.FUNCTION:
         return _check_callable(target.path, obj, target.params, target.source_sha)

@@ -25,6 +25,26 @@ class SourceEditError(RuntimeError):
     pass
 
 
+def edited_source(source: str, qualname: str, name: str, edits: tuple[tuple[str, str], ...], names,
+                  expected_sha: str | None = None) -> str:
+    """``def _hostsync_factory(<names>): <source with edits>; return <name>``: the text
+    :func:`edit_function` compiles, raising SourceEditError where it would."""
+    if expected_sha is not None:
+        got = hashlib.sha256(source.encode()).hexdigest()[:16]
+        if got != expected_sha:
+            raise SourceEditError(f"{qualname}: source sha {got}, expected {expected_sha} "
+                                  "(changed upstream, or wrapped by another hook)")
+    if source.lstrip().startswith("@"):
+        raise SourceEditError(f"{qualname}: decorated functions are not supported")
+    for old, new in edits:
+        count = source.count(old)
+        if count != 1:
+            raise SourceEditError(f"{qualname}: expected one {old.strip().splitlines()[0]!r}, found {count}")
+        source = source.replace(old, new)
+    body = textwrap.indent(textwrap.dedent(source), "    ")
+    return f"def _hostsync_factory({', '.join(names)}):\n{body}\n    return {name}\n"
+
+
 def edit_function(func: types.FunctionType, edits: tuple[tuple[str, str], ...], names: dict,
                   expected_sha: str | None = None) -> types.FunctionType:
     """``func`` recompiled with each ``(old, new)`` of ``edits`` applied; ``old`` must
@@ -33,23 +53,8 @@ def edit_function(func: types.FunctionType, edits: tuple[tuple[str, str], ...], 
     exact source compiled here must be that one, so a wrapper another plugin put
     around the function is refused instead of recompiled."""
     lines, first_line = inspect.getsourcelines(func)
-    source = "".join(lines)  # as in the file: snippets carry the file's indentation
-    if expected_sha is not None:
-        got = hashlib.sha256(source.encode()).hexdigest()[:16]
-        if got != expected_sha:
-            raise SourceEditError(f"{func.__qualname__}: source sha {got}, expected {expected_sha} "
-                                  "(changed upstream, or wrapped by another hook)")
-    if source.lstrip().startswith("@"):
-        raise SourceEditError(f"{func.__qualname__}: decorated functions are not supported")
-    for old, new in edits:
-        count = source.count(old)
-        if count != 1:
-            raise SourceEditError(f"{func.__qualname__}: expected one {old.strip().splitlines()[0]!r}, found {count}")
-        source = source.replace(old, new)
-    source = textwrap.dedent(source)
-    # def _factory(<names>): <func>; return <func>  -- the names become closure cells.
-    body = textwrap.indent(source, "    ")
-    factory_src = f"def _hostsync_factory({', '.join(names)}):\n{body}\n    return {func.__name__}\n"
+    # As in the file: snippets carry the file's indentation. The names become closure cells.
+    factory_src = edited_source("".join(lines), func.__qualname__, func.__name__, edits, names, expected_sha)
     tree = ast.parse(factory_src)
     ast.increment_lineno(tree, first_line - 2)
     flags = 0
@@ -82,10 +87,22 @@ class PinnedEdit:
         self._edited = None
 
     def check(self) -> str | None:
-        from .checks import resolve
+        from .checks import _import_error, needs_gpu_runtime, read_source, resolve
 
         try:
-            edit_function(inspect.unwrap(resolve(self.path)), self.edits, self.bind(), expected_sha=self.sha)
+            target = inspect.unwrap(resolve(self.path))
+        except (ImportError, AttributeError, ValueError) as exc:
+            exc = _import_error(self.path) or exc  # the module that failed to import, by name
+            if not needs_gpu_runtime(exc):
+                return f"target missing: {self.path} ({type(exc).__name__}: {exc})"
+            target = None  # a module that imports only beside sgl_kernel: its file is read instead
+        try:
+            if target is None:
+                qualname = self.path.rsplit(".", 2)
+                compile(edited_source(read_source(self.path), ".".join(qualname[1:]), qualname[-1], self.edits,
+                                      self.bind(), expected_sha=self.sha), self.path, "exec")
+            else:
+                edit_function(target, self.edits, self.bind(), expected_sha=self.sha)
         except Exception as exc:  # noqa: BLE001 (any failure refuses the slot, before serving)
             return f"source edit of {self.path} does not apply: {type(exc).__name__}: {exc}"
         return None

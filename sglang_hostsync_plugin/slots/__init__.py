@@ -33,6 +33,7 @@ OWNED = (
     ("fused_tree_compact", "fused_tree_compact", False),
     ("fused_draft_page_locs", "fused_draft_page_locs", False),
     ("greedy_row_argmax", "greedy_row_argmax", False),
+    ("ngram_full_mask", "ngram_full_mask", False),
 )
 
 

@@ -1,0 +1,126 @@
+"""Slot ``ngram_full_mask``: NGRAM's verify attention mask in one Triton launch instead of a
+per-request loop of allocations, fills and pageable copies (issue 15, item 5).
+
+Stock SGLang 0.5.23, ``NGRAMWorker._prepare_for_speculative_decoding`` with ``USE_FULL_MASK``
+(on, every CUDA NGRAM server, any attention backend), per decode step and per request ``i``:
+``torch.ones((D, seq_lens_cpu[i]))`` (a float32 allocation and fill), ``torch.from_numpy(mask[i])
+.to(device, non_blocking=True)`` (a pageable H2D of the request's ``D x D`` tree mask, which
+``tree_mask.copy_`` already put on the device), ``torch.cat``, ``.to(torch.bool)``, ``flatten``;
+then one ``torch.cat`` of all requests. That is about six launches per request on the host path
+(``D = --speculative-num-draft-tokens``).
+
+With the slot the same 1-D bool tensor comes from one kernel, one program per (request, query
+row): columns below the request's length are True, the rest are the device tree mask's row. The
+flat layout is stock's: request ``i`` starts at ``D * sum_{j<i}(seq_len_j + D)``, computed on the
+device from ``batch.seq_lens`` (the lengths SGLang's verify attention and
+``reconstruct_indices_from_tree_mask`` read); its size from ``seq_lens_cpu`` as stock's shapes,
+and no write lands past it. The values are stock's: ``torch.cat((ones, mask)).to(bool)`` is True
+exactly where the tree mask is nonzero, as the device copy of the mask is. Anything else (no
+CUDA tensor outside the Triton interpreter, an empty batch, no ``seq_lens_cpu``, a tree-mask
+buffer not bool) runs SGLang's loop.
+
+Opt-in: ``ngram_worker`` imports only where ``sgl_kernel`` (or CUDA) is present, so on a machine
+without it the slot is refused ("target missing"), and a default slot would fail a strict
+launch there. Hook target: ``NGRAMWorker._prepare_for_speculative_decoding`` (AROUND; SGLang's
+method recompiled from its pinned source with the two ``USE_FULL_MASK`` blocks edited,
+``source_edit.PinnedEdit``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck, not_speculative
+from ..source_edit import PinnedEdit
+
+NAME = "ngram_full_mask"
+PREPARE = "sglang.srt.speculative.ngram_worker.NGRAMWorker._prepare_for_speculative_decoding"
+PREPARE_SHA = "7417a9ce177df775"
+BLOCK = 1024
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+ONES_EDIT = (
+    "        if USE_FULL_MASK and not _is_cpu:\n"
+    "            ones_masks = [\n",
+    "        if USE_FULL_MASK and not _is_cpu and not _hostsync_full_mask_fits(batch, self.tree_mask):\n"
+    "            ones_masks = [\n",
+)
+LOOP_EDIT = (
+    "        if USE_FULL_MASK and not _is_cpu:\n"
+    "            tree_mask = []\n",
+    "        if USE_FULL_MASK and not _is_cpu and ones_masks is None:\n"
+    "            tree_mask = _hostsync_full_mask(\n"
+    "                tree_mask, batch.seq_lens, batch.seq_lens_cpu, self.draft_token_num\n"
+    "            )\n"
+    "        elif USE_FULL_MASK and not _is_cpu:\n"
+    "            tree_mask = []\n",
+)
+
+
+@triton.jit
+def _full_mask_kernel(tree_ptr, seq_lens_ptr, out_ptr, total, D: tl.constexpr, BLOCK: tl.constexpr):
+    req = tl.program_id(0)
+    row = tl.program_id(1)
+    before = req.to(tl.int64) * 0  # sum of the earlier requests' lengths
+    for j in range(0, req):
+        before += tl.load(seq_lens_ptr + j).to(tl.int64)
+    length = tl.load(seq_lens_ptr + req).to(tl.int64)
+    width = length + D
+    start = D * (before + req.to(tl.int64) * D) + row * width
+    tree_row = tree_ptr + (req.to(tl.int64) * D + row) * D - length
+    for c0 in range(0, width, BLOCK):
+        cols = c0 + tl.arange(0, BLOCK)
+        in_row = cols < width
+        tree = tl.load(tree_row + cols, mask=in_row & (cols >= length), other=0)
+        dst = start + cols
+        tl.store(out_ptr + dst, (cols < length) | (tree != 0), mask=in_row & (dst < total))
+
+
+def fits(batch, tree_mask: torch.Tensor) -> bool:
+    seq_lens = batch.seq_lens
+    return (len(batch.reqs) > 0 and batch.seq_lens_cpu is not None and tree_mask.dtype == torch.bool
+            and isinstance(seq_lens, torch.Tensor) and seq_lens.device == tree_mask.device
+            and (tree_mask.is_cuda or _INTERPRET))
+
+
+def full_mask(tree_mask: torch.Tensor, seq_lens: torch.Tensor, seq_lens_cpu, num_draft: int) -> torch.Tensor:
+    """Stock's ``torch.cat([cat((ones(D, L_i), mask_i), 1).to(bool).flatten() for i])``."""
+    bs = seq_lens.shape[0]
+    total = num_draft * (int(seq_lens_cpu[:bs].sum()) + bs * num_draft)
+    out = torch.empty(total, dtype=torch.bool, device=tree_mask.device)
+    _full_mask_kernel[(bs, num_draft)](tree_mask, seq_lens, out, total, D=num_draft, BLOCK=BLOCK, num_warps=4)
+    return out
+
+
+def _bind():
+    return {"_hostsync_full_mask": full_mask, "_hostsync_full_mask_fits": fits}
+
+
+PREPARE_ONCE = PinnedEdit(NAME, PREPARE, (ONES_EDIT, LOOP_EDIT), _bind, PREPARE_SHA)
+
+
+def prepare_hook(original, *args, **kwargs):
+    return PREPARE_ONCE(original)(*args, **kwargs)
+
+
+def inert(f) -> str | None:
+    return not_speculative(f, "only NGRAM builds the full verify mask", bool(f.speculative_algorithm) and f.is_ngram())
+
+
+SLOT = Slot(
+    name=NAME,
+    kind=SlotKind.OWNED,
+    origin="hostsync (NGRAM USE_FULL_MASK verify mask; issue 15)",
+    summary="NGRAM's full verify mask in one Triton launch, not per-request fills and pageable copies",
+    default=False,
+    precheck=config_precheck(None, PREPARE_ONCE.check),
+    inert=inert,
+    targets=(
+        HookTarget(PREPARE, TargetKind.FUNCTION, hook=prepare_hook, source_sha=PREPARE_SHA,
+                   needs_upstream_original=True),
+    ),
+)
