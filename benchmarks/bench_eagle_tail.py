@@ -42,8 +42,10 @@ def sample(fn, pool, args, iters):
     torch.cuda.synchronize()
     host, gpu = [], []
     for _ in range(iters):
-        # Keep the GPU busy so the host times the launch path, not a drained queue.
-        torch.cuda._sleep(20_000)
+        # Keep the GPU busy (~1 ms, longer than any call's launch path here) so the host times the
+        # launch path, not a drained queue, and the events time only the call's kernels. Before
+        # 2026-12-02 this slept 20k cycles (~11 µs): GPU µs then included launch waits.
+        torch.cuda._sleep(2_000_000)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         t0 = time.perf_counter_ns()
