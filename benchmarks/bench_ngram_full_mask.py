@@ -7,20 +7,15 @@ syncs per call, at the batch sizes and lengths an NGRAM server runs (8 draft tok
 Each arm runs --rounds rounds of 300/rounds calls, interleaved (ABBA), samples pooled.
 """
 
-import argparse
-import json
 import os
 import random
 import sys
-import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))  # hostsync_drivers
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_eagle_tail import measure, sample  # noqa: E402
-from hostsync_drivers import abba  # noqa: E402
-from test_gpu_ngram_full_mask import stock_full_mask  # noqa: E402
+from per_call import compare, parse_args, print_rows, write_json  # noqa: E402
+from test_gpu_ngram_full_mask import stock_full_mask  # noqa: E402  (tests/ is on the path)
 
 from sglang_hostsync_plugin.slots import ngram_full_mask as nfm  # noqa: E402
 
@@ -28,11 +23,7 @@ D = 8
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--json")
-    ns = ap.parse_args()
-    iters = 300 // ns.rounds
+    ns = parse_args()
     rows = []
     for bs, length in ((1, 400), (1, 4000), (8, 400), (8, 4000), (32, 1000)):
         rng = random.Random(bs * 7 + length)
@@ -44,17 +35,9 @@ def main():
         calls = {"stock": lambda _p: stock_full_mask(mask, lens, D),
                  "plugin": lambda _p: nfm.full_mask(tree, seq_lens, seq_lens_cpu, D)}
         assert torch.equal(calls["stock"](None), calls["plugin"](None))
-        runs = abba({arm: (lambda c=c: sample(c, None, (), iters)) for arm, c in calls.items()}, ns.rounds)
-        rows.append({"bs": bs, "len": length, **{arm: measure(runs[arm], c, None, ()) for arm, c in calls.items()}})
-    print(f"{'bs':>3} {'len':>5} | {'host µs stock/plugin':>21} | {'gpu µs stock/plugin':>20} | syncs s/p")
-    for r in rows:
-        s, p = r["stock"], r["plugin"]
-        print(f"{r['bs']:>3} {r['len']:>5} | {s['host_us_median']:>10.1f}/{p['host_us_median']:<10.1f} | "
-              f"{s['gpu_us_median']:>9.1f}/{p['gpu_us_median']:<10.1f} | {s['syncs_per_call']}/{p['syncs_per_call']}")
-    if ns.json:
-        with open(ns.json, "w") as f:
-            json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                       "device": torch.cuda.get_device_name(), "draft_tokens": D, "rows": rows}, f, indent=2)
+        rows.append({"bs": bs, "len": length, **compare(calls, None, (), ns)})
+    print_rows(rows, ("bs", "len"))
+    write_json(ns.json, rows, draft_tokens=D)
 
 
 if __name__ == "__main__":

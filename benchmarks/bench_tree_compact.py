@@ -10,18 +10,13 @@ events, median µs), syncs per call (torch sync-debug "warn"). Real SGLang MHATo
 Each arm runs --rounds rounds of 300/rounds calls, interleaved (ABBA), samples pooled.
 """
 
-import argparse
-import json
 import random
-import time
 
 import torch
 
 import os as _os, sys as _sys
-_sys.path.insert(0, _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "..", "tests"))  # hostsync_drivers
 _sys.path.insert(0, _os.path.dirname(_os.path.abspath(__file__)))
-from bench_eagle_tail import measure, sample
-from hostsync_drivers import abba
+from per_call import compare, parse_args, write_json  # also puts tests/ on the path
 from types import SimpleNamespace
 
 from hostsync_drivers.tree_compact import RecordingPool, make_case
@@ -44,11 +39,7 @@ def big_pool(size: int):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--json")
-    ns = ap.parse_args()
-    iters = 300 // ns.rounds
+    ns = parse_args()
     hook = lambda *a, **k: ftc.finalize_hook(ewc._finalize_accept_tree_path, *a, **k)  # noqa: E731
     rows = []
     for bs, topk, steps in [(1, 4, 3), (4, 4, 3), (8, 4, 3), (32, 4, 3), (8, 8, 7)]:
@@ -65,9 +56,7 @@ def main():
                       token_to_kv_pool_allocator=pool, num_draft_tokens=case["nd"])
 
         calls = {arm: (lambda pool, fn=fn: call(pool, fn)) for arm, fn in fns.items()}
-        runs = abba({arm: (lambda c=c: sample(c, pool, (), iters)) for arm, c in calls.items()}, ns.rounds)
-        rows.append({"bs": bs, "topk": topk, "steps": steps,
-                     **{arm: measure(runs[arm], c, pool, ()) for arm, c in calls.items()}})
+        rows.append({"bs": bs, "topk": topk, "steps": steps, **compare(calls, pool, (), ns)})
     print(f"{'bs':>3} {'topk':>4} {'steps':>5} | {'host µs med/p90 stock':>22} {'plugin':>14} | {'ratio':>6} | "
           f"{'gpu µs stock/plugin':>20} | syncs s/p")
     for r in rows:
@@ -75,10 +64,7 @@ def main():
         print(f"{r['bs']:>3} {r['topk']:>4} {r['steps']:>5} | {s['host_us_median']:>10.1f}/{s['host_us_p90']:<10.1f} "
               f"{p['host_us_median']:>6.1f}/{p['host_us_p90']:<7.1f} | {p['host_us_median'] / s['host_us_median']:>6.2f} | "
               f"{s['gpu_us_median']:>9.1f}/{p['gpu_us_median']:<10.1f} | {s['syncs_per_call']}/{p['syncs_per_call']}")
-    if ns.json:
-        with open(ns.json, "w") as f:
-            json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                       "device": torch.cuda.get_device_name(), "rows": rows}, f, indent=2)
+    write_json(ns.json, rows)
 
 
 if __name__ == "__main__":
