@@ -34,6 +34,7 @@ OWNED = (
     ("fused_draft_page_locs", "fused_draft_page_locs", False),
     ("greedy_row_argmax", "greedy_row_argmax", False),
     ("ngram_full_mask", "ngram_full_mask", False),
+    ("draft_extend_fused_layout", "draft_extend_fused_layout", False),
 )
 
 
