@@ -131,3 +131,23 @@ def test_every_shipped_source_edit_applies_to_the_pinned_sglang():
     assert all(isinstance(e, PinnedEdit) and e.check() is None for e in edits)
     wrong_sha = PinnedEdit("x", tdm.PREPARE.path, tdm.PREPARE.edits, tdm.PREPARE.bind, "0" * 16)
     assert "source sha" in wrong_sha.check()
+
+
+def test_read_source_gives_what_inspect_gives():
+    """The doctor's check of a module that does not import here (no sgl_kernel) reads its file;
+    on importable SGLang functions and methods that text is exactly inspect.getsource's."""
+    import inspect
+
+    import pytest
+
+    from sglang_hostsync_plugin.checks import read_source, resolve
+
+    for path in ("sglang.srt.speculative.eagle_utils.eagle_sample",
+                 "sglang.srt.speculative.eagle_worker_common.prepare_for_draft_extend",
+                 "sglang.srt.managers.overlap_utils.FutureMap.resolve_seq_lens_cpu",
+                 "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_decode"):
+        assert read_source(path) == inspect.getsource(inspect.unwrap(resolve(path))), path
+    with pytest.raises(AttributeError):
+        read_source("sglang.srt.managers.overlap_utils.FutureMap.no_such_method")
+    with pytest.raises(ModuleNotFoundError):
+        read_source("sglang.srt.no_such_module.f")
