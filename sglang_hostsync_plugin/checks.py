@@ -82,7 +82,7 @@ def pinned_sources(pins, what: str) -> str | None:
     return None
 
 
-def _import_error(path: str) -> ImportError | None:
+def import_error(path: str) -> ImportError | None:
     """The import error behind an unresolvable path, when a module on it fails to
     import (pkgutil reports that as a missing attribute of its parent package)."""
     parts = path.split(".")
@@ -146,7 +146,7 @@ def check_target(target: HookTarget) -> str | None:
     try:
         obj = resolve(target.path)
     except (ImportError, AttributeError, ValueError) as exc:
-        exc = _import_error(target.path) or exc
+        exc = import_error(target.path) or exc
         if target.kind is TargetKind.FUNCTION and needs_gpu_runtime(exc):
             return _check_file_source(target)
         return f"target missing: {target.path} ({type(exc).__name__}: {exc})"

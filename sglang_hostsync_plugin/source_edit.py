@@ -87,12 +87,12 @@ class PinnedEdit:
         self._edited = None
 
     def check(self) -> str | None:
-        from .checks import _import_error, needs_gpu_runtime, read_source, resolve
+        from .checks import import_error, needs_gpu_runtime, read_source, resolve
 
         try:
             target = inspect.unwrap(resolve(self.path))
         except (ImportError, AttributeError, ValueError) as exc:
-            exc = _import_error(self.path) or exc  # the module that failed to import, by name
+            exc = import_error(self.path) or exc  # the module that failed to import, by name
             if not needs_gpu_runtime(exc):
                 return f"target missing: {self.path} ({type(exc).__name__}: {exc})"
             target = None  # a module that imports only beside sgl_kernel: its file is read instead
