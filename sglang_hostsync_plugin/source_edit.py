@@ -86,6 +86,19 @@ class PinnedEdit:
         self.slot, self.path, self.edits, self.bind, self.sha = slot, path, edits, bind, sha
         self._edited = None
 
+        def hook(original, *args, **kwargs):  # one object: the installer finds it in the live chain
+            return self(original)(*args, **kwargs)
+
+        self.hook = hook
+
+    def target(self, params: tuple[str, ...] | None = None):
+        """The slot's HookTarget for ``path``: this edit's hook, its pinned source, recompiling
+        SGLang's own function (``needs_upstream_original``)."""
+        from .slot import HookTarget, TargetKind
+
+        return HookTarget(self.path, TargetKind.FUNCTION, hook=self.hook, params=params, source_sha=self.sha,
+                          needs_upstream_original=True)
+
     def check(self) -> str | None:
         from .checks import import_error, needs_gpu_runtime, read_source, resolve
 

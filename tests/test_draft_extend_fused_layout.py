@@ -131,7 +131,7 @@ def test_same_forward_batch_without_host_list_tensors(ewc, bs, width):
     dtype = random.Random(seed).choice([torch.int32, torch.int64])
     stock = _run(original, _case(random.Random(seed), bs, width, dtype), width)
     assert StandInForwardBatch.host_list_tensors == 2  # stock stages both host lists
-    plugin = _run(lambda *a, **k: dfl.prepare_hook(original, *a, **k), _case(random.Random(seed), bs, width, dtype), width)
+    plugin = _run(lambda *a, **k: dfl.PREPARE_ONCE.hook(original, *a, **k), _case(random.Random(seed), bs, width, dtype), width)
     assert StandInForwardBatch.host_list_tensors == 2  # the slot's path staged none
     for name in FIELDS:
         a, b = getattr(stock, name), getattr(plugin, name)
@@ -156,7 +156,7 @@ def test_what_the_slot_does_not_take_runs_the_list_branch(ewc, change):
     else:
         batch.seq_lens_cpu = None
     assert not dfl.fused_with_mirrors(batch, runner)
-    dfl.prepare_hook(original, *(spec, batch, predict, 4, runner, None), return_hidden_states_before_norm=False)
+    dfl.PREPARE_ONCE.hook(original, *(spec, batch, predict, 4, runner, None), return_hidden_states_before_norm=False)
     # the host lists were staged as stock does (without host lengths stock's own device path runs)
     assert StandInForwardBatch.host_list_tensors == (0 if change == "no_host_lens" else 2)
 

@@ -32,7 +32,7 @@ def test_identical_to_stock_on_random_batches(ewc):
         rng = random.Random(seed)
         bs, width, dtype = rng.choice([1, 2, 3, 8, 17, 64]), rng.choice([2, 4, 8]), rng.choice([torch.int32, torch.int64])
         stock = _run(original, _case(random.Random(seed), bs, width, dtype, "cuda"), width)
-        plugin = _run(lambda *a, **k: dfl.prepare_hook(original, *a, **k),
+        plugin = _run(lambda *a, **k: dfl.PREPARE_ONCE.hook(original, *a, **k),
                       _case(random.Random(seed), bs, width, dtype, "cuda"), width)
         for name in FIELDS:
             a, b = getattr(stock, name), getattr(plugin, name)
@@ -45,7 +45,7 @@ def test_identical_to_stock_on_random_batches(ewc):
 
 def test_no_host_sync_on_the_slots_path(ewc):
     original = getattr(ewc.prepare_for_draft_extend, "__wrapped__", ewc.prepare_for_draft_extend)
-    call = lambda: _run(lambda *a, **k: dfl.prepare_hook(original, *a, **k),  # noqa: E731
+    call = lambda: _run(lambda *a, **k: dfl.PREPARE_ONCE.hook(original, *a, **k),  # noqa: E731
                         _case(random.Random(3), 8, 4, torch.int64, "cuda"), 4)
     call()  # compile outside the check
     torch.cuda.synchronize()

@@ -123,7 +123,7 @@ def test_recompiled_eagle_sample_calls_the_kernel_with_stock_values(monkeypatch)
     original = getattr(eu.eagle_sample, "__wrapped__", eu.eagle_sample)
     for bs, n in ((1, 4), (3, 8)):
         args = _fake_sample_inputs(bs, n, B + 77, bs)
-        for fn in (lambda *a: original(*a), lambda *a: gra.eagle_sample_hook(original, *a)):
+        for fn in (lambda *a: original(*a), lambda *a: gra.SAMPLE_ONCE.hook(original, *a)):
             with pytest.raises(_Stop):
                 fn(*args[:3])
         stock, plugin = seen[-2:]

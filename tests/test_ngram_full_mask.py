@@ -64,12 +64,17 @@ def test_rows_longer_than_a_block_and_the_last_request():
 
 
 def test_device_lengths_beyond_the_host_size_write_nothing_past_it():
-    """The size is stock's (from seq_lens_cpu); were the device lengths larger, the kernel
-    stops at that size instead of writing past the tensor."""
+    """The size is stock's (from seq_lens_cpu); were the device lengths larger, the kernel stops
+    at that size: the launch writes into the front of a sentinel buffer, whose tail stays."""
     d = 4
-    tree, _, _, seq_lens_cpu = _case(random.Random(2), 2, d, [5, 6])
-    out = nfm.full_mask(tree, torch.tensor([5, 600]), seq_lens_cpu, d)
-    assert out.numel() == d * (11 + 2 * d)
+    tree, mask, _, seq_lens_cpu = _case(random.Random(2), 2, d, [5, 6])
+    total = d * (11 + 2 * d)
+    buf = torch.ones(total + 4096, dtype=torch.bool)
+    buf[total:] = False
+    nfm._full_mask_kernel[(2, d)](tree, torch.tensor([5, 600]), buf, total, D=d, BLOCK=nfm.BLOCK)
+    assert not buf[total:].any()  # nothing past the size
+    assert torch.equal(buf[: d * (5 + d)], stock_full_mask(tree, mask, [5, 6], d)[: d * (5 + d)])
+    assert nfm.full_mask(tree, torch.tensor([5, 600]), seq_lens_cpu, d).numel() == total
 
 
 def test_fits():
@@ -150,7 +155,7 @@ def test_recompiled_prepare_hands_verify_the_stock_mask(ngram_worker, monkeypatc
     original = w.NGRAMWorker._prepare_for_speculative_decoding
     original = getattr(original, "__wrapped__", original)
     masks = []
-    for fn in (original, lambda *a: nfm.prepare_hook(original, *a)):
+    for fn in (original, lambda *a: nfm.PREPARE_ONCE.hook(original, *a)):
         self, batch, seen, (tree, mask, lens) = _fake_worker(w, monkeypatch, d, bs, None, seed=bs * 10 + d)
         fn(self, batch)
         masks.append(seen[-1]["custom_mask"])
@@ -169,7 +174,7 @@ def test_what_the_kernel_does_not_take_runs_the_stock_loop(ngram_worker, monkeyp
     original = getattr(w.NGRAMWorker._prepare_for_speculative_decoding, "__wrapped__",
                        w.NGRAMWorker._prepare_for_speculative_decoding)
     self, batch, seen, (tree, mask, _) = _fake_worker(w, monkeypatch, 8, 2, [40, 17], seed=3)
-    nfm.prepare_hook(original, self, batch)
+    nfm.PREPARE_ONCE.hook(original, self, batch)
     assert calls == [] and torch.equal(seen[-1]["custom_mask"], stock_full_mask(tree, mask, [40, 17], 8))
 
 

@@ -114,8 +114,8 @@ def test_hook_under_another_plugins_wrapper_calls_it_and_says_so(monkeypatch, ca
 
     monkeypatch.setattr(tdm.PREPARE, "_edited", None)
     with caplog.at_level("ERROR", logger="sglang.srt.plugins.hostsync"):
-        assert tdm.prepare_mlp_sync_batch_hook(other_plugins_wrapper, "batch", "runner") == "theirs"
-        assert tdm.prepare_mlp_sync_batch_hook(other_plugins_wrapper, "batch", "runner") == "theirs"
+        assert tdm.PREPARE.hook(other_plugins_wrapper, "batch", "runner") == "theirs"
+        assert tdm.PREPARE.hook(other_plugins_wrapper, "batch", "runner") == "theirs"
     assert calls == [("batch", "runner")] * 2
     assert caplog.text.count("target_dp_meta: prepare_mlp_sync_batch runs unedited") == 1
 

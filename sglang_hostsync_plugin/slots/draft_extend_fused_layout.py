@@ -31,7 +31,7 @@ import os
 
 import torch
 
-from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck, not_flashinfer, not_speculative
+from ..slot import Slot, SlotKind, config_precheck, not_flashinfer, not_speculative
 from ..source_edit import PinnedEdit
 
 NAME = "draft_extend_fused_layout"
@@ -80,10 +80,6 @@ def _bind():
 PREPARE_ONCE = PinnedEdit(NAME, PREPARE, (FUSED_EDIT, MIRROR_EDIT), _bind, PREPARE_SHA)
 
 
-def prepare_hook(original, *args, **kwargs):
-    return PREPARE_ONCE(original)(*args, **kwargs)
-
-
 def inert(f) -> str | None:
     ok = bool(f.speculative_algorithm) and f.is_eagle_family()
     return not_speculative(f, "only the EAGLE-family v2 draft extend runs prepare_for_draft_extend", ok) or not_flashinfer(f)
@@ -98,8 +94,5 @@ SLOT = Slot(
     default=False,
     precheck=config_precheck(None, PREPARE_ONCE.check),
     inert=inert,
-    targets=(
-        HookTarget(PREPARE, TargetKind.FUNCTION, hook=prepare_hook, source_sha=PREPARE_SHA,
-                   needs_upstream_original=True),
-    ),
+    targets=(PREPARE_ONCE.target(),),
 )

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck, not_speculative
+from ..slot import Slot, SlotKind, config_precheck, not_speculative
 from ..source_edit import PinnedEdit
 from .upstream_switches import HOST_PRESET
 
@@ -137,10 +137,6 @@ PREPARE = PinnedEdit(NAME, TARGET, (EDIT,),
                      lambda: {"_hostsync_page_locs_fit": page_locs_fit, "_hostsync_page_locs": page_locs}, PREPARE_SHA)
 
 
-def prepare_for_draft_hook(original, *args, **kwargs):
-    return PREPARE(original)(*args, **kwargs)
-
-
 def pinned_sources() -> str | None:
     from ..checks import pinned_sources as check_pins
 
@@ -166,12 +162,7 @@ SLOT = Slot(
     presets=(HOST_PRESET,),
     precheck=config_precheck(None, lambda: pinned_sources() or PREPARE.check()),
     inert=inert,
-    targets=(
-        HookTarget(
-            TARGET, TargetKind.FUNCTION, hook=prepare_for_draft_hook,
-            params=("draft_input", "req_to_token_pool", "batch", "cuda_graph_runner", "draft_model_runner", "topk",
-                    "num_steps", "target_translator", "num_draft_tokens"),
-            source_sha=PREPARE_SHA, needs_upstream_original=True,
-        ),
-    ),
+    targets=(PREPARE.target(params=("draft_input", "req_to_token_pool", "batch", "cuda_graph_runner",
+                                    "draft_model_runner", "topk", "num_steps", "target_translator",
+                                    "num_draft_tokens")),),
 )

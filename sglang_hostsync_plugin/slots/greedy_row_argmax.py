@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck, not_speculative
+from ..slot import Slot, SlotKind, config_precheck, not_speculative
 from ..source_edit import PinnedEdit
 from .upstream_switches import HOST_PRESET
 
@@ -97,14 +97,6 @@ SAMPLE_ONCE = PinnedEdit(NAME, SAMPLE, (SAMPLE_EDIT,), _bind, SAMPLE_SHA)
 DRAFT_EXTEND_ONCE = PinnedEdit(NAME, DRAFT_EXTEND, (DRAFT_EXTEND_EDIT,), _bind, DRAFT_EXTEND_SHA)
 
 
-def eagle_sample_hook(original, *args, **kwargs):
-    return SAMPLE_ONCE(original)(*args, **kwargs)
-
-
-def draft_extend_hook(original, *args, **kwargs):
-    return DRAFT_EXTEND_ONCE(original)(*args, **kwargs)
-
-
 def inert(f) -> str | None:
     ok = bool(f.speculative_algorithm) and (f.is_eagle_family() or f.is_ngram())
     return not_speculative(f, "only EAGLE-family and NGRAM verify take the greedy argmax in eagle_sample", ok)
@@ -119,10 +111,5 @@ SLOT = Slot(
     presets=(HOST_PRESET,),
     precheck=config_precheck(None, lambda: SAMPLE_ONCE.check() or DRAFT_EXTEND_ONCE.check()),
     inert=inert,
-    targets=(
-        HookTarget(SAMPLE, TargetKind.FUNCTION, hook=eagle_sample_hook, source_sha=SAMPLE_SHA,
-                   needs_upstream_original=True),
-        HookTarget(DRAFT_EXTEND, TargetKind.FUNCTION, hook=draft_extend_hook, source_sha=DRAFT_EXTEND_SHA,
-                   needs_upstream_original=True),
-    ),
+    targets=(SAMPLE_ONCE.target(), DRAFT_EXTEND_ONCE.target()),
 )

@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck, not_speculative
+from ..slot import Slot, SlotKind, config_precheck, not_speculative
 from ..source_edit import PinnedEdit
 
 NAME = "ngram_full_mask"
@@ -103,10 +103,6 @@ def _bind():
 PREPARE_ONCE = PinnedEdit(NAME, PREPARE, (ONES_EDIT, LOOP_EDIT), _bind, PREPARE_SHA)
 
 
-def prepare_hook(original, *args, **kwargs):
-    return PREPARE_ONCE(original)(*args, **kwargs)
-
-
 def inert(f) -> str | None:
     return not_speculative(f, "only NGRAM builds the full verify mask", bool(f.speculative_algorithm) and f.is_ngram())
 
@@ -119,8 +115,5 @@ SLOT = Slot(
     default=False,
     precheck=config_precheck(None, PREPARE_ONCE.check),
     inert=inert,
-    targets=(
-        HookTarget(PREPARE, TargetKind.FUNCTION, hook=prepare_hook, source_sha=PREPARE_SHA,
-                   needs_upstream_original=True),
-    ),
+    targets=(PREPARE_ONCE.target(),),
 )

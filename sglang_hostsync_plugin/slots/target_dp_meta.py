@@ -136,10 +136,6 @@ PREPARE = PinnedEdit(NAME, f"{FORWARD_BATCH}.prepare_mlp_sync_batch", (PADDED_CO
                      lambda: {"_hostsync_stage_padded_counts": stage_padded_counts}, PREPARE_SHA)
 
 
-def prepare_mlp_sync_batch_hook(original, self, model_runner):
-    return PREPARE(original)(self, model_runner)
-
-
 SLOT = Slot(
     name=NAME,
     kind=SlotKind.OWNED,
@@ -159,9 +155,6 @@ SLOT = Slot(
             f"{FORWARD_BATCH}._init_num_token_non_padded", TargetKind.FUNCTION, hook=init_num_token_non_padded_hook,
             params=("self", "device", "is_draft_worker"), source_sha="2db8b5d5db002f7e",
         ),
-        HookTarget(
-            f"{FORWARD_BATCH}.prepare_mlp_sync_batch", TargetKind.FUNCTION, hook=prepare_mlp_sync_batch_hook,
-            params=("self", "model_runner"), source_sha=PREPARE_SHA, needs_upstream_original=True,
-        ),
+        PREPARE.target(params=("self", "model_runner")),
     ),
 )

@@ -69,7 +69,7 @@ def run_both(case, patcher, seed: int = 0, plugin_original=None):
     patcher.setattr(fdl.PREPARE, "_edited", None)  # recompile (binding the counter) from the live function
     original = plugin_original or ewc.prepare_for_draft
     out = []
-    for fn in (ewc.prepare_for_draft, lambda *a, **k: fdl.prepare_for_draft_hook(original, *a, **k)):
+    for fn in (ewc.prepare_for_draft, lambda *a, **k: fdl.PREPARE.hook(original, *a, **k)):
         pool = eagle_tail.make_pool(case["size"], case["page_size"], case["device"], seed)
         out.append((_run(fn, case, pool), pool))
     out[1][0]["fused_calls"] = len(fused)

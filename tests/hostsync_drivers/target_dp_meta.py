@@ -122,7 +122,7 @@ def make_decode_batch(bs: int, device, counts: list[int]):
 
 def prepare(arm, fb, model_runner):
     if arm == "plugin":
-        tdm.prepare_mlp_sync_batch_hook(STOCK_PREPARE, fb, model_runner)
+        tdm.PREPARE.hook(STOCK_PREPARE, fb, model_runner)
     else:
         STOCK_PREPARE(fb, model_runner)
     return fb
