@@ -45,13 +45,16 @@ def test_identical_to_stock_on_random_batches(ewc):
 
 def test_no_host_sync_on_the_slots_path(ewc):
     original = getattr(ewc.prepare_for_draft_extend, "__wrapped__", ewc.prepare_for_draft_extend)
-    call = lambda: _run(lambda *a, **k: dfl.PREPARE_ONCE.hook(original, *a, **k),  # noqa: E731
-                        _case(random.Random(3), 8, 4, torch.int64, "cuda"), 4)
-    call()  # compile outside the check
+    # the batches are built outside the check: making them copies host lists to the device
+    cases = [_case(random.Random(3), 8, 4, torch.int64, "cuda") for _ in range(2)]
+    call = lambda case: _run(lambda *a, **k: dfl.PREPARE_ONCE.hook(original, *a, **k), case, 4)  # noqa: E731
+    call(cases[0])  # compile outside the check
     torch.cuda.synchronize()
+    staged = StandInForwardBatch.host_list_tensors
     torch.cuda.set_sync_debug_mode("error")
     try:
-        call()
+        call(cases[1])
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
+    assert StandInForwardBatch.host_list_tensors == staged  # the fused path ran (stock's pinned H2D does not sync either)
