@@ -47,17 +47,19 @@ FLASHINFER_PRESET_GAIN = ("on the H200, default,flashinfer gave 1.06-1.11x stock
 
 
 def preset_hints(plan, catalogue, facts) -> list[str]:
-    """SGLang's own FlashInfer host-plan switches that these server args would use but
-    the selection leaves off (they are opt-in, as upstream ships them)."""
+    """The ``flashinfer`` preset's opt-in slots (SGLang's FlashInfer host-plan switches, opt-in as
+    upstream ships them, and ``draft_extend_fused_layout``) that these server args would use but
+    the selection leaves off."""
     if facts is None:
         return []
-    useful = [name for name in ("flashinfer_verify_host_plan", "flashinfer_draft_host_indptr")
+    useful = [name for name in ("flashinfer_verify_host_plan", "flashinfer_draft_host_indptr", "draft_extend_fused_layout")
               if name in catalogue and name not in plan.selected and inert_reason(catalogue[name], facts) is None
               and "flashinfer" in (*facts.attention_backends, facts.draft_attention_backend)]
     if not useful:
         return []
     return [f"SGLANG_HOSTSYNC_SLOTS={plan.spec},flashinfer also turns on {', '.join(useful)} "
-            f"(SGLang's opt-in FlashInfer host plans, outputs unchanged); {FLASHINFER_PRESET_GAIN}"]
+            f"(SGLang's opt-in FlashInfer host plans and the one-launch draft-extend layout, outputs unchanged); "
+            f"{FLASHINFER_PRESET_GAIN}"]
 
 
 def main(argv: list[str] | None = None) -> int:

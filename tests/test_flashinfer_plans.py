@@ -388,7 +388,7 @@ def test_selection_rules():
     assert {"flashinfer_plan_guard", "flashinfer_tree_verify_plan"} <= set(default)
     fi = config.parse_slot_spec("flashinfer", catalogue).names
     assert set(fi) == {"flashinfer_plan_guard", "flashinfer_tree_verify_plan",
-                       "flashinfer_verify_host_plan", "flashinfer_draft_host_indptr"}
+                       "flashinfer_verify_host_plan", "flashinfer_draft_host_indptr", "draft_extend_fused_layout"}
     with pytest.raises(config.HostsyncConfigError, match="requires slot 'flashinfer_plan_guard'"):
         config.parse_slot_spec("default,-flashinfer_plan_guard", catalogue)
 

@@ -36,7 +36,8 @@ from ..switches import flag_precheck
 from .upstream_switches import HOST_PRESET
 
 ORIGIN = "sglang 0.5.23 opt-in"
-# ``SGLANG_HOSTSYNC_SLOTS=default,flashinfer``: these two plus the owned FlashInfer slots.
+# ``SGLANG_HOSTSYNC_SLOTS=default,flashinfer``: these two plus the owned FlashInfer slots and
+# ``draft_extend_fused_layout``.
 FLASHINFER_PRESET = "flashinfer"
 # --kv-cache-dtype values whose FlashInfer KV dtype is bf16, fp16 or fp8 ("auto": the model's).
 HOST_PLAN_KV_DTYPES = ("auto", "bf16", "bfloat16", "fp8_e4m3", "fp8_e5m2")
