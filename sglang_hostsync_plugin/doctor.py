@@ -16,6 +16,7 @@ import sys
 
 from . import backends, config, plan as plans, registry, report, version
 from .slot import ServingFacts, Status, inert_reason
+from .slots.upstream_host_plans import FLASHINFER_PRESET
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -52,9 +53,11 @@ def preset_hints(plan, catalogue, facts) -> list[str]:
     the selection leaves off."""
     if facts is None:
         return []
-    useful = [name for name in ("flashinfer_verify_host_plan", "flashinfer_draft_host_indptr", "draft_extend_fused_layout")
-              if name in catalogue and name not in plan.selected and inert_reason(catalogue[name], facts) is None
-              and "flashinfer" in (*facts.attention_backends, facts.draft_attention_backend)]
+    if "flashinfer" not in (*facts.attention_backends, facts.draft_attention_backend):
+        return []
+    useful = [name for name, slot in catalogue.items()
+              if FLASHINFER_PRESET in slot.presets and not slot.default and name not in plan.selected
+              and inert_reason(slot, facts) is None]
     if not useful:
         return []
     return [f"SGLANG_HOSTSYNC_SLOTS={plan.spec},flashinfer also turns on {', '.join(useful)} "

@@ -339,12 +339,12 @@ def test_doctor_hints_the_flashinfer_preset_where_its_switches_would_run(capsys,
     assert code == 0, cap.err
     (hint,) = [line for line in cap.out.splitlines() if line.startswith("hint: ")]
     assert "SGLANG_HOSTSYNC_SLOTS=default,flashinfer" in hint
-    assert "flashinfer_verify_host_plan, flashinfer_draft_host_indptr, draft_extend_fused_layout (" in hint
+    assert "draft_extend_fused_layout, flashinfer_verify_host_plan, flashinfer_draft_host_indptr (" in hint
     # topk 4: SGLang's verify switch is topk 1 only, so it is not named.
     code, cap = _doctor(capsys, "--json", "--attention-backend", "flashinfer", "--speculative-algorithm", "EAGLE",
                         "--speculative-eagle-topk", "4", "--page-size", "16")
     (hint,) = json.loads(cap.out)["hints"]
-    assert "also turns on flashinfer_draft_host_indptr, draft_extend_fused_layout (" in hint
+    assert "also turns on draft_extend_fused_layout, flashinfer_draft_host_indptr (" in hint
     for argv, env in ((("--attention-backend", "triton", "--speculative-algorithm", "EAGLE"), "default"),
                       (("--attention-backend", "flashinfer", "--speculative-algorithm", "EAGLE"), "default,flashinfer"),
                       (("--attention-backend", "flashinfer", "--speculative-algorithm", "NGRAM"), "default")):
