@@ -8,8 +8,10 @@
 #   bash scripts/gpu_run.sh                                # every benchmark below, then the GPU tests
 #   TESTS=0 BENCHES=e2e E2E_ARGS="--configs standalone-t4-p16" bash scripts/gpu_run.sh
 #   bash scripts/gpu_run.sh tests/test_gpu_e2e.py          # only these tests
-# BENCHES (default: all but profile): e2e startup dp_meta eagle_tail tree_compact greedy_row_argmax ngram_full_mask draft_input events decode_loop pageable_h2d profile
-#   e2e:         python -m sglang_hostsync_plugin.e2e $E2E_ARGS (real servers) -> $OUT/e2e/
+# BENCHES (default: all but profile): e2e startup dp_meta eagle_tail tree_compact greedy_row_argmax replay_launch ngram_full_mask draft_input events decode_loop pageable_h2d profile
+#   e2e:         python -m sglang_hostsync_plugin.e2e $E2E_ARGS (real servers) -> $OUT/e2e/; with
+#                PYSPY_CONFIGS="standalone-t4-p16 ..." (and PYSPY=path/to/py-spy) each config's schedulers
+#                are sampled by py-spy beside it -> $OUT/pyspy/ (report: benchmarks/pyspy_schedulers.py report)
 #   startup:     benchmarks/bench_startup.py $STARTUP_ARGS (launch-to-ready, cold/warm csrc cache) -> $OUT/startup/
 #   decode_loop: benchmarks/bench_decode_loop.py with every owned slot (--opt-in pinned_d2h_ring)
 #   profile:     benchmarks/profile_step_kernels.py $PROFILE_ARGS (GPU time per step, graph vs eager; real servers) -> $OUT/profile/
@@ -37,10 +39,16 @@ fi
   echo "plugin source digest $(find sglang_hostsync_plugin -name '*.py' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)"
   } | tee "$OUT/env.txt"
 rc=0
-for b in ${BENCHES:-dp_meta eagle_tail tree_compact greedy_row_argmax ngram_full_mask draft_input events decode_loop pageable_h2d startup e2e}; do
+for b in ${BENCHES:-dp_meta eagle_tail tree_compact greedy_row_argmax replay_launch ngram_full_mask draft_input events decode_loop pageable_h2d startup e2e}; do
   case $b in
-    e2e) python3 -m sglang_hostsync_plugin.e2e --out "$OUT/e2e" ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e.txt"
+    e2e) spies=""
+         for c in ${PYSPY_CONFIGS:-}; do  # line-level scheduler profiles beside the e2e (benchmarks/pyspy_schedulers.py)
+           python3 benchmarks/pyspy_schedulers.py record --e2e-txt "$OUT/e2e.txt" --config "$c" --out "$OUT/pyspy" \
+             --py-spy "${PYSPY:-py-spy}" > "$OUT/pyspy_$c.log" 2>&1 & spies="$spies $!"
+         done
+         python3 -m sglang_hostsync_plugin.e2e --out "$OUT/e2e" ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e.txt"
          [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+         [ -z "$spies" ] || { sleep 2; kill $spies 2>/dev/null; }
          export HOSTSYNC_E2E_DIR="$OUT/e2e" ;;
     startup) python3 benchmarks/bench_startup.py --out "$OUT/startup" ${STARTUP_ARGS:-} 2>&1 | tee "$OUT/startup.txt"
          [ "${PIPESTATUS[0]}" = 0 ] || rc=1

@@ -126,3 +126,38 @@ def test_profile_run_against_fake_servers(tmp_path, monkeypatch):
         assert f["gpu_idle_us_per_step"] == (600 - 20 - 6 * 70) / 6 and not f["request_errors"]
     assert (out / "standalone-t1-p16__stock.gpu.tsv.xz").exists() and not list((out / "traces").rglob("*.gz"))
     assert "`eager_add`" in (out / "profile.md").read_text()
+
+
+def _pyspy():
+    spec = importlib.util.spec_from_file_location("pyspy_schedulers", os.path.join(REPO, "benchmarks", "pyspy_schedulers.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_pyspy_report_keeps_the_timed_windows_and_splits_waits_from_work(tmp_path, capsys):
+    ps = _pyspy()
+    loop = "thread (7): MainThread;run (scheduler.py:1);event_loop_overlap (scheduler.py:2)"
+    chunks = {  # monotonic span -> collapsed stacks (py-spy raw)
+        "10.000-11.000": [f"{loop};process_batch_result (scheduler.py:3);Event.synchronize (torch/cuda/streams.py:254) 60",
+                          f"{loop};run_batch (scheduler.py:4);prepare (eagle_utils.py:9) 30",
+                          f"{loop};Scheduler.on_idle (scheduler.py:5) 10",
+                          "thread (8): Watchdog;sleep (w.py:1) 500"],  # another thread: left out
+        "11.000-12.000": [f"{loop};run_batch (scheduler.py:4);prepare (eagle_utils.py:9) 100"],
+        "20.000-21.000": [f"{loop};run_batch (scheduler.py:4);other (x.py:1) 999"],  # outside every window
+    }
+    arm_dir = tmp_path / "cfg__slots_x"
+    arm_dir.mkdir()
+    for span, lines in chunks.items():
+        (arm_dir / f"{span}.txt").write_text("\n".join(lines) + "\n")
+    (tmp_path / "arms.tsv").write_text("cfg\tslots:x\t123\tcfg__slots_x\n")
+    rows = [{"config": "cfg", "arm": "slots:x", "concurrency": 1, "t_start": 9.5, "t_end": 12.5,
+             "load": {"accept_length": 3.0, "tok_s_user_median": 375.0}}]
+    (tmp_path / "e2e.json").write_text(json.dumps({"rows": rows}))
+    ns = type("NS", (), dict(folder=str(tmp_path), e2e_json=str(tmp_path / "e2e.json"), concurrency=1, top=5))()
+    assert ps.report(ns) == 0
+    out = capsys.readouterr().out
+    # 200 main-thread samples in the two chunks inside the window; a step is 3 / 375 s = 8000 µs;
+    # host work = (130 run_batch) / 200 = 65% -> 5200 µs per step.
+    assert "| cfg/slots:x | 200 (2) | 8000 | 30.0% | 0.0% | 5.0% | 65.0% | 5200 |" in out
+    assert "| `eagle_utils.py:9 (prepare)` | 65.0 |" in out and "x.py" not in out and "w.py" not in out

@@ -176,13 +176,15 @@ def test_eagle_host_preset():
 
     names = set(config.parse_slot_spec("eagle_host", CATALOGUE).names)
     assert names == {"metadata_glue_graph", "skip_glued_replay_view", "fill_fast_path", "draft_extend_glue_graph",
-                     "fused_tree_compact", "fused_draft_page_locs", "greedy_row_argmax"}
+                     "draft_decode_glue_graph", "fused_tree_compact", "fused_draft_page_locs", "greedy_row_argmax",
+                     "triton_replay_launch"}
     triton = _plan("default,eagle_host", *EAGLE, "--speculative-eagle-topk", "4", "--page-size", "16",
                    "--attention-backend", "triton")
     assert all(triton.verdict(n).status is Status.WOULD_APPLY for n in names)
     fi = _plan("default,eagle_host", *FI_T4)  # the glue would freeze the default host plan there
     assert fi.verdict("metadata_glue_graph").status is Status.FAILED
     assert fi.verdict("draft_extend_glue_graph").status is Status.SKIPPED  # not triton
+    assert fi.verdict("draft_decode_glue_graph").status is Status.SKIPPED
     assert _plan("default,eagle_host,-metadata_glue_graph", *FI_T4).refused() == []
 
 

@@ -30,11 +30,13 @@ OWNED = (
     ("flashinfer_tree_verify_plan", "flashinfer_tree_verify_plan", True),
     ("ngram_accept_readback", "ngram_accept_readback", True),
     ("draft_extend_glue_graph", "draft_extend_glue_graph", False),
+    ("draft_decode_glue_graph", "draft_decode_glue_graph", False),
     ("fused_tree_compact", "fused_tree_compact", False),
     ("fused_draft_page_locs", "fused_draft_page_locs", False),
     ("greedy_row_argmax", "greedy_row_argmax", False),
     ("ngram_full_mask", "ngram_full_mask", False),
     ("draft_extend_fused_layout", "draft_extend_fused_layout", False),
+    ("triton_replay_launch", "triton_replay_launch", False),
 )
 
 

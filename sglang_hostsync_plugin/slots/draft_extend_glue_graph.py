@@ -30,7 +30,7 @@ draft-extend plan is host-fed: a glue would freeze it).
 
 ``SGLANG_HOSTSYNC_GLUE_CHECK=N`` (default 0, off): every Nth glued replay the slot
 snapshots those three outputs, runs SGLang's eager prep over them again and compares
-(one host read per check); mismatches are counted and logged. It is the real-server
+(three host reads per check); mismatches are counted and logged. It is the real-server
 proof that the glue replays what the eager prep computes.
 
 Each batch size's first glued replays are SGLang's glue warm-ups (2, eager) and its
@@ -145,21 +145,28 @@ def _outputs(backend, bs: int) -> tuple[torch.Tensor, ...]:
     return backend.qo_indptr[: bs + 1].clone(), kv_indptr, backend.cuda_graph_kv_indices[:total].clone()
 
 
-def _check(original, backend, fb, in_capture) -> None:
-    r = _route
-    glued = _outputs(backend, fb.batch_size)
-    original(backend, fb, in_capture)  # SGLang's eager prep over the same buffers
-    eager = _outputs(backend, fb.batch_size)
+def run_check(r: GlueRoute, slot: str, what: str, bs: int, outputs, rerun) -> None:
+    """The glue slots' eager self-check: the glued ``outputs()`` against the same after ``rerun()``
+    (SGLang's eager prep over the same buffers), compared on the device with one host read."""
+    glued = outputs()
+    rerun()
+    eager = outputs()
     r.checks += 1
-    same = len(glued[2]) == len(eager[2]) and all(torch.equal(a, b) for a, b in zip(glued, eager))
+    same = all(a.shape == b.shape for a, b in zip(glued, eager)) and bool(
+        torch.stack([torch.eq(a, b).all() for a, b in zip(glued, eager)]).all())
     if not same:
         r.mismatches += 1
         if r.mismatches <= MAX_LOGGED:  # the same counts as the summary: the last line is always current
-            logger.warning("hostsync: %s check: %d checks, %d mismatches (bs %d: the glued draft-extend metadata "
-                           "differs from the eager prep)", NAME, r.checks, r.mismatches, fb.batch_size)
+            logger.warning("hostsync: %s check: %d checks, %d mismatches (bs %d: the glued %s differs from the "
+                           "eager prep)", slot, r.checks, r.mismatches, bs, what)
             return
     if r.checks in (1, 10, 100) or r.checks % 1000 == 0:
-        logger.info("hostsync: %s check: %d checks, %d mismatches", NAME, r.checks, r.mismatches)
+        logger.info("hostsync: %s check: %d checks, %d mismatches", slot, r.checks, r.mismatches)
+
+
+def _check(original, backend, fb, in_capture) -> None:
+    run_check(_route, NAME, "draft-extend metadata", fb.batch_size, lambda: _outputs(backend, fb.batch_size),
+              lambda: original(backend, fb, in_capture))
 
 
 def prep_hook(original, self, forward_batch, in_capture=False):
@@ -186,9 +193,10 @@ def prep_hook(original, self, forward_batch, in_capture=False):
     return None
 
 
-def inert(f: ServingFacts) -> str | None:
+def glue_inert(f: ServingFacts, runner: str) -> str | None:
+    """SGLang's glue conditions for an EAGLE-family graph runner's triton prep (both glue slots)."""
     if not f.speculative_algorithm or not f.is_eagle_family():
-        return not_speculative(f, "only the EAGLE-family draft extend has this graph runner", False)
+        return not_speculative(f, f"only {runner} has this graph runner", False)
     if f.disable_cuda_graph:
         return "inert because --disable-cuda-graph is set (no draft-extend graph)"
     for on, what in ((f.two_batch_overlap, "two-batch overlap"), (f.enable_pdmux, "pdmux"), (f.enable_lora, "LoRA")):
@@ -198,6 +206,10 @@ def inert(f: ServingFacts) -> str | None:
     if None not in backends[:2] and "triton" not in backends:
         return f"inert because the attention backends are {', '.join(sorted({b for b in backends if b}))}, not triton"
     return None
+
+
+def inert(f: ServingFacts) -> str | None:
+    return glue_inert(f, "the EAGLE-family draft extend")
 
 
 def prepare(facts) -> str:

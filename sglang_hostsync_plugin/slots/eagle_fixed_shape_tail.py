@@ -26,6 +26,7 @@ import triton.language as tl
 
 from .. import csrc
 from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck, not_speculative
+from .triton_replay_launch import replayed
 
 logger = logging.getLogger("sglang.srt.plugins.hostsync")
 
@@ -55,6 +56,7 @@ def _tail_slots_kernel(
     tl.store(src + out, s, mask=in_page)
 
 
+@replayed
 def tail_slots_triton(rows, prefix_base, last_page, num_new_pages, topk: int, page_size: int):
     bs = rows.shape[0]
     total = bs * (topk - 1) * page_size

@@ -30,6 +30,7 @@ import triton.language as tl
 
 from ..slot import Slot, SlotKind, config_precheck, not_speculative
 from ..source_edit import PinnedEdit
+from .triton_replay_launch import replayed
 from .upstream_switches import HOST_PRESET
 
 NAME = "fused_draft_page_locs"
@@ -118,19 +119,27 @@ def page_locs_fit(batch, req_to_token_pool, topk: int, num_steps: int, page_size
 
 def page_locs(batch, req_to_token_pool, token_to_kv_pool, topk: int, num_steps: int, page_size: int):
     """``out_cache_loc`` as stock's gather makes it; the prefix tail moved in ``token_to_kv_pool``."""
-    rt = req_to_token_pool.req_to_token
-    bs = batch.seq_lens.shape[0]
+    out, tgt, src = page_locs_launch(req_to_token_pool.req_to_token, batch.req_pool_indices, batch.seq_lens,
+                                     topk, num_steps, page_size)
+    if batch.seq_lens.shape[0]:
+        token_to_kv_pool.move_kv_cache(tgt, src)
+    return out
+
+
+@replayed
+def page_locs_launch(rt, req_pool_indices, seq_lens, topk: int, num_steps: int, page_size: int):
+    """(out_cache_loc, tail targets, tail sources): one launch over tensors only (replayable)."""
+    bs = seq_lens.shape[0]
     out = torch.empty(bs * topk * num_steps, dtype=rt.dtype, device=rt.device)
     lanes = bs * (topk - 1) * page_size
     tgt = torch.empty(lanes, dtype=rt.dtype, device=rt.device)
     src = torch.empty(lanes, dtype=rt.dtype, device=rt.device)
     if bs:
         _page_locs_kernel[(bs, topk)](
-            rt, rt.stride(0), batch.req_pool_indices, batch.seq_lens, out, tgt, src, topk, num_steps, page_size,
+            rt, rt.stride(0), req_pool_indices, seq_lens, out, tgt, src, topk, num_steps, page_size,
             STEPS_P=triton.next_power_of_2(num_steps), PAGE_P=triton.next_power_of_2(page_size),
         )
-        token_to_kv_pool.move_kv_cache(tgt, src)
-    return out
+    return out, tgt, src
 
 
 PREPARE = PinnedEdit(NAME, TARGET, (EDIT,),

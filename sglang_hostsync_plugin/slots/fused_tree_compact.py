@@ -35,6 +35,7 @@ import triton.language as tl
 from sglang.srt.utils.async_probe import maybe_detect_oob
 
 from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck, not_speculative
+from .triton_replay_launch import replayed
 from .upstream_switches import HOST_PRESET
 
 logger = logging.getLogger("sglang.srt.plugins.hostsync")
@@ -107,6 +108,7 @@ def _tree_compact_kernel(
         tl.store(tgt + p, tl.zeros_like(slot), mask=inb & (p >= tl.sum(front, axis=0)))
 
 
+@replayed
 def compact(accept_index, accept_lens, out_cache_loc, predict, hidden, bs: int, num_draft_tokens: int):
     """(tgt_cache_loc, accept_out_cache_loc, predict, hidden) as stock computes them; hidden may be None."""
     s1 = accept_index.shape[1]

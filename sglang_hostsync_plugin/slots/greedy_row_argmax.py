@@ -25,6 +25,7 @@ import triton.language as tl
 
 from ..slot import Slot, SlotKind, config_precheck, not_speculative
 from ..source_edit import PinnedEdit
+from .triton_replay_launch import replayed
 from .upstream_switches import HOST_PRESET
 
 NAME = "greedy_row_argmax"
@@ -80,6 +81,7 @@ def fits(logits: torch.Tensor) -> bool:
             and logits.shape[0] > 0 and 0 < logits.shape[1] < 2**31 - BLOCK and logits.stride(1) == 1)
 
 
+@replayed
 def row_argmax(logits: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
     """``torch.argmax(logits, dim=-1, keepdim=keepdim)``, the same int64 values."""
     if not fits(logits):

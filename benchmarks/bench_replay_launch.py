@@ -1,0 +1,65 @@
+"""triton_replay_launch: each of the plugin's Triton wrappers through Triton's JIT dispatch
+("stock": the slot off) vs SGLang's ``replay_launches`` ("plugin": the slot on), one process,
+same inputs (GPU): host µs per call (launch to return), GPU µs per call, syncs per call, and
+``torch.argmax`` (what greedy_row_argmax replaces) for reference.
+
+    python benchmarks/bench_replay_launch.py [--rounds 4] [--json out.json]
+"""
+
+import os
+import random
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from per_call import compare, parse_args, print_rows, write_json  # noqa: E402
+
+from hostsync_drivers import eagle_tail, tree_compact  # noqa: E402
+from sglang_hostsync_plugin.slots import fused_draft_page_locs as fdl  # noqa: E402
+from sglang_hostsync_plugin.slots import fused_tree_compact as ftc  # noqa: E402
+from sglang_hostsync_plugin.slots import greedy_row_argmax as gra  # noqa: E402
+from sglang_hostsync_plugin.slots import triton_replay_launch as trl  # noqa: E402
+
+
+def arms(fn):
+    state = trl._wrappers  # switch_on() ran once in main(); an arm only flips the flag
+
+    def off(_, *args):
+        state.on = False
+        return fn(*args)
+
+    def on(_, *args):
+        state.on = True
+        return fn(*args)
+
+    return {"stock": off, "plugin": on}
+
+
+def main():
+    ns = parse_args()
+    trl.switch_on()
+    rng = random.Random(3)
+    rows = []
+    for bs in (1, 8):
+        x = torch.randn(bs * 8, 128256, device="cuda")
+        res = compare({**arms(gra.row_argmax), "torch": lambda _, x: torch.argmax(x, dim=-1)}, None, (x,), ns)
+        rows.append({"wrapper": "row_argmax", "bs": bs, **res})
+        c = tree_compact.make_case(rng, bs, 4, 3, hidden_dim=4096, device="cuda")
+        args = (c["accept_index"], c["accept_lens"], c["out_cache_loc"], c["predict"], c["hidden"], c["bs"], c["nd"])
+        rows.append({"wrapper": "compact", "bs": bs, **compare(arms(ftc.compact), None, args, ns)})
+        _, (rt, base, last, pages) = eagle_tail.make_case(rng, bs, 4, 16, num_steps=3, device="cuda")
+        args = (rt, torch.arange(bs, device="cuda"), (base + last).contiguous(), 4, 3, 16)
+        rows.append({"wrapper": "page_locs_launch", "bs": bs, **compare(arms(fdl.page_locs_launch), None, args, ns)})
+    trl.switch_off()
+    print("host / GPU µs per call: stock = Triton's JIT dispatch, plugin = SGLang's replay_launches")
+    print_rows(rows, ("wrapper", "bs"))
+    for r in rows:
+        if "torch" in r:
+            print(f"torch.argmax rows {r['bs'] * 8}: host {r['torch']['host_us_median']:.1f} µs, "
+                  f"GPU {r['torch']['gpu_us_median']:.1f} µs")
+    write_json(ns.json, rows)
+
+
+if __name__ == "__main__":
+    main()

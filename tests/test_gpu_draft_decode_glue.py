@@ -1,0 +1,40 @@
+"""``draft_decode_glue_graph`` on CUDA with SGLang's real ``MetadataGlueGraph`` and kernels:
+the triton multi-step draft prep, fed the slot's static view and captured once per batch
+size, replays exactly what SGLang's eager prep computes for each new batch (every draft step's
+KV indptr and indices, the KV splits), bs 1 / 3 / 8, topk 1 and 4, random lengths and rows.
+
+Skipped without CUDA (CI); run on the H200 by scripts/gpu_run.sh."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+from sglang.srt.layers.attention.triton_backend import TritonMultiStepDraftBackend  # noqa: E402
+from sglang.srt.model_executor.runner.metadata_glue_graph import MetadataGlueGraph  # noqa: E402
+from sglang_hostsync_plugin.slots import draft_decode_glue_graph as glue_mod  # noqa: E402
+from test_draft_decode_glue_graph import Runner, _backend  # noqa: E402
+
+ORIGINAL = TritonMultiStepDraftBackend.init_forward_metadata_out_graph
+
+
+@pytest.mark.parametrize("topk", [1, 4])
+def test_glued_draft_prep_replays_the_eager_layout(topk):
+    glued = _backend("cuda", topk=topk)
+    eager = _backend("cuda", req_to_token=glued.kv_index_translator.req_to_token, topk=topk)
+    runner, rng = Runner(glued, "cuda", topk), torch.Generator().manual_seed(7 + topk)
+    glue = MetadataGlueGraph("cuda")
+    checked = 0
+    for step in range(40):
+        bs = (1, 3, 8)[step % 3]
+        fb = runner.batch(rng, bs)
+        glue.run(glue_mod._Leaf(ORIGINAL, glued), glue_mod.static_view(runner, fb), (bs,))
+        ORIGINAL(eager, fb, False)  # stock: the batch's own tensors
+        torch.cuda.synchronize()
+        a, b = glue_mod._outputs(glued, bs), glue_mod._outputs(eager, bs)
+        assert all(torch.equal(x, y) for x, y in zip(a, b)), (step, bs)
+        checked += glue.is_captured((bs,))
+    assert not glue.disabled and glue.replays > 0
+    assert checked >= 30, checked  # most steps compared a replayed graph, not a warm-up
