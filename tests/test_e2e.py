@@ -183,6 +183,29 @@ def test_audit_figures_count_decode_pairs_only():
     assert [s.step for s in stats.window(steps, 0.015, 0.105)] == [2, 3, 4]
     pooled = stats.pool_audit([steps[:4], steps[5:]])
     assert pooled["steps"] == 6 and pooled["lead_pairs"] == 4 and pooled["run_ahead_fraction_min_round"] == pytest.approx(2 / 3)
+    # Decode steps after a prefill: 0-3 are 1-4 (the window starts as after one), 5-6 are 1-2 after step 4.
+    assert stats.steps_since_prefill(steps) == {0: 1, 1: 2, 2: 3, 3: 4, 4: 0, 5: 1, 6: 2}
+    ramp = fig["ramp"]
+    assert [(b["misses"], b["pairs"]) for b in ramp["buckets"]] == [(0, 2), (1, 2), (0, 0), (0, 0)]
+    assert ramp["run_ahead_after_ramp"] is None
+
+
+def test_ramp_table_separates_the_catch_up_after_a_prefill_from_steady_state():
+    # One prefill, then 14 decode steps: the first 3 pairs miss (the host starts behind), then one
+    # late miss at step 13 after the ramp.
+    steps = [step(0, 0.0, 0.005, decode=False)]
+    for k in range(1, 15):
+        lead = -1e-3 if k <= 3 or k == 13 else 2e-3
+        steps.append(step(k, k * 0.01, (k + 1) * 0.01 + lead))
+    fig = stats.audit_figures(steps)
+    assert fig["lead_pairs"] == 13 and fig["run_ahead_fraction"] == pytest.approx(9 / 13)
+    assert [(b["misses"], b["pairs"]) for b in fig["ramp"]["buckets"]] == [(1, 1), (2, 2), (0, 7), (1, 3)]
+    assert fig["ramp"]["run_ahead_after_ramp"] == pytest.approx(2 / 3)
+    rows = [{"config": "c", "concurrency": 1, "arm": "plugin", "audit": stats.pool_audit([steps])}]
+    lines = stats.ramp_lines(rows)
+    assert "| config | conc | arm | 1 | 2-3 | 4-10 | 11+ | run-ahead after 10 steps |" in lines
+    assert "| c | 1 | plugin | 1/1 | 2/2 | 0/7 | 1/3 | 0.667 |" in lines
+    assert stats.ramp_lines([{"config": "c", "concurrency": 1, "arm": "stock", "audit": None}]) == []
 
 
 def res(ids, lps=None, latency=1.0):

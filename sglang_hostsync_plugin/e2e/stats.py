@@ -32,14 +32,42 @@ def window(steps: Iterable[TraceStep], t_start: float, t_end: float) -> list[Tra
     return [s for s in steps if t_start <= s.t_launch <= t_end]
 
 
+# Decode steps after a prefill (1 = the first decode step after it): where run-ahead misses
+# fall. Each prefill puts the host behind the GPU; it catches up over the next steps.
+RAMP_BUCKETS = ((1, 1), (2, 3), (4, 10), (11, None))
+RAMP = 10
+
+
+def steps_since_prefill(steps: Iterable[TraceStep]) -> dict[int, int]:
+    """Step -> decode steps since the last non-decode step; a window's leading decode steps count
+    from its start (as if a prefill had just run)."""
+    since, run = {}, 0
+    for s in sorted(steps, key=lambda s: s.step):
+        run = run + 1 if s.decode else 0
+        since[s.step] = run
+    return since
+
+
+def ramp_table(lead_since: Sequence[tuple[int, float]]) -> dict:
+    """Misses and decode pairs per RAMP_BUCKETS entry, and the run-ahead after RAMP steps."""
+    buckets = []
+    for lo, hi in RAMP_BUCKETS:
+        inside = [lead for since, lead in lead_since if since >= lo and (hi is None or since <= hi)]
+        buckets.append({"from": lo, "to": hi, "pairs": len(inside), "misses": sum(lead <= 0 for lead in inside)})
+    after = [lead for since, lead in lead_since if since > RAMP]
+    return {"buckets": buckets, "run_ahead_after_ramp": run_ahead_fraction(after) if after else None}
+
+
 def audit_figures(steps: list[TraceStep]) -> dict:
     """syncs/step with sites, decode-pair launch leads, run-ahead, host µs/step."""
     by_step = {s.step: s for s in steps}
-    leads = [
-        (s.t_finish - by_step[s.step + 1].t_launch) * 1e3
+    since = steps_since_prefill(steps)
+    lead_since = [
+        (since[s.step], (s.t_finish - by_step[s.step + 1].t_launch) * 1e3)
         for s in steps
         if s.decode and s.step + 1 in by_step and by_step[s.step + 1].decode and not math.isnan(s.t_finish)
     ]
+    leads = [lead for _, lead in lead_since]
     sites = collections.Counter(site for s in steps for site in s.sites)
     n = len(steps)
     return {
@@ -52,6 +80,8 @@ def audit_figures(steps: list[TraceStep]) -> dict:
         "lead_pairs": len(leads),
         "host_us_per_step_median": median([s.host_us for s in steps if s.decode]),
         "leads_ms": leads,
+        "lead_since": lead_since,
+        "ramp": ramp_table(lead_since),
     }
 
 
@@ -74,6 +104,7 @@ def pool_audit(windows: list[list[TraceStep]]) -> dict:
         "lead_pairs": len(leads),
         "host_us_per_step_median": median([s.host_us for w in windows for s in w if s.decode]),
         "attribution": pool_phases([s for w in windows for s in w]),
+        "ramp": ramp_table([p for f in figures for p in f["lead_since"]]),
     }
 
 
@@ -179,6 +210,23 @@ def attribution_tables(cell_rows: list[dict]) -> list[str]:
     return lines
 
 
+def ramp_lines(cell_rows: list[dict]) -> list[str]:
+    """Run-ahead misses by decode steps after a prefill, per audited cell."""
+    audited = [c for c in cell_rows if (c["audit"] or {}).get("ramp")]
+    if not audited:
+        return []
+    heads = [f"{lo}" if hi == lo else (f"{lo}-{hi}" if hi else f"{lo}+") for lo, hi in RAMP_BUCKETS]
+    lines = ["", "Run-ahead misses by decode steps after a prefill (misses / decode pairs):", "",
+             "| config | conc | arm | " + " | ".join(heads) + f" | run-ahead after {RAMP} steps |",
+             "| --- | --- | --- | " + " | ".join("---" for _ in heads) + " | --- |"]
+    for c in sorted(audited, key=lambda c: (c["config"], c["concurrency"], c["arm"])):
+        ramp = c["audit"]["ramp"]
+        cells_ = " | ".join(f"{b['misses']}/{b['pairs']}" for b in ramp["buckets"])
+        lines.append(f"| {c['config']} | {c['concurrency']} | {c['arm']} | {cells_} | "
+                     f"{fmt(ramp['run_ahead_after_ramp'], '.3f')} |")
+    return lines
+
+
 def markdown(cell_rows: list[dict], servers: dict[str, dict], identity: dict[str, dict]) -> str:
     """The report: one table of cells, one of servers (ready time, identity)."""
     lines = [
@@ -208,6 +256,7 @@ def markdown(cell_rows: list[dict], servers: dict[str, dict], identity: dict[str
     if died:
         lines += ["", "Servers that died while serving (rows after that are missing; the log tail is in e2e.json):", ""]
         lines += [f"- {name}: {why}" for name, why in died]
+    lines += ramp_lines(cell_rows)
     lines += attribution_tables(cell_rows)
     sites = collections.Counter()
     for c in cell_rows:
