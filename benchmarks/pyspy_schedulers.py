@@ -26,6 +26,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 
 
@@ -89,8 +90,6 @@ def record(ns) -> int:
     else:
         print(f"pyspy: {ns.config}: the servers' schedulers did not appear in {ns.wait} s", file=sys.stderr)
         return 1
-    import threading
-
     os.makedirs(ns.out, exist_ok=True)
     threads = []
     for pid, arm in pids.items():

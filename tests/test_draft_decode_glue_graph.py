@@ -168,23 +168,31 @@ def test_the_contract_functions_are_pinned():
 # --- the route -------------------------------------------------------------------
 
 class FakeGlue:
-    """SGLang's MetadataGlueGraph as the route sees it: run() calls the leaf's prep (its
-    warm-ups and capture do), then counts as captured."""
+    """SGLang's MetadataGlueGraph as the route sees it: run() calls the leaf's prep (its warm-ups
+    and capture do) and counts the key as captured; replay() re-runs the prep on the view of the
+    capture, as a graph would replay it on the same addresses (the runner's static buffers)."""
 
     def __init__(self, backend, corrupt=False):
-        self.disabled, self.runs, self.captured, self.corrupt, self.views = False, [], set(), corrupt, []
+        self.disabled, self.runs, self.replays, self.captured, self.corrupt = False, [], 0, {}, corrupt
+        self.views = []
 
     def is_captured(self, key):
         return key in self.captured
 
     def run(self, leaf, fb, key):
         assert leaf.attn_backend_list is None and leaf.forward_metadata is None  # what the glue snapshots
+        assert key not in self.captured  # a captured key goes to replay()
         self.runs.append(key)
         self.views.append(fb)
         leaf.init_forward_metadata_out_graph(fb)
-        if self.corrupt and key in self.captured:
+        self.captured[key] = (leaf, fb)
+
+    def replay(self, key):
+        leaf, fb = self.captured[key]
+        leaf.init_forward_metadata_out_graph(fb)
+        self.replays += 1
+        if self.corrupt:
             leaf.backend.kv_indptr[0, 1] += 1  # a frozen replay would leave a stale layout
-        self.captured.add(key)
 
 
 @pytest.fixture
@@ -241,6 +249,20 @@ def test_everything_else_stays_eager(routed, case):
     assert seen == [(fb, case == "capture")] and r.glued == 0  # SGLang's prep on the batch's own view
     assert not r.glues.get(backend) or not r.glues[backend].runs
     assert r.eager == int(case in ("padded", "translated", "window_rail", "swa_pool", "disabled"))
+
+
+def test_a_captured_key_replays_the_capture_and_lays_out_each_new_batch(routed):
+    r, calls, hooked = routed
+    backend = _backend()
+    runner, rng = Runner(backend), torch.Generator().manual_seed(6)
+    for _ in range(3):
+        fb = runner.batch(rng, 3)
+        _in_execute(runner, lambda: hooked(backend, fb))
+        want = _want(backend, runner, 3)
+        for step in range(STEPS):
+            assert torch.equal(backend.cuda_graph_kv_indices[step, : want[step].numel()], want[step])
+    glue = r.glues[backend]
+    assert glue.runs == [(3,)] and glue.replays == 2 and r.glued == 3 and r.eager == 0
 
 
 def test_the_eager_check_counts_a_glue_that_replays_a_stale_layout(routed, caplog):

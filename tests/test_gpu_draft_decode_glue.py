@@ -38,3 +38,23 @@ def test_glued_draft_prep_replays_the_eager_layout(topk):
         checked += glue.is_captured((bs,))
     assert not glue.disabled and glue.replays > 0
     assert checked >= 30, checked  # most steps compared a replayed graph, not a warm-up
+
+
+def test_the_hook_path_replays_the_eager_layout(monkeypatch):
+    """The slot's own route (``execute_hook`` + ``prep_hook``: warm-ups and capture through
+    ``MetadataGlueGraph.run``, then ``replay`` with no view), bs 1 / 3 / 8 at topk 4."""
+    route = glue_mod.DraftGlueRoute()
+    monkeypatch.setattr(glue_mod, "_route", route)
+    glued = _backend("cuda")
+    eager = _backend("cuda", req_to_token=glued.kv_index_translator.req_to_token)
+    runner, rng = Runner(glued, "cuda"), torch.Generator().manual_seed(11)
+    for step in range(30):
+        bs = (1, 3, 8)[step % 3]
+        fb = runner.batch(rng, bs)
+        glue_mod.execute_hook(lambda self, batch: glue_mod.prep_hook(ORIGINAL, glued, batch), runner, fb)
+        ORIGINAL(eager, fb, False)
+        torch.cuda.synchronize()
+        a, b = glue_mod._outputs(glued, bs), glue_mod._outputs(eager, bs)
+        assert all(torch.equal(x, y) for x, y in zip(a, b)), (step, bs)
+    glue = route.glues[glued]
+    assert not glue.disabled and glue.replays >= 20 and route.glued == 30 and route.eager == 0

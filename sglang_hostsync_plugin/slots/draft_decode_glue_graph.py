@@ -132,32 +132,29 @@ def _check(original, backend, fb) -> None:
 def prep_hook(original, self, forward_batch, in_capture=False):
     r = _route
     runner = r.runner
-    if r.inside or in_capture or runner is None or runner.draft_attn_backend is not self:
+    if in_capture or runner is None or runner.draft_attn_backend is not self:
         return original(self, forward_batch, in_capture)
     glue = r.glue_for(self) if glueable(self, forward_batch) else None
     if glue is None or glue.disabled:
         r.eager += 1
         return original(self, forward_batch, in_capture)
-    view = static_view(runner, forward_batch)
     key = (forward_batch.batch_size,)
-    r.inside = True
-    try:
-        was_captured = glue.is_captured(key)
-        glue.run(_Leaf(original, self), view, key)
+    if glue.is_captured(key):  # the graph reads the runner's buffers: no view, no prep in Python
+        glue.replay(key)
         r.glued += 1
-        if was_captured:
-            if r.check and r.glued % r.check == 0:
-                _check(original, self, view)
-        elif glue.is_captured(key):
-            logger.info("hostsync: %s: draft metadata prep captured for bs %d", NAME, key[0])
-    finally:
-        r.inside = False
+        if r.check and r.glued % r.check == 0:
+            _check(original, self, static_view(runner, forward_batch))
+        return None
+    # The glue's warm-ups and capture call SGLang's prep (``original``) on the static view.
+    glue.run(_Leaf(original, self), static_view(runner, forward_batch), key)
+    r.glued += 1
+    if glue.is_captured(key):
+        logger.info("hostsync: %s: draft metadata prep captured for bs %d", NAME, key[0])
     return None
 
 
 def prepare(facts) -> str:
-    _route.check = extend_glue.check_every()
-    return f"eager check every {_route.check} glued replays" if _route.check else ""
+    return extend_glue.arm_check(_route)
 
 
 SLOT = Slot(

@@ -212,9 +212,14 @@ def inert(f: ServingFacts) -> str | None:
     return glue_inert(f, "the EAGLE-family draft extend")
 
 
+def arm_check(route: GlueRoute) -> str:
+    """A glue slot's ``prepare``: read ``SGLANG_HOSTSYNC_GLUE_CHECK`` into its route."""
+    route.check = check_every()
+    return f"eager check every {route.check} glued replays" if route.check else ""
+
+
 def prepare(facts) -> str:
-    _route.check = check_every()
-    return f"eager check every {_route.check} glued replays" if _route.check else ""
+    return arm_check(_route)
 
 
 SLOT = Slot(

@@ -24,14 +24,11 @@ function is hooked; ``prepare`` switches the wrappers in each scheduler process.
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ..slot import Slot, SlotKind, config_precheck, not_speculative
 from .upstream_switches import HOST_PRESET
-
-logger = logging.getLogger("sglang.srt.plugins.hostsync")
 
 NAME = "triton_replay_launch"
 FAST_LAUNCH = "sglang.kernels.ops.diffusion.common.fast_launch"
