@@ -79,3 +79,16 @@ BUILTINS = (
     "fused_compact_rebuild", "host_envelope_bound", "hybrid_needs_cpu_seq_lens",
     "draft_sampler_in_graph", "filter_batch_host_keep_list", "trtllm_mla_host_max",
 )
+
+
+def cuda_call(call, strict: bool = True):
+    """``call()`` after the device is idle, under torch's sync-debug mode "error" when ``strict``:
+    a synchronizing CUDA operation inside it raises."""
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error" if strict else "default")
+    try:
+        return call()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

@@ -74,6 +74,7 @@ def test_settle_attributes_decode_pairs_with_a_known_idle_interval():
         w = (s.host_launch[k - 1], s.host_launch[k])
         s.pending_segments[k] = (w, [("schedule", ns(w[0] + 1), ns(w[0] + 6))], 3)  # 3 wrapped calls
     s.phase_call_ns = 500.0
+    s.bookkeeping_ns = {1: 700.0}  # the audit's own work measured in step 1's window
     s.settle(3)
     assert not s.pending_segments
     # step 1: idle 2..5 (3 s), schedule 1..6 overlaps 3; step 2: begin 12 < finish 15: no idle;
@@ -83,6 +84,7 @@ def test_settle_attributes_decode_pairs_with_a_known_idle_interval():
     assert idle1 == pytest.approx(3e9) and row1["schedule"] == pytest.approx((5e9, 3e9))
     assert row1["other"] == pytest.approx((5e9, 0.0))
     assert row1["@clock"] == (1500.0, 0.0)  # 3 calls of 500 ns, reported apart from the window
+    assert row1["@audit"] == (700.0, 0.0) and s.phase_rows[2][1]["@audit"] == (0.0, 0.0)
     assert s.phase_rows[2][0] == 0.0 and s.phase_rows[2][1]["schedule"][1] == 0.0
     summary = s.summary()["attribution"]
     assert summary["attributed_steps"] == 2
@@ -131,3 +133,23 @@ def test_the_phase_switch_is_validated_with_the_slot():
     with pytest.MonkeyPatch.context() as m:
         m.setenv(ph.ENV_PHASES, "maybe")
         assert audit.SLOT.precheck().startswith("bad configuration")
+
+
+def test_the_audit_times_its_own_work_into_the_next_steps_window(monkeypatch, tmp_path):
+    from audit_cases import run_step
+
+    monkeypatch.setattr(audit, "_audit", None)
+    monkeypatch.setattr(audit, "_meter", None)
+    monkeypatch.setattr(audit.atexit, "register", lambda *a, **k: None)
+    monkeypatch.setenv(audit.ENV_TRACE, str(tmp_path / "t.tsv"))
+    try:
+        for _ in range(3):
+            run_step(lambda: None)
+        state = audit._audit.state
+        assert sorted(state.bookkeeping_ns) == [1, 2, 3]  # step k's work lands in step k+1's window
+        assert all(v > 0 for v in state.bookkeeping_ns.values())
+        assert state.summary()["bookkeeping_us_per_step"] == pytest.approx(
+            sum(state.bookkeeping_ns.values()) / 3 / 1e3)
+    finally:
+        audit._audit.disarm()
+        ph.disarm()

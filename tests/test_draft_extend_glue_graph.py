@@ -42,7 +42,7 @@ def _backend(device="cpu", req_to_token=None, **over):
         req_to_token = torch.randint(1, 1 << 20, (ROWS, WIDTH), dtype=torch.int32, device=device)
     b = object.__new__(tb.TritonAttnBackend)
     b.__dict__.update(
-        num_draft_tokens=NDT, speculative_num_steps=3, device=device, sliding_window_size=None,
+        num_draft_tokens=NDT, speculative_num_steps=3, device=device, sliding_window_size=None, max_context_len=WIDTH,
         use_sliding_window_kv_pool=False,
         qo_indptr=torch.zeros(MAX_BS + 1, dtype=torch.int32, device=device),
         kv_indptr=torch.zeros(MAX_BS + 1, dtype=torch.int32, device=device),

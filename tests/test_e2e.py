@@ -60,6 +60,22 @@ def test_every_configuration_and_arm_launches_with_sglangs_own_parser(tmp_path):
             assert ln.env["SGLANG_SIMULATE_ACC_LEN"] == "3"
 
 
+def test_the_1b_dummy_shape_is_a_llama_sglang_can_size(tmp_path):
+    from transformers import LlamaConfig
+
+    models = matrix.write_models(str(tmp_path / "models"), "llama-1b")
+    target = json.load(open(os.path.join(models["target"], "config.json")))
+    draft = json.load(open(os.path.join(models["draft"], "config.json")))
+    assert (target["hidden_size"], target["num_hidden_layers"], draft["num_hidden_layers"]) == (2048, 16, 2)
+    cfg = LlamaConfig(**target)
+    assert cfg.head_dim * cfg.num_attention_heads == cfg.hidden_size
+    assert cfg.vocab_size == matrix.LLAMA_8B["vocab_size"]  # the prompt pool's token ids fit either shape
+    ns = run.build_parser().parse_args(["--dummy-shape", "llama-1b"])
+    assert run.plan(ns)[2].dummy_shape == "llama-1b"
+    with pytest.raises(ValueError, match="--dummy-shape"):
+        run.plan(run.build_parser().parse_args(["--dummy-shape", "llama-1b", "--model-path", "/m"]))
+
+
 def test_plugin_env_goes_to_plugin_arms_only(tmp_path):
     opts = matrix.Options(plugin_env=matrix.parse_plugin_env(["SGLANG_HOSTSYNC_GLUE_CHECK=50"]))
     models = matrix.write_models(str(tmp_path / "models"))

@@ -10,6 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers import cuda_call
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 from sglang.srt.layers.attention.triton_backend import TritonMultiStepDraftBackend  # noqa: E402
@@ -58,3 +60,38 @@ def test_the_hook_path_replays_the_eager_layout(monkeypatch):
         assert all(torch.equal(x, y) for x, y in zip(a, b)), (step, bs)
     glue = route.glues[glued]
     assert not glue.disabled and glue.replays >= 20 and route.glued == 30 and route.eager == 0
+
+
+def test_the_self_check_counts_on_the_device_without_a_host_sync(monkeypatch):
+    """``SGLANG_HOSTSYNC_GLUE_CHECK=1`` on the hook path: no check waits for the GPU (sync-debug
+    mode "error" around each step), none of the clean replays is counted as a mismatch, and
+    every check of a glue that replays a corrupted layout is."""
+    route = glue_mod.DraftGlueRoute(check=1)
+    monkeypatch.setattr(glue_mod, "_route", route)
+    glued = _backend("cuda")
+    runner, rng = Runner(glued, "cuda"), torch.Generator().manual_seed(13)
+
+    def hooked(self, batch):
+        return glue_mod.prep_hook(ORIGINAL, glued, batch)
+
+    def steps(n, strict=True):  # the warm-ups and captures synchronize (torch's graph capture)
+        for step in range(n):
+            fb = runner.batch(rng, (1, 3, 8)[step % 3])
+            cuda_call(lambda: glue_mod.execute_hook(hooked, runner, fb), strict)
+
+    steps(9, strict=False)  # bs 1 / 3 / 8: 2 warm-ups and the capture each
+    steps(15)  # 15 checked replays
+    torch.cuda.synchronize()
+    route.tally.harvest()
+    assert 1 <= route.tally.read <= route.checks == 15 and route.mismatches == 0
+    glue = route.glues[glued]
+    real_replay = glue.replay
+
+    def corrupt_replay(key):
+        real_replay(key)
+        glued.cuda_graph_kv_indices[0, 0] += 1  # inside every row's valid prefix
+
+    monkeypatch.setattr(glue, "replay", corrupt_replay)
+    steps(6)
+    route.tally.settle(route.checks)
+    assert (route.checks, route.mismatches, route.tally.read) == (21, 6, 21)

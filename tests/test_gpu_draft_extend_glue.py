@@ -8,6 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helpers import cuda_call
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 from sglang.srt.model_executor.runner.metadata_glue_graph import MetadataGlueGraph  # noqa: E402
@@ -37,3 +39,38 @@ def test_glued_draft_extend_prep_replays_the_eager_layout():
         checked += glue.is_captured((bs,))
     assert not glue.disabled and glue.replays > 0
     assert checked >= 30, checked  # most steps compared a replayed graph, not a warm-up
+
+
+def test_the_self_check_counts_on_the_device_without_a_host_sync(monkeypatch):
+    """``SGLANG_HOSTSYNC_GLUE_CHECK=1`` through ``prep_hook``: no check waits for the GPU, the clean
+    replays count no mismatch, and a glue whose replay corrupts the KV indices is counted."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    from sglang_hostsync_plugin.slots import draft_extend_glue_graph as glue_mod
+
+    route = glue_mod.GlueRoute(check=1)
+    monkeypatch.setattr(glue_mod, "_route", route)
+    backend, runner, rng = _backend("cuda"), Runner("cuda"), torch.Generator().manual_seed(17)
+    original = TritonAttnBackend.init_forward_metadata_out_graph
+
+    def steps(n, strict=True):  # the warm-ups and captures synchronize (torch's graph capture)
+        for step in range(n):
+            fb = runner.view(rng, (1, 3, 8)[step % 3])
+            cuda_call(lambda: glue_mod.prep_hook(original, backend, fb, False), strict)
+
+    steps(9, strict=False)  # bs 1 / 3 / 8: 2 warm-ups and the capture each
+    steps(15)
+    torch.cuda.synchronize()
+    route.tally.harvest()
+    assert 1 <= route.tally.read <= route.checks == 15 and route.mismatches == 0
+    glue = route.glues[backend]
+    real_run = glue.run
+
+    def corrupt_run(*args):
+        real_run(*args)
+        backend.cuda_graph_kv_indices[0] += 1  # inside the valid prefix (every length is >= 1)
+
+    monkeypatch.setattr(glue, "run", corrupt_run)
+    steps(6)
+    route.tally.settle(route.checks)
+    assert (route.checks, route.mismatches, route.tally.read) == (21, 6, 21)

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from ..config import ENV_ENABLE, ENV_SLOTS
 from ..slots.audit import ENV_EVERY, ENV_TRACE
 
-# Dummy-weight models written by the benchmark (no download): a Llama-3-8B-shaped
-# target and a 2-layer draft of the same width (STANDALONE speculative decoding).
+# Dummy-weight models written by the benchmark (no download): a Llama-3-8B-shaped (or,
+# with --dummy-shape llama-1b, Llama-3.2-1B-shaped) target and a 2-layer draft of the same
+# width (STANDALONE speculative decoding).
 LLAMA_8B = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
     "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
@@ -20,7 +21,18 @@ LLAMA_8B = {
     "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "hidden_act": "silu", "tie_word_embeddings": False,
     "torch_dtype": "bfloat16", "bos_token_id": 128000, "eos_token_id": 128001,
 }
-MODELS = {"target": LLAMA_8B, "draft": {**LLAMA_8B, "num_hidden_layers": 2}}
+# A GPU step of a third of the 8B's at concurrency 1 on the H200: the host, not the GPU, sets the pace.
+LLAMA_1B = {**LLAMA_8B, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+            "head_dim": 64, "tie_word_embeddings": True}
+DUMMY_SHAPES = {"llama-8b": LLAMA_8B, "llama-1b": LLAMA_1B}
+
+
+def dummy_models(shape: str = "llama-8b") -> dict[str, dict]:
+    target = DUMMY_SHAPES[shape]
+    return {"target": target, "draft": {**target, "num_hidden_layers": 2}}
+
+
+MODELS = dummy_models()
 
 
 @dataclass(frozen=True)
@@ -112,7 +124,8 @@ class Launch:
 class Options:
     """The benchmark's knobs that change a launch command."""
 
-    model_path: str | None = None  # None: the embedded dummy-weight target
+    model_path: str | None = None  # None: the embedded dummy-weight target of ``dummy_shape``
+    dummy_shape: str = "llama-8b"
     draft_model_path: str | None = None
     attention_backend: str = "triton"
     # Arms start together and SGLang takes the fraction of the memory free at its own
@@ -133,10 +146,10 @@ class Options:
         return self.model_path is None
 
 
-def write_models(root: str) -> dict[str, str]:
-    """The embedded model configs as model directories under ``root``."""
+def write_models(root: str, shape: str = "llama-8b") -> dict[str, str]:
+    """The embedded model configs of ``shape`` as model directories under ``root``."""
     paths = {}
-    for name, cfg in MODELS.items():
+    for name, cfg in dummy_models(shape).items():
         path = os.path.join(root, f"dummy-{name}")
         os.makedirs(path, exist_ok=True)
         with open(os.path.join(path, "config.json"), "w") as f:

@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--top-logprobs", type=int, default=5, help="0: compare token ids only")
     ap.add_argument("--model-path", help="a real target checkpoint (default: embedded dummy-weight Llama-8B shape)")
     ap.add_argument("--draft-model-path", help="a real draft checkpoint for STANDALONE")
+    ap.add_argument("--dummy-shape", choices=sorted(matrix.DUMMY_SHAPES), default="llama-8b",
+                    help="the dummy-weight target's shape (without --model-path); llama-1b: a GPU step short "
+                         "enough that host time per step sets tok/s")
     ap.add_argument("--attention-backend", default="triton")
     ap.add_argument("--mem-fraction-static", type=float, default=matrix.Options.mem_fraction_static,
                     help="per server, of the GPU memory free when it starts")
@@ -72,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def options(args) -> matrix.Options:
     return matrix.Options(
-        model_path=args.model_path, draft_model_path=args.draft_model_path,
+        model_path=args.model_path, draft_model_path=args.draft_model_path, dummy_shape=args.dummy_shape,
         attention_backend=args.attention_backend,
         mem_fraction_static=args.mem_fraction_static, max_total_tokens=args.max_total_tokens,
         random_seed=args.random_seed, simulate_acc_len=args.simulate_acc_len,
@@ -88,6 +91,8 @@ def plan(args) -> tuple[list[matrix.Config], list[matrix.Arm], matrix.Options]:
         raise ValueError("--rounds, --concurrency and --requests must be positive")
     if args.model_path is None and any(c.uses_draft_model for c in configs) and args.draft_model_path:
         raise ValueError("--draft-model-path needs --model-path (the dummy target has its own draft)")
+    if args.model_path is not None and args.dummy_shape != "llama-8b":
+        raise ValueError("--dummy-shape shapes the dummy-weight target; it does not apply with --model-path")
     return configs, arms, options(args)
 
 
@@ -402,8 +407,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     os.makedirs(out_dir, exist_ok=True)
     if opts.dummy:
-        models = matrix.write_models(os.path.join(out_dir, "models"))
-    vocab = matrix.MODELS["target"]["vocab_size"] if opts.dummy else 32000
+        models = matrix.write_models(os.path.join(out_dir, "models"), opts.dummy_shape)
+    vocab = matrix.DUMMY_SHAPES[opts.dummy_shape]["vocab_size"] if opts.dummy else 32000
     pool = prompts(max(args.identity_prompts, args.requests, 2 * max(args.concurrency)) * args.rounds + 3,
                    args.prompt_len, vocab, args.random_seed)
     result = {

@@ -137,6 +137,9 @@ class AuditState:
     phase_totals: phases.PhaseTotals = field(default_factory=phases.PhaseTotals)
     phase_calls: int = 0
     phase_call_ns: float = 0.0
+    # step -> ns the audit spent on its own work inside that step's window (after the previous launch)
+    bookkeeping_ns: dict[int, float] = field(default_factory=dict)
+    bookkeeping_total_ns: int = 0
 
     def counted(self) -> int:
         return sum(s.count for s in self.syncs.values() if not s.allowed)
@@ -161,6 +164,7 @@ class AuditState:
             "measured_steps": len(leads),
             "meter_us_per_step": self.meter_ns / steps / 1e3,
             "phase_clock_us_per_step": self.phase_calls * self.phase_call_ns / steps / 1e3,
+            "bookkeeping_us_per_step": self.bookkeeping_total_ns / steps / 1e3,
             "attribution": self.phase_totals.summary(),
         }
 
@@ -168,15 +172,17 @@ class AuditState:
         """Attribute every pending step <= ``upto`` (decode pairs whose idle interval is known)."""
         for step in [k for k in self.pending_segments if k <= upto]:
             (w0, w1), segments, calls = self.pending_segments.pop(step)
+            book = self.bookkeeping_ns.pop(step, 0.0)
             finish, begin = self.gpu_finish.get(step - 1), self.gpu_begin.get(step)
             if step < 1 or finish is None or begin is None or not (self.decode[step - 1] and self.decode[step]):
                 continue
-            idle = (finish, begin) if begin > finish else None
-            got = phases.attribute(((p, t0 / 1e9, t1 / 1e9) for p, t0, t1 in segments), (w0, w1), idle)
-            row = {k: (h * 1e9, i * 1e9) for k, (h, i) in got.items()}
+            window = (w0 * 1e9, w1 * 1e9)  # the segments are perf_counter_ns
+            idle = (finish * 1e9, begin * 1e9) if begin > finish else None
+            row = phases.attribute(segments, window, idle)
             row[phases.CLOCK] = (calls * self.phase_call_ns, 0.0)  # the clock's own cost, inside the phases
-            idle_ns = phases.overlap(w0, w1, *idle) * 1e9 if idle else 0.0  # the part inside this step's window
-            self.phase_totals.add((w1 - w0) * 1e9, idle_ns, row)
+            row[phases.BOOKKEEPING] = (book, 0.0)
+            idle_ns = phases.overlap(*window, *idle) if idle else 0.0  # the part inside this step's window
+            self.phase_totals.add(window[1] - window[0], idle_ns, row)
             self.phase_rows[step] = (idle_ns, row)
 
 
@@ -487,6 +493,7 @@ def run_batch_hook(original, scheduler, batch=None, *args, **kwargs):
     finally:
         if clock is not None:
             clock.exit()
+    t_book = time.perf_counter_ns()
     now_thread = time.thread_time_ns()
     host_us = math.nan if _last_thread_ns is None else (now_thread - _last_thread_ns) / 1e3
     _last_thread_ns = now_thread
@@ -509,6 +516,10 @@ def run_batch_hook(original, scheduler, batch=None, *args, **kwargs):
         _trace.flush(state.gpu_finish, upto, state.phase_rows)
     if state.steps % _every == 0:
         _log_summary(f"every {_every} steps")
+    book = time.perf_counter_ns() - t_book
+    state.bookkeeping_total_ns += book
+    if clock is not None:
+        state.bookkeeping_ns[step + 1] = book  # it ran in the next step's window, as "other"
     return result
 
 

@@ -16,7 +16,13 @@ after it. Host segments of step k's window that overlap that interval are the ho
 time on the critical path. Only decode->decode pairs are attributed, as for the leads.
 
 Cost: two ``perf_counter_ns`` calls and one list append per hooked call; the clock
-measures its per-call cost when armed and reports ``phase_clock_us_per_step``.
+measures its per-call cost when armed and reports it per step as ``@clock``. The audit's
+own work after each ``run_batch`` (meter, trace, this attribution) is timed and reported
+per step as ``@audit`` (it lies inside ``other``). Not counted in either: the pass-through
+cost of the hook wrappers themselves (SGLang's, the installer's gate). Where the host sets
+the pace an audited arm is slower than the same slots without it (py-spy put 3-5% of an
+audited 1B-shaped scheduler's samples in the audit's code, ``benchmarks/results/
+2026-12-02-h200-e/``): compare host figures between audited arms only.
 ``SGLANG_HOSTSYNC_AUDIT_PHASES=0`` turns the clock off (its hooks then only pass
 through).
 """
@@ -68,6 +74,7 @@ PHASES: tuple[tuple[str, str], ...] = (
 RUN_BATCH = "run_batch"
 OTHER = "other"
 CLOCK = "@clock"  # the phase clock's own estimated cost (already inside the phases' time)
+BOOKKEEPING = "@audit"  # the audit's own per-step work after run_batch (inside ``other``), measured
 NAMES: tuple[str, ...] = (RUN_BATCH, *(name for name, _ in PHASES))
 
 
@@ -80,23 +87,31 @@ def overlap(a0: float, a1: float, b0: float, b1: float) -> float:
 def attribute(segments: Iterable[tuple[str, float, float]], window: tuple[float, float],
               idle: tuple[float, float] | None) -> dict[str, tuple[float, float]]:
     """Phase -> (host time, of which while the GPU idled) over one step window; the
-    uncovered rest of the window is ``other``. ``idle``: the GPU-idle interval, or None."""
+    uncovered rest of the window is ``other``. ``idle``: the GPU-idle interval, or None.
+    Any one unit (the audit passes ns); per step on the scheduler thread, so kept lean."""
     w0, w1 = window
     i0, i1 = idle if idle is not None and idle[1] > idle[0] else (w0, w0)
-    out: dict[str, list[float]] = {}
-    covered = covered_idle = 0.0
+    has_idle = i1 > i0
+    host: dict[str, float] = {}
+    in_idle: dict[str, float] = {}
+    covered = covered_idle = 0
     for phase, t0, t1 in segments:
-        t0, t1 = max(t0, w0), min(t1, w1)
+        if t0 < w0:
+            t0 = w0
+        if t1 > w1:
+            t1 = w1
         if t1 <= t0:
             continue
-        host, in_idle = t1 - t0, overlap(t0, t1, i0, i1)
-        acc = out.setdefault(phase, [0.0, 0.0])
-        acc[0] += host
-        acc[1] += in_idle
-        covered += host
-        covered_idle += in_idle
-    out[OTHER] = [max(0.0, (w1 - w0) - covered), max(0.0, overlap(w0, w1, i0, i1) - covered_idle)]
-    return {k: (v[0], v[1]) for k, v in out.items()}
+        host[phase] = host.get(phase, 0) + (t1 - t0)
+        covered += t1 - t0
+        if has_idle:
+            o = min(t1, i1) - max(t0, i0)
+            if o > 0:
+                in_idle[phase] = in_idle.get(phase, 0) + o
+                covered_idle += o
+    out = {p: (h, in_idle.get(p, 0.0)) for p, h in host.items()}
+    out[OTHER] = (max(0.0, (w1 - w0) - covered), max(0.0, overlap(w0, w1, i0, i1) - covered_idle))
+    return out
 
 
 @dataclass

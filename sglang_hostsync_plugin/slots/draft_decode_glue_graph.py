@@ -22,7 +22,8 @@ SGLang's eager prep, for:
 
 ``SGLANG_HOSTSYNC_GLUE_CHECK=N`` (shared with ``draft_extend_glue_graph``): every Nth glued
 replay the slot snapshots each draft step's indptr row, its KV indices up to that row's end,
-and the KV splits, runs SGLang's eager prep again and compares (three host reads per check).
+and the KV splits, runs SGLang's eager prep again and compares them on the device; the count
+is read back without waiting (see ``draft_extend_glue_graph``).
 Each batch size's first glued replays are the glue's 2 warm-ups and its capture (which
 synchronizes the device once per batch size, while serving). Opt-in; part of ``eagle_host``.
 Hook targets: ``EAGLEDraftCudaGraphRunner.execute`` (which runner is replaying) and
@@ -117,11 +118,11 @@ def static_view(runner, fb):
 
 def _outputs(backend, bs: int) -> list[torch.Tensor]:
     num = bs * backend.topk
-    indptr = backend.kv_indptr[:, : num + 1].clone()
-    ends = indptr[:, -1].tolist()  # the check's one host read
-    out = [indptr, backend.attn_backends[-1].cuda_graph_num_kv_splits[:num].clone()]
-    out += [backend.cuda_graph_kv_indices[i, : ends[i]].clone() for i in range(backend.speculative_num_steps)]
-    return out
+    indptr = backend.kv_indptr[: backend.speculative_num_steps, : num + 1].clone()
+    bound = min(backend.cuda_graph_kv_indices.shape[1], num * backend.max_context_len)
+    return [indptr, backend.attn_backends[-1].cuda_graph_num_kv_splits[:num].clone(),
+            extend_glue.valid_prefix(backend.cuda_graph_kv_indices[: backend.speculative_num_steps, :bound],
+                                     indptr[:, -1:])]
 
 
 def _check(original, backend, fb) -> None:
