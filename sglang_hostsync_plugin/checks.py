@@ -200,6 +200,9 @@ def claim_conflicts(slots: Iterable[Slot]) -> dict[str, str]:
     return refused
 
 
+CANNOT_APPLY = ", which cannot apply: "  # a dependent's reason: the required slot's reason follows
+
+
 def refused_dependents(catalogue: Mapping[str, Slot], reasons: dict[str, str | None]) -> dict[str, str]:
     """Slot name -> reason, for every slot not refused yet whose required slot (directly
     or through another) is refused: it must not apply without what it relies on."""
@@ -212,6 +215,6 @@ def refused_dependents(catalogue: Mapping[str, Slot], reasons: dict[str, str | N
                 continue
             dep = next((d for d in slot.requires if reasons.get(d) or d in refused), None)
             if dep is not None:
-                refused[name] = f"requires slot {dep!r}, which cannot apply: {reasons.get(dep) or refused[dep]}"
+                refused[name] = f"requires slot {dep!r}{CANNOT_APPLY}{reasons.get(dep) or refused[dep]}"
                 changed = True
     return refused

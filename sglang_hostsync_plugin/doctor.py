@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # Drift: any slot that fails against this SGLang (a bad env value of an unselected
     # slot is shown, but is no drift: it is never read).
-    ok = not [v for v in plan.verdicts if v.status is Status.FAILED and (v.selected or not v.bad_config)]
+    ok = not [v for v in plan.verdicts if v.status is Status.FAILED and (v.selected or not v.input_caused)]
     if args.json:
         print(report.doctor_json(rows, **common, ok=ok, seq_lens_d2h=seq_lens.as_dict() if seq_lens else None,
                                  hints=hints))

@@ -45,6 +45,11 @@ class Verdict:
         """Bad input (the slot's own env value), not upstream drift."""
         return self.reason.startswith(config.BAD_CONFIGURATION)
 
+    @property
+    def input_caused(self) -> bool:
+        """Refused for bad input: its own, or that of a slot it requires (directly or not)."""
+        return self.reason.rpartition(checks.CANNOT_APPLY)[2].startswith(config.BAD_CONFIGURATION)
+
 
 @dataclass(frozen=True)
 class Plan:

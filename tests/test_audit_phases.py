@@ -120,10 +120,31 @@ def test_e2e_pools_phases_per_cell_and_prints_the_table():
 
 def test_every_phase_target_exists_in_the_pinned_sglang():
     from sglang_hostsync_plugin.checks import check_target
+    from sglang_hostsync_plugin.slots import audit_fine
 
-    for target in audit.SLOT.targets:
+    for target in audit.SLOT.targets + audit_fine.SLOT.targets:
         assert check_target(target) is None, target.path
     assert {t.path for t in audit.SLOT.targets[1:]} == {path for _, path in ph.PHASES}
+    # The sub-phases are their own tool slot, on top of the audit, and time nothing twice.
+    assert {t.path for t in audit_fine.SLOT.targets} == {path for _, path in ph.FINE_PHASES}
+    assert not {p for _, p in ph.PHASES} & {p for _, p in ph.FINE_PHASES}
+    assert audit_fine.SLOT.requires == ("audit",) and all(t.observer for t in audit_fine.SLOT.targets)
+
+
+def test_the_inlined_hook_keeps_the_clocks_exclusive_segments():
+    """``make_hook`` inlines ``enter``/``exit``: nested timed calls give the same segments as the
+    clock's own methods, and the calibration measures that hook."""
+    ph.arm(thread_id=None)
+    try:
+        c = ph.clock()
+        outer, inner = ph.make_hook("verify"), ph.make_hook("verify_sample")
+        outer(lambda: inner(lambda: None))
+        segs = c.take()
+        assert [p for p, _, _ in segs] == ["verify", "verify_sample", "verify"] and c.stack == []
+        assert all(t0 <= t1 for _, t0, t1 in segs) and segs[0][2] == segs[1][1] and segs[1][2] == segs[2][1]
+        assert c.calls == 2 and c.call_ns > 0
+    finally:
+        ph.disarm()
 
 
 def test_the_phase_switch_is_validated_with_the_slot():

@@ -119,23 +119,23 @@ def test_in_the_eagle_host_preset_not_default():
 
 
 def test_the_audit_phase_timer_composes_with_the_slot_from_outside():
-    """The audit times the same function (phase tree_compact): an observer target, so selecting
-    both applies both, and the installer registers one hook there with the timer outside the
-    slot's hook (SGLang's HookRegistry sees no stacked hooks)."""
+    """The audit's sub-phases (``audit_fine``) time the same function (phase tree_compact): an
+    observer target, so selecting both applies both, and the installer registers one hook there
+    with the timer outside the slot's hook (SGLang's HookRegistry sees no stacked hooks)."""
     from sglang_hostsync_plugin import installer, plan as plans, registry
     from sglang_hostsync_plugin.slot import Status
 
     facts = ServingFacts(speculative_algorithm="STANDALONE", topk=4, page_size=16,
                          attention_backends=("triton", "triton"))
-    plan = plans.resolve({"SGLANG_HOSTSYNC_SLOTS": "fused_tree_compact,audit"}, facts=facts)
-    assert plan.verdict(ftc.NAME).status is Status.WOULD_APPLY, plan.verdict(ftc.NAME)
-    assert plan.verdict("audit").status is Status.WOULD_APPLY, plan.verdict("audit")
+    plan = plans.resolve({"SGLANG_HOSTSYNC_SLOTS": "fused_tree_compact,audit,audit_fine"}, facts=facts)
+    for name in (ftc.NAME, "audit", "audit_fine"):
+        assert plan.verdict(name).status is Status.WOULD_APPLY, plan.verdict(name)
     order = []
     installer.install(installer.InstallState(), plan, registry.catalogue(),
                       lambda path, hook, kind: order.append((path, hook.__qualname__)))
     at_target = [name for path, name in order if path == ftc.TARGET]
     assert len(at_target) == 1 and len(order) == len({p for p, _ in order})
-    assert at_target[0].startswith("hostsync[audit].") and f"(hostsync[{ftc.NAME}]." in at_target[0]
+    assert at_target[0].startswith("hostsync[audit_fine].") and f"(hostsync[{ftc.NAME}]." in at_target[0]
 
 
 def test_composed_hook_runs_the_observer_around_the_claiming_hook():

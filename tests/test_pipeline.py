@@ -217,3 +217,17 @@ def test_enabling_after_load_plugins_is_checked_and_said():
     bad = run_python(LATE, LATE_SLOTS="default,nope")
     err = json.loads(bad.stdout.split("RESULT", 1)[1])["err"]
     assert err.startswith("HostsyncConfigError") and "'nope'" in err, out(bad)
+
+
+def test_a_dependent_of_a_badly_configured_slot_is_refused_for_input_not_drift():
+    from sglang_hostsync_plugin import config
+    from sglang_hostsync_plugin.checks import CANNOT_APPLY
+    from sglang_hostsync_plugin.plan import Verdict
+    from sglang_hostsync_plugin.slot import Status
+
+    bad = f"{config.BAD_CONFIGURATION}X='y': use a number"
+    nested = f"requires slot 'b'{CANNOT_APPLY}requires slot 'a'{CANNOT_APPLY}{bad}"
+    drift = f"requires slot 'a'{CANNOT_APPLY}source of sglang.x changed"
+    assert Verdict("a", False, Status.FAILED, bad).input_caused
+    assert Verdict("c", False, Status.FAILED, nested).input_caused and not Verdict("c", False, Status.FAILED, nested).bad_config
+    assert not Verdict("c", False, Status.FAILED, drift).input_caused

@@ -103,7 +103,7 @@ def test_enabled_applies_verifies_and_logs_status_block():
                                                                  "draft_extend_glue_graph", "fused_tree_compact", "fused_draft_page_locs",
                                                                  "greedy_row_argmax", "ngram_full_mask", "draft_decode_glue_graph",
                                                                  "triton_replay_launch",
-                                                                 "draft_extend_fused_layout"]}}
+                                                                 "draft_extend_fused_layout", "audit_fine"]}}
     assert res["cls"] == "HostsyncDraftBlockProposer" and res["slots"] == ["dspark_dp_meta"]
     assert res["bases"] == ["HostsyncDraftBlockProposer", "DSparkDpMetaProposer", "DraftBlockProposer"]
     assert res["nnp"] is None and res["sched"] is True

@@ -2,7 +2,8 @@
 how much of it ran while the GPU sat idle (issue 16's attribution).
 
 Phase clock. Each function in ``PHASES`` gets an AROUND hook (a target of the audit
-slot); on the scheduler thread it opens its phase on entry and closes it on exit.
+slot; those in ``FINE_PHASES`` are slot ``audit_fine``'s); on the scheduler thread it opens
+its phase on entry and closes it on exit.
 Time is exclusive: while a nested phase runs its parent's clock stops, so a step's
 phases plus ``other`` (the loop's own code between them) add up to its host window,
 the time between two step launches. Each stretch of one phase is a segment
@@ -57,7 +58,10 @@ PHASES: tuple[tuple[str, str], ...] = (
     ("graph_load", f"{DECODE_RUNNER}.load_batch"),
     ("graph_execute", f"{DECODE_RUNNER}.execute"),
     ("draft_extend", "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_decode"),
-    # Inside the phases above (issue 16: which part of verify / draft extend / run_batch).
+)
+# Inside the phases above (issue 16: which part of verify / draft extend / run_batch): the
+# targets of slot ``audit_fine``, which doubles the timed calls per step.
+FINE_PHASES: tuple[tuple[str, str], ...] = (
     ("worker", "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation"),
     ("resolve_inputs", "sglang.srt.managers.overlap_utils.resolve_forward_inputs"),
     ("relay_payload", f"{SCHEDULER}._relay_forward_payload"),
@@ -75,7 +79,7 @@ RUN_BATCH = "run_batch"
 OTHER = "other"
 CLOCK = "@clock"  # the phase clock's own estimated cost (already inside the phases' time)
 BOOKKEEPING = "@audit"  # the audit's own per-step work after run_batch (inside ``other``), measured
-NAMES: tuple[str, ...] = (RUN_BATCH, *(name for name, _ in PHASES))
+NAMES: tuple[str, ...] = (RUN_BATCH, *(name for name, _ in PHASES + FINE_PHASES))
 
 
 # --- arithmetic (pure, CPU-testable) --------------------------------------------
@@ -212,20 +216,23 @@ class PhaseClock:
         return out
 
     def calibrate(self, n: int = 2000) -> None:
-        """Per-call cost of the wrapper bookkeeping, on this thread, now."""
+        """Per-call cost of a timed call's bookkeeping (``make_hook``'s), on this thread, now."""
+        global _clock
         noop = lambda: None  # noqa: E731
+        hook = make_hook("calibrate")
         t0 = time.perf_counter_ns()
         for _ in range(n):
             noop()
         bare = time.perf_counter_ns() - t0
-        saved, self.segments, self.stack, calls = self.segments, [], [], self.calls
-        t0 = time.perf_counter_ns()
-        for _ in range(n):
-            self.enter("calibrate")
-            noop()
-            self.exit()
-        self.call_ns = max(0.0, (time.perf_counter_ns() - t0 - bare) / n)
-        self.segments, self.stack, self.calls = saved, [], calls
+        saved = self.segments, self.stack, self.calls, self.thread_id, _clock
+        self.segments, self.stack, self.thread_id, _clock = [], [], threading.get_ident(), self
+        try:
+            t0 = time.perf_counter_ns()
+            for _ in range(n):
+                hook(noop)
+            self.call_ns = max(0.0, (time.perf_counter_ns() - t0 - bare) / n)
+        finally:
+            self.segments, self.stack, self.calls, self.thread_id, _clock = saved
 
 
 _clock: PhaseClock | None = None
@@ -249,15 +256,26 @@ def clock() -> PhaseClock | None:
 
 
 def make_hook(phase: str):
+    get_ident, now = threading.get_ident, time.perf_counter_ns
+
     def phase_hook(original, *args, **kwargs):
         c = _clock
-        if c is None or threading.get_ident() != c.thread_id:
+        if c is None or get_ident() != c.thread_id:
             return original(*args, **kwargs)
-        c.enter(phase)
+        # PhaseClock.enter / exit inlined: this runs for every timed call on the scheduler thread.
+        t, stack = now(), c.stack
+        if stack:
+            c.segments.append((stack[-1], c.started, t))
+        stack.append(phase)
+        c.started = t
+        c.calls += 1
         try:
             return original(*args, **kwargs)
         finally:
-            c.exit()
+            t = now()
+            if stack:  # unbalanced (armed mid-call): never raises into serving
+                c.segments.append((stack.pop(), c.started, t))
+                c.started = t
 
     phase_hook.__name__ = f"phase_{phase}"
     return phase_hook
