@@ -197,9 +197,9 @@ def main(argv=None) -> int:
             print(f"{ln.config} / {ln.arm}:\n  {ln.shell()}")
         return 0
     os.makedirs(out_dir, exist_ok=True)
-    models = matrix.write_models(os.path.join(out_dir, "models")) if opts.dummy else \
+    models = matrix.write_models(os.path.join(out_dir, "models"), opts.dummy_shape) if opts.dummy else \
         {"target": args.model_path, "draft": args.draft_model_path}
-    vocab = matrix.MODELS["target"]["vocab_size"] if opts.dummy else 32000
+    vocab = matrix.DUMMY_SHAPES[opts.dummy_shape]["vocab_size"] if opts.dummy else 32000
     prompt = run.prompts(1, args.prompt_len, vocab, args.random_seed)[0]
     results = {}
     for config in configs:

@@ -50,8 +50,9 @@ def test_dependency_rule_rejects_config_without_its_dependency(slot, dep):
 
 def test_no_other_switch_declares_a_dependency():
     declared = {n: s.requires for n, s in CATALOGUE.items() if s.requires}
-    # The one owned slot with a dependency: its host plan needs the pinned-buffer guard.
-    owned = {"flashinfer_tree_verify_plan": ("flashinfer_plan_guard",)}
+    # Besides the switches: the FlashInfer host plan needs the pinned-buffer guard, and the
+    # audit's sub-phases (a tool slot) time into the audit's clock.
+    owned = {"flashinfer_tree_verify_plan": ("flashinfer_plan_guard",), "audit_fine": ("audit",)}
     assert declared == {**{n: (d,) for n, d in SWITCH_REQUIRES.items()}, **owned}
 
 
