@@ -44,7 +44,8 @@ def _parser() -> argparse.ArgumentParser:
 
 # What the FlashInfer preset's switches were worth on the H200 (real servers, 2-3 rounds).
 FLASHINFER_PRESET_GAIN = ("on the H200, default,flashinfer gave 1.06-1.11x stock's tok/s/user against the default "
-                          "slots' 0.99-1.07x (benchmarks/results/2026-12-01-h200-flashinfer-matrix/)")
+                          "slots' 0.99-1.07x (benchmarks/results/2026-12-01-h200-flashinfer-matrix/); in later runs "
+                          "1.12-1.19x, once 0.94x (2026-12-02-h200-c/)")
 
 
 def preset_hints(plan, catalogue, facts) -> list[str]:

@@ -571,9 +571,6 @@ SLOT = Slot(
     targets=(
         HookTarget(RUN_BATCH, TargetKind.FUNCTION, hook=run_batch_hook,
                    params=("self", "batch", "pp_proxy_tensors"), source_sha="4e9bb4d5e649e2f1"),
-        # Timing only: each calls its original unchanged, so no source is pinned, and each
-        # composes with a slot that hooks the same function (fused_tree_compact).
-        *(HookTarget(path, TargetKind.FUNCTION, hook=phases.make_hook(name), observer=True)
-          for name, path in phases.PHASES),
+        *phases.phase_targets(phases.PHASES),
     ),
 )

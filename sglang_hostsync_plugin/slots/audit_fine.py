@@ -10,7 +10,7 @@ into the same clock, summary, trace and e2e tables as the audit's own."""
 
 from __future__ import annotations
 
-from ..slot import HookTarget, Slot, SlotKind, TargetKind
+from ..slot import Slot, SlotKind
 from . import audit_phases as phases
 from .audit import NAME as AUDIT
 
@@ -24,7 +24,5 @@ SLOT = Slot(
             "sampling, commit, tree compaction, draft-extend prep and graph)",
     default=False,
     requires=(AUDIT,),
-    # Timing only, like the audit's phase targets: no source pinned, composes with any slot's hook.
-    targets=tuple(HookTarget(path, TargetKind.FUNCTION, hook=phases.make_hook(name), observer=True)
-                  for name, path in phases.FINE_PHASES),
+    targets=phases.phase_targets(phases.FINE_PHASES),
 )

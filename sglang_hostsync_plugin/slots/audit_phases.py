@@ -35,6 +35,8 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from ..slot import HookTarget, TargetKind
+
 ENV_PHASES = "SGLANG_HOSTSYNC_AUDIT_PHASES"
 SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 EAGLE_COMMON = "sglang.srt.speculative.eagle_worker_common"
@@ -279,6 +281,12 @@ def make_hook(phase: str):
 
     phase_hook.__name__ = f"phase_{phase}"
     return phase_hook
+
+
+def phase_targets(table: tuple[tuple[str, str], ...]) -> tuple:
+    """One timing-only target per ``(phase, function)``: each calls its original unchanged, so
+    no source is pinned, and each composes with a slot that hooks the same function."""
+    return tuple(HookTarget(path, TargetKind.FUNCTION, hook=make_hook(name), observer=True) for name, path in table)
 
 
 def enabled(env) -> bool:
