@@ -174,3 +174,37 @@ def test_the_audit_times_its_own_work_into_the_next_steps_window(monkeypatch, tm
     finally:
         audit._audit.disarm()
         ph.disarm()
+
+
+def _attribute_reference(segments, window, idle):
+    """The attribution's definition, written plainly: clip each segment to the window, sum
+    per phase, and the overlap of each clipped segment with the idle interval."""
+    w0, w1 = window
+    i0, i1 = idle if idle is not None and idle[1] > idle[0] else (w0, w0)
+    out = {}
+    for phase, t0, t1 in segments:
+        c0, c1 = max(t0, w0), min(t1, w1)
+        if c1 > c0:
+            h, i = out.get(phase, (0, 0))
+            out[phase] = (h + c1 - c0, i + ph.overlap(c0, c1, i0, i1))
+    out["other"] = (max(0, (w1 - w0) - sum(h for h, _ in out.values())),
+                    max(0, ph.overlap(w0, w1, i0, i1) - sum(i for _, i in out.values())))
+    return out
+
+
+def test_attribute_matches_its_plain_definition_on_random_timelines():
+    import random
+
+    rng = random.Random(7)
+    names = [n for n, _ in ph.PHASES]
+    for _ in range(500):
+        t, segs = rng.randint(0, 100), []
+        for _ in range(rng.randint(0, 40)):
+            d = rng.randint(-10, 200)  # empty and reversed segments too
+            segs.append((rng.choice(names), t, t + d))
+            t += max(d, 0)
+        window = (rng.randint(0, 50), t + rng.randint(-50, 50))
+        idle = rng.choice([None, (t - 60, t + 5), (5, 2), (window[0] - 10, window[0] + 30), (0, t)])
+        got, want = ph.attribute(segs, window, idle), _attribute_reference(segs, window, idle)
+        assert got.keys() == want.keys() and all(
+            got[k][0] == pytest.approx(want[k][0]) and got[k][1] == pytest.approx(want[k][1]) for k in got), (segs, window, idle)

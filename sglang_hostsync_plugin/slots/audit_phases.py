@@ -96,10 +96,10 @@ def attribute(segments: Iterable[tuple[str, float, float]], window: tuple[float,
     uncovered rest of the window is ``other``. ``idle``: the GPU-idle interval, or None.
     Any one unit (the audit passes ns); per step on the scheduler thread, so kept lean."""
     w0, w1 = window
-    i0, i1 = idle if idle is not None and idle[1] > idle[0] else (w0, w0)
-    has_idle = i1 > i0
+    i0, i1 = idle if idle is not None and idle[1] > idle[0] else (w0, w0)  # empty: nothing overlaps
     host: dict[str, float] = {}
     in_idle: dict[str, float] = {}
+    get = host.get
     covered = covered_idle = 0
     for phase, t0, t1 in segments:
         if t0 < w0:
@@ -108,13 +108,13 @@ def attribute(segments: Iterable[tuple[str, float, float]], window: tuple[float,
             t1 = w1
         if t1 <= t0:
             continue
-        host[phase] = host.get(phase, 0) + (t1 - t0)
-        covered += t1 - t0
-        if has_idle:
-            o = min(t1, i1) - max(t0, i0)
-            if o > 0:
-                in_idle[phase] = in_idle.get(phase, 0) + o
-                covered_idle += o
+        d = t1 - t0
+        host[phase] = get(phase, 0) + d
+        covered += d
+        if t1 > i0 and t0 < i1:
+            o = (t1 if t1 < i1 else i1) - (t0 if t0 > i0 else i0)
+            in_idle[phase] = in_idle.get(phase, 0) + o
+            covered_idle += o
     out = {p: (h, in_idle.get(p, 0.0)) for p, h in host.items()}
     out[OTHER] = (max(0.0, (w1 - w0) - covered), max(0.0, overlap(w0, w1, i0, i1) - covered_idle))
     return out
