@@ -208,3 +208,24 @@ def test_attribute_matches_its_plain_definition_on_random_timelines():
         got, want = ph.attribute(segs, window, idle), _attribute_reference(segs, window, idle)
         assert got.keys() == want.keys() and all(
             got[k][0] == pytest.approx(want[k][0]) and got[k][1] == pytest.approx(want[k][1]) for k in got), (segs, window, idle)
+
+
+def test_audit_fine_is_reported_undone_when_the_phase_clock_is_off(monkeypatch):
+    import os
+
+    from sglang_hostsync_plugin import plan as plans
+    from sglang_hostsync_plugin.slot import Status
+
+    def verdict(phases_env):
+        if phases_env is None:
+            monkeypatch.delenv(ph.ENV_PHASES, raising=False)
+        else:
+            monkeypatch.setenv(ph.ENV_PHASES, phases_env)  # the slots' prechecks read the process env
+        return plans.resolve({**os.environ, "SGLANG_HOSTSYNC_SLOTS": "audit,audit_fine"}).verdict("audit_fine")
+
+    on = verdict(None)
+    assert on.status is Status.WOULD_APPLY and on.reason == ""
+    off = verdict("0")
+    assert off.status is Status.WOULD_APPLY and off.reason.startswith("undone: ") and ph.ENV_PHASES in off.reason
+    bad = verdict("maybe")
+    assert bad.status is Status.FAILED and bad.input_caused  # the audit's bad value, never raised here

@@ -135,9 +135,8 @@ def prep_hook(original, self, forward_batch, in_capture=False):
     runner = r.runner
     if in_capture or runner is None or runner.draft_attn_backend is not self:
         return original(self, forward_batch, in_capture)
-    glue = r.glue_for(self) if glueable(self, forward_batch) else None
-    if glue is None or glue.disabled:
-        r.eager += 1
+    glue = r.usable(self, glueable(self, forward_batch))
+    if glue is None:
         return original(self, forward_batch, in_capture)
     key = (forward_batch.batch_size,)
     if glue.is_captured(key):  # the graph reads the runner's buffers: no view, no prep in Python

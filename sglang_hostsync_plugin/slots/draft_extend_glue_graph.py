@@ -154,6 +154,15 @@ class GlueRoute:
         """Mismatching checks among the ``tally.read`` read back so far."""
         return self.tally.mismatches
 
+    def usable(self, backend, contract_holds: bool):
+        """``backend``'s glue for this replay, or None when the replay stays on SGLang's eager
+        prep (the contract does not hold, or the glue fell back for good): counted."""
+        glue = self.glue_for(backend) if contract_holds else None
+        if glue is None or glue.disabled:
+            self.eager += 1
+            return None
+        return glue
+
     def glue_for(self, backend):
         glue = self.glues.get(backend)
         if glue is None:
@@ -227,9 +236,8 @@ def prep_hook(original, self, forward_batch, in_capture=False):
     r = _route
     if r.inside or not _draft_extend_replay(self, forward_batch, in_capture):
         return original(self, forward_batch, in_capture)
-    glue = r.glue_for(self) if glueable(self, forward_batch) else None
-    if glue is None or glue.disabled:
-        r.eager += 1
+    glue = r.usable(self, glueable(self, forward_batch))
+    if glue is None:
         return original(self, forward_batch, in_capture)
     key = (forward_batch.batch_size,)
     r.inside = True
