@@ -1,6 +1,9 @@
 """Shared by the CPU and GPU audit tests: a fresh audit per test and a step driver
 that goes through the slot's real run_batch hook."""
 
+import collections
+import time
+
 import pytest
 
 from sglang_hostsync_plugin.slots import audit
@@ -28,3 +31,19 @@ def run_step(body, scheduler=None):
                                 scheduler or FakeScheduler(), None)
 
 
+
+
+class StubMeter:
+    """The run-ahead meter's interface without CUDA: a step's GPU begins when its run_batch
+    starts and finishes 1 ms after its launch (synthetic, so the audit's own bookkeeping runs)."""
+
+    def __init__(self):
+        self.pending = collections.deque()
+
+    def began(self, step: int) -> None:
+        audit._audit.state.gpu_begin[step] = time.perf_counter()
+
+    def finished_launching(self) -> None:
+        state = audit._audit.state
+        state.host_launch.append(time.perf_counter())
+        state.gpu_finish[len(state.host_launch) - 1] = state.host_launch[-1] + 1e-3

@@ -143,3 +143,48 @@ def test_summary_logged_and_dumped(fresh_audit, monkeypatch, tmp_path, caplog):
     import json
     data = json.loads(path.read_text())
     assert data["steps"] == 2 and data["syncs_per_step"] == 0.5 and data["sites"][0]["count"] == 1
+
+
+def test_leads_collected_in_pieces_match_the_whole_and_drop_used_finish_times():
+    import random
+
+    rng = random.Random(3)
+    n = 400
+    host_launch = sorted(rng.uniform(0, 10) for _ in range(n))
+    decode = [rng.random() > 0.1 for _ in range(n)]
+    finish = {k: host_launch[k] + rng.uniform(-0.05, 0.1) for k in range(n) if rng.random() > 0.05}
+    want = audit.launch_leads(finish, host_launch, decode)
+    state = audit.AuditState(steps=n, host_launch=host_launch, decode=decode, gpu_finish=dict(finish))
+    upto = 0
+    while upto < n:
+        upto += rng.randint(1, 30)
+        state.collect_leads(upto)
+        assert len(state.gpu_finish) <= n - min(upto, n - 2) + 1  # only what a later pair still needs
+    assert list(state.leads) == pytest.approx(want) and state.lead_pairs == len(want)
+    summary = state.summary()
+    assert summary["measured_steps"] == len(want)
+    assert summary["run_ahead_fraction"] == pytest.approx(audit.run_ahead_fraction(want))
+
+
+def test_the_median_lead_is_over_the_most_recent_pairs(monkeypatch):
+    monkeypatch.setattr(audit, "LEADS_KEPT", 10)
+    state = audit.AuditState(steps=31, host_launch=[float(k) for k in range(31)],
+                             gpu_finish={k: k + (0.5 if k >= 20 else 2.0) for k in range(30)})
+    summary = state.summary()
+    # 30 pairs counted; the first 20 lead by 1 s and the last 10 by -0.5 s: the median is the recent one.
+    assert summary["measured_steps"] == 30 and summary["run_ahead_fraction"] == pytest.approx(20 / 30)
+    assert summary["launch_lead_ms_median"] == pytest.approx(-500.0)
+
+
+def test_the_trace_is_written_in_batches_and_after_an_idle_scheduler(fresh_audit, monkeypatch, tmp_path):
+    import time as _time
+
+    path = tmp_path / "trace.tsv"
+    monkeypatch.setenv(audit.ENV_TRACE, str(path))
+    monkeypatch.setattr(audit, "_last_thread_ns", None)
+    monkeypatch.setattr(audit, "IDLE_S", 0.02)
+    run_step(lambda: None)
+    run_step(lambda: None)
+    assert audit.parse_trace(path.read_text()) == []  # a batch is not full yet
+    run_step(lambda: _time.sleep(0.03))  # a window longer than IDLE_S: the scheduler had idled
+    assert [s.step for s in audit.parse_trace(path.read_text())] == [0, 1, 2]

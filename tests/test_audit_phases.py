@@ -73,8 +73,8 @@ def test_settle_attributes_decode_pairs_with_a_known_idle_interval():
     for k in range(1, 4):
         w = (s.host_launch[k - 1], s.host_launch[k])
         s.pending_segments[k] = (w, [("schedule", ns(w[0] + 1), ns(w[0] + 6))], 3)  # 3 wrapped calls
-    s.phase_call_ns = 500.0
-    s.bookkeeping_ns = {1: 700.0}  # the audit's own work measured in step 1's window
+    s.phase_call_ns, s.phase_pass_ns, s.phase_every = 500.0, 100.0, 4
+    s.bookkeeping_ns = {1: 700.0}  # the audit's own work per step, measured at step 1
     s.settle(3)
     assert not s.pending_segments
     # step 1: idle 2..5 (3 s), schedule 1..6 overlaps 3; step 2: begin 12 < finish 15: no idle;
@@ -83,7 +83,8 @@ def test_settle_attributes_decode_pairs_with_a_known_idle_interval():
     idle1, row1 = s.phase_rows[1]
     assert idle1 == pytest.approx(3e9) and row1["schedule"] == pytest.approx((5e9, 3e9))
     assert row1["other"] == pytest.approx((5e9, 0.0))
-    assert row1["@clock"] == (1500.0, 0.0)  # 3 calls of 500 ns, reported apart from the window
+    # 3 calls per timed window of 500 ns, and 3 passing calls of 100 ns in each of 3 untimed steps
+    assert row1["@clock"] == (pytest.approx((3 * 500 + 3 * 3 * 100) / 4), 0.0)
     assert row1["@audit"] == (700.0, 0.0) and s.phase_rows[2][1]["@audit"] == (0.0, 0.0)
     assert s.phase_rows[2][0] == 0.0 and s.phase_rows[2][1]["schedule"][1] == 0.0
     summary = s.summary()["attribution"]
@@ -156,24 +157,80 @@ def test_the_phase_switch_is_validated_with_the_slot():
         assert audit.SLOT.precheck().startswith("bad configuration")
 
 
-def test_the_audit_times_its_own_work_into_the_next_steps_window(monkeypatch, tmp_path):
-    from audit_cases import run_step
-
+@pytest.fixture
+def audit_env(monkeypatch, tmp_path):
     monkeypatch.setattr(audit, "_audit", None)
     monkeypatch.setattr(audit, "_meter", None)
+    monkeypatch.setattr(audit, "_last_thread_ns", None)
     monkeypatch.setattr(audit.atexit, "register", lambda *a, **k: None)
     monkeypatch.setenv(audit.ENV_TRACE, str(tmp_path / "t.tsv"))
-    try:
-        for _ in range(3):
-            run_step(lambda: None)
-        state = audit._audit.state
-        assert sorted(state.bookkeeping_ns) == [1, 2, 3]  # step k's work lands in step k+1's window
-        assert all(v > 0 for v in state.bookkeeping_ns.values())
-        assert state.summary()["bookkeeping_us_per_step"] == pytest.approx(
-            sum(state.bookkeeping_ns.values()) / 3 / 1e3)
-    finally:
+    yield monkeypatch
+    if audit._audit is not None:
         audit._audit.disarm()
-        ph.disarm()
+    ph.disarm()
+
+
+def test_the_audit_reports_its_own_work_per_step_at_each_timed_window(audit_env, tmp_path):
+    from audit_cases import StubMeter, run_step
+
+    audit_env.setenv(ph.ENV_PHASE_EVERY, "2")
+    audit_env.setattr(audit, "_meter", StubMeter())
+    for _ in range(5):
+        run_step(lambda: None)
+    state = audit._audit.state
+    total_before_last = state.bookkeeping_total_ns  # hooks 0-4
+    audit._log_summary("test")  # writes the trace out
+    rows = {s.step: s.phases for s in audit.parse_trace((tmp_path / "t.tsv").read_text()) if s.phases}
+    # Windows 2 and 4 are timed and attributed (0 has no previous step); each carries the mean of
+    # the audit's work per step since the previous timed window, hooks 0-1 and 2-3.
+    assert sorted(rows) == [2, 4] and all(r["@audit"][0] > 0 for r in rows.values())
+    assert 0 < 2 * rows[2]["@audit"][0] + 2 * rows[4]["@audit"][0] < total_before_last / 1e3 + 0.2
+    assert state.summary()["bookkeeping_us_per_step"] == pytest.approx(state.bookkeeping_total_ns / 5 / 1e3)
+
+
+def test_the_clock_times_one_window_in_n_and_passes_through_in_the_others(audit_env):
+    from audit_cases import run_step
+
+    audit_env.setenv(ph.ENV_PHASE_EVERY, "4")
+    verify, sample = ph.make_hook("verify"), ph.make_hook("verify_sample")
+    seen = []
+
+    def body():
+        seen.append(ph.clock() is not None)
+        return verify(lambda: sample(lambda: 3))
+
+    assert [run_step(body) for _ in range(9)] == [3] * 9
+    state = audit._audit.state
+    assert seen == [True, False, False, False, True, False, False, False, True]
+    assert state.timed_windows == 3 and state.phase_calls == 3 * 3  # run_batch, verify, verify_sample
+    assert state.phase_every == 4 and ph.armed().pass_ns > 0 and ph.armed().call_ns > 0
+    assert state.summary()["phase_every"] == 4
+
+
+def test_clock_cost_per_step_counts_the_passing_calls_of_untimed_steps():
+    s = audit.AuditState(steps=12, phase_calls=30, timed_windows=3, phase_call_ns=1000.0, phase_pass_ns=400.0)
+    assert s.clock_ns_per_step() == pytest.approx((30 * 1000 + 9 * 10 * 400) / 12)
+    assert audit.AuditState(steps=5).clock_ns_per_step() == 0.0
+
+
+def test_the_calibration_times_the_installed_chain():
+    """Through the gate and SGLang's wrapper a passing call costs more than a bare one, and a
+    timed call more than a passing one (the chain of a real phase target)."""
+    c = ph.PhaseClock()
+    c.calibrate(n=2000)
+    assert 0 < c.pass_ns < c.call_ns, (c.pass_ns, c.call_ns)
+    seen = []
+    chained = ph.installed_chain(ph.make_hook("x"), lambda *a, **k: seen.append((a, k)) or 5)
+    assert chained(1, y=2) == 5 and seen == [((1,), {"y": 2})]
+
+
+def test_phase_every_is_validated_with_the_slot(monkeypatch):
+    assert ph.phase_every({}) == ph.DEFAULT_PHASE_EVERY and ph.phase_every({ph.ENV_PHASE_EVERY: "1"}) == 1
+    for bad in ("0", "-2", "often"):
+        with pytest.raises(ValueError, match="positive number of steps"):
+            ph.phase_every({ph.ENV_PHASE_EVERY: bad})
+    monkeypatch.setenv(ph.ENV_PHASE_EVERY, "0")
+    assert audit.SLOT.precheck().startswith("bad configuration: SGLANG_HOSTSYNC_AUDIT_PHASE_EVERY='0'")
 
 
 def _attribute_reference(segments, window, idle):

@@ -104,10 +104,10 @@ def test_audit_trace_through_the_run_batch_hook(tmp_path, monkeypatch):
             self.forward_mode = Mode(decode)
 
     try:
-        for i in range(audit.DRAIN_EVERY * 2):
+        for i in range(audit.TRACE_BATCH):  # one full batch of lines: written
             audit.run_batch_hook(lambda s, b, pp_proxy_tensors=None: None, FakeScheduler(), Batch(i != 3))
         steps = audit.parse_trace(path.read_text())
-        assert [s.step for s in steps] == list(range(audit.DRAIN_EVERY * 2))
+        assert [s.step for s in steps] == list(range(audit.TRACE_BATCH))
         assert [s.decode for s in steps[:5]] == [True, True, True, False, True]
         assert all(s.sites == () for s in steps) and steps[1].host_us >= 0
         # No meter without CUDA, so no lead: the trace still carries every launch time.

@@ -17,7 +17,9 @@ host_time = t_ref + elapsed_ms(ref, event) / 1e3. The launch lead is step N's GP
 finish minus the host launch time of step N+1. It is positive when the host was
 already a step ahead. The run-ahead fraction is the share of steps with a positive
 lead. Events come from a ring and are read back only once they have completed, so
-the meter itself never waits.
+the meter itself never waits. The fraction counts every measured pair; the median lead
+is over the last ``LEADS_KEPT`` of them (the audit's memory and per-summary work stay
+bounded in a long run).
 
 Only pairs of decode steps count towards the lead and the run-ahead fraction: the
 step before a prefill, or before the first step after the scheduler idled, waits for
@@ -26,8 +28,9 @@ requests, not for the host.
 A summary goes to SGLang's log every ``SGLANG_HOSTSYNC_AUDIT_EVERY`` steps (default
 1000) and at shutdown. With ``SGLANG_HOSTSYNC_AUDIT_JSON=<path>``, the same summary
 is written there as JSON. With ``SGLANG_HOSTSYNC_AUDIT_TRACE=<path>``, one line per
-step is appended there (``TRACE_HEADER``; written in batches, once the step's GPU
-finish is known): the end-to-end benchmark cuts it into its measurement windows by
+step is appended there (``TRACE_HEADER``; written in batches of ``TRACE_BATCH`` lines once
+each step's GPU finish is known, and at once after a step that followed an idle scheduler,
+so the lines of a finished load are on disk when the next request runs): the end-to-end benchmark cuts it into its measurement windows by
 host time (``time.perf_counter``, the same monotonic clock in every process).
 Host µs per step is the scheduler thread's CPU time between two step launches; a
 blocking sync that spins counts in it. Neither output ever raises into the serving
@@ -83,7 +86,9 @@ ALLOWLIST = (
      "copy_done: grammar requests need the sampled ids on the host"),
 )
 EVENT_RING = 64  # timing events in flight; a step's is read back once complete
-DRAIN_EVERY = 8  # completed events are read back in batches (amortizes the Python cost)
+LEADS_KEPT = 65536  # the median lead is over the most recent pairs
+TRACE_BATCH = 64  # trace lines per write
+IDLE_S = 0.05  # a step window this long follows an idle scheduler: the trace is written out
 
 
 # --- run-ahead arithmetic (pure, CPU-testable) ---------------------------------
@@ -127,19 +132,28 @@ class AuditState:
     host_launch: list[float] = field(default_factory=list)  # by step
     decode: list[bool] = field(default_factory=list)  # by step
     step_sites: list[str] = field(default_factory=list)  # counted syncs since the last launch
-    gpu_finish: dict[int, float] = field(default_factory=dict)  # step -> host-clock time
-    gpu_begin: dict[int, float] = field(default_factory=dict)  # step -> host-clock time run_batch started on the GPU
+    # step -> host-clock time; entries before the last resolved step are dropped once used
+    gpu_finish: dict[int, float] = field(default_factory=dict)
+    gpu_begin: dict[int, float] = field(default_factory=dict)  # timed windows: step -> when its run_batch began on the GPU
+    leads: collections.deque = field(default_factory=lambda: collections.deque(maxlen=LEADS_KEPT))
+    lead_pairs: int = 0  # decode pairs measured, all of them
+    leads_ahead: int = 0  # of which with a positive lead
+    lead_next: int = 0  # the next step whose lead is collected
     meter_ns: int = 0  # host time the meter itself spent
     # Phase attribution: step -> (window, segments) until its idle interval is known,
     # then step -> (gpu idle ns, {phase: (host ns, idle ns)}) for the trace.
     pending_segments: dict[int, tuple] = field(default_factory=dict)
     phase_rows: dict[int, tuple] = field(default_factory=dict)
     phase_totals: phases.PhaseTotals = field(default_factory=phases.PhaseTotals)
-    phase_calls: int = 0
+    phase_calls: int = 0  # timed calls, all windows
+    timed_windows: int = 0
     phase_call_ns: float = 0.0
-    # step -> ns the audit spent on its own work inside that step's window (after the previous launch)
+    phase_pass_ns: float = 0.0
+    phase_every: int = 1
+    # timed step -> the audit's own work per step, averaged over the steps since the previous timed one
     bookkeeping_ns: dict[int, float] = field(default_factory=dict)
     bookkeeping_total_ns: int = 0
+    book_mark: tuple[int, int] = (0, 0)  # (step, bookkeeping_total_ns) at the last timed window
 
     def counted(self) -> int:
         return sum(s.count for s in self.syncs.values() if not s.allowed)
@@ -147,8 +161,33 @@ class AuditState:
     def allowed(self) -> int:
         return sum(s.count for s in self.syncs.values() if s.allowed)
 
-    def summary(self) -> dict:
-        leads = launch_leads(self.gpu_finish, self.host_launch, self.decode or None)
+    def collect_leads(self, upto: int) -> None:
+        """Leads of the steps <= ``upto`` not yet collected; their finish times are dropped after."""
+        last = min(upto, len(self.host_launch) - 2)
+        for n in range(self.lead_next, last + 1):
+            finish = self.gpu_finish.get(n)
+            if finish is not None and (not self.decode or (self.decode[n] and self.decode[n + 1])):
+                lead = finish - self.host_launch[n + 1]
+                self.leads.append(lead)
+                self.lead_pairs += 1
+                self.leads_ahead += lead > 0
+        for n in range(self.lead_next - 1, last):  # step ``last``'s finish is the next pair's
+            self.gpu_finish.pop(n, None)
+            self.gpu_begin.pop(n, None)
+        self.lead_next = max(self.lead_next, last + 1)
+
+    def clock_ns_per_step(self) -> float:
+        """The phase timers' cost per step: the timed calls, and as many passing through in
+        each untimed step as a timed window averaged."""
+        if not self.timed_windows:
+            return 0.0
+        untimed = max(0, self.steps - self.timed_windows)
+        calls = self.phase_calls / self.timed_windows
+        return (self.phase_calls * self.phase_call_ns + untimed * calls * self.phase_pass_ns) / max(self.steps, 1)
+
+    def summary(self, upto: int | None = None) -> dict:
+        self.collect_leads(self.steps - 1 if upto is None else upto)
+        leads = list(self.leads)
         steps = max(self.steps, 1)
         return {
             "steps": self.steps,
@@ -159,11 +198,13 @@ class AuditState:
                 key=lambda d: -d["count"],
             ),
             "foreign_thread_syncs": self.foreign_syncs,
-            "run_ahead_fraction": run_ahead_fraction(leads),
+            "run_ahead_fraction": self.leads_ahead / self.lead_pairs if self.lead_pairs else 0.0,
             "launch_lead_ms_median": statistics.median(leads) * 1e3 if leads else None,
-            "measured_steps": len(leads),
+            "measured_steps": self.lead_pairs,
             "meter_us_per_step": self.meter_ns / steps / 1e3,
-            "phase_clock_us_per_step": self.phase_calls * self.phase_call_ns / steps / 1e3,
+            "phase_every": self.phase_every,
+            "timed_windows": self.timed_windows,
+            "phase_clock_us_per_step": self.clock_ns_per_step() / 1e3,
             "bookkeeping_us_per_step": self.bookkeeping_total_ns / steps / 1e3,
             "attribution": self.phase_totals.summary(),
         }
@@ -179,7 +220,9 @@ class AuditState:
             window = (w0 * 1e9, w1 * 1e9)  # the segments are perf_counter_ns
             idle = (finish * 1e9, begin * 1e9) if begin > finish else None
             row = phases.attribute(segments, window, idle)
-            row[phases.CLOCK] = (calls * self.phase_call_ns, 0.0)  # the clock's own cost, inside the phases
+            # Per-step averages (timed and passing calls; bookkeeping), not this window's own cost.
+            every = self.phase_every
+            row[phases.CLOCK] = (calls * (self.phase_call_ns + (every - 1) * self.phase_pass_ns) / every, 0.0)
             row[phases.BOOKKEEPING] = (book, 0.0)
             idle_ns = phases.overlap(*window, *idle) if idle else 0.0  # the part inside this step's window
             self.phase_totals.add(window[1] - window[0], idle_ns, row)
@@ -301,10 +344,9 @@ class RunAheadMeter:
         self.ref.record(stream)
         self.ref.synchronize()
         self.t_ref = time.perf_counter_ns() / 1e9
-        self.since_drain = 0
 
     def began(self, step: int) -> None:
-        """Step ``step``'s run_batch starts: where the GPU resumes after an idle gap."""
+        """Step ``step``'s run_batch starts (a timed window's): where the GPU resumes after an idle gap."""
         t0 = time.perf_counter_ns()
         if self.free:
             index = self.free.pop()
@@ -320,10 +362,7 @@ class RunAheadMeter:
             index = self.free.pop()
             self.ring[index].record(self.stream)
             self.pending.append((index, len(launches) - 1, False))
-        self.since_drain += 1
-        if self.since_drain >= DRAIN_EVERY or not self.free:
-            self.since_drain = 0
-            self._drain()
+        self._drain()
         self.state.meter_ns += time.perf_counter_ns() - t0
 
     def _drain(self) -> None:
@@ -387,30 +426,54 @@ class _Output:
 
 
 class Trace:
-    """Per-step records, written once each step's GPU finish is resolved."""
+    """Per-step records, formatted once each step's GPU finish is resolved and written in batches
+    to a file kept open (see the module docstring)."""
 
     def __init__(self, path: str | None):
         self.out = _Output(path)
         self.pending: collections.deque = collections.deque()  # (step, t_launch, decode, host_us, sites)
+        self.lines: list[str] = []
+        self.file = None
         self.out.write(TRACE_HEADER, append=False)
+        if self.on:
+            try:
+                self.file = open(self.out.path, "a")
+            except OSError as exc:
+                self._broke(exc)
+
+    @property
+    def on(self) -> bool:
+        return self.out.path is not None and not self.out.broken
+
+    def _broke(self, exc: OSError) -> None:
+        self.out.broken = True
+        self.pending.clear()
+        self.lines = []
+        logger.error("hostsync audit: cannot write %s (%s); this output is off from now on", self.out.path, exc)
 
     def add(self, step: int, t_launch: float, decode: bool, host_us: float, sites: list[str]) -> None:
-        if self.out.path is not None and not self.out.broken:
+        if self.on:
             self.pending.append((step, t_launch, decode, host_us, tuple(sites)))
 
-    def flush(self, gpu_finish: dict[int, float], upto: int, phase_rows: dict[int, tuple] | None = None) -> None:
-        lines = []
+    def flush(self, gpu_finish: dict[int, float], upto: int, phase_rows: dict[int, tuple] | None = None,
+              write: bool = True) -> None:
+        """Formats the steps <= ``upto``; writes the formatted lines out when ``write`` or when a batch is full."""
         rows = {} if phase_rows is None else phase_rows
         while self.pending and self.pending[0][0] <= upto:
             step, t_launch, decode, host_us, sites = self.pending.popleft()
             idle_ns, row = rows.pop(step, (math.nan, {}))
-            lines.append(format_trace_line(TraceStep(
+            self.lines.append(format_trace_line(TraceStep(
                 step, t_launch, gpu_finish.get(step, math.nan), decode, host_us, sites, idle_ns / 1e3,
                 {k: (h / 1e3, i / 1e3) for k, (h, i) in row.items()})))
         for step in [k for k in rows if k <= upto]:  # no trace line waits for them (trace off)
             del rows[step]
-        if lines:
-            self.out.write("".join(lines), append=True)
+        if self.lines and self.file is not None and (write or len(self.lines) >= TRACE_BATCH):
+            try:
+                self.file.write("".join(self.lines))
+                self.file.flush()
+            except OSError as exc:
+                self._broke(exc)
+            self.lines = []
 
 
 _audit: SyncAudit | None = None
@@ -435,15 +498,15 @@ def _log_summary(reason: str) -> None:
     state = _audit.state
     upto = _resolved_upto() if reason != "shutdown" else state.steps
     state.settle(upto)
-    summary = state.summary()
+    if _trace is not None:
+        _trace.flush(state.gpu_finish, upto, state.phase_rows)
+    summary = state.summary(upto)
     logger.info("hostsync audit (%s): %s", reason, json.dumps(summary))
     if summary["attribution"]["attributed_steps"]:
         logger.info("hostsync audit (%s): host time by phase, ranked by GPU-idle time\n%s", reason,
                     format_attribution(summary["attribution"]))
     if _json is not None:
         _json.write(json.dumps(summary, indent=2), append=False)
-    if _trace is not None:
-        _trace.flush(state.gpu_finish, upto, state.phase_rows)
 
 
 def format_attribution(attribution: dict) -> str:
@@ -468,13 +531,15 @@ def _arm(scheduler) -> None:
     _json = _Output(os.environ.get(ENV_JSON))
     _trace = Trace(os.environ.get(ENV_TRACE))
     _audit.arm()
-    clock = phases.arm(_audit.state.thread_id, phases.enabled(os.environ))
+    state = _audit.state
+    clock = phases.arm(state.thread_id, phases.enabled(os.environ))
     if clock is not None:
-        _audit.state.phase_call_ns = clock.call_ns
+        state.phase_call_ns, state.phase_pass_ns = clock.call_ns, clock.pass_ns
+        state.phase_every = phases.phase_every(os.environ)
     import torch
 
     if torch.cuda.is_available():
-        _meter = RunAheadMeter(_audit.state, scheduler.forward_stream)
+        _meter = RunAheadMeter(state, scheduler.forward_stream)
     atexit.register(_log_summary, "shutdown")
 
 
@@ -483,10 +548,10 @@ def run_batch_hook(original, scheduler, batch=None, *args, **kwargs):
     if _audit is None:
         _arm(scheduler)
     state = _audit.state
-    clock = phases.clock()
-    if _meter is not None:
-        _meter.began(state.steps)
+    clock = phases.clock()  # None unless this step's window is timed
     if clock is not None:
+        if _meter is not None:
+            _meter.began(state.steps)
         clock.enter(phases.RUN_BATCH)
     try:
         result = original(scheduler, batch, *args, **kwargs)
@@ -504,22 +569,28 @@ def run_batch_hook(original, scheduler, batch=None, *args, **kwargs):
         _meter.finished_launching()
     else:
         state.host_launch.append(time.perf_counter_ns() / 1e9)
-    _trace.add(step, state.host_launch[step], state.decode[step], host_us, state.step_sites)
+    launches = state.host_launch
+    _trace.add(step, launches[step], state.decode[step], host_us, state.step_sites)
     state.step_sites = []
     if clock is not None:
-        window = (state.host_launch[step - 1] if step else state.host_launch[step], state.host_launch[step])
+        window = (launches[step - 1] if step else launches[step], launches[step])
         state.pending_segments[step] = (window, clock.take(), clock.calls - state.phase_calls)
         state.phase_calls = clock.calls
-    if state.steps % DRAIN_EVERY == 0:
-        upto = _resolved_upto()
-        state.settle(upto)
-        _trace.flush(state.gpu_finish, upto, state.phase_rows)
+        state.timed_windows += 1
+        mark_step, mark_ns = state.book_mark
+        if step > mark_step:  # the audit's work per step since the last timed window (that ran in these)
+            state.bookkeeping_ns[step] = (state.bookkeeping_total_ns - mark_ns) / (step - mark_step)
+        state.book_mark = (step, state.bookkeeping_total_ns)
+    upto = _resolved_upto()
+    state.settle(upto)
+    _trace.flush(state.gpu_finish, upto, state.phase_rows,
+                 write=step > 0 and launches[step] - launches[step - 1] > IDLE_S)
+    state.collect_leads(upto)
     if state.steps % _every == 0:
         _log_summary(f"every {_every} steps")
-    book = time.perf_counter_ns() - t_book
-    state.bookkeeping_total_ns += book
-    if clock is not None:
-        state.bookkeeping_ns[step + 1] = book  # it ran in the next step's window, as "other"
+    if phases.armed() is not None:
+        phases.time_windows(state.steps % state.phase_every == 0)  # the next step's window
+    state.bookkeeping_total_ns += time.perf_counter_ns() - t_book
     return result
 
 
@@ -558,7 +629,9 @@ def check_outputs(env=None) -> None:
 def check_config(env=None) -> None:
     summary_every(env)
     check_outputs(env)
-    phases.enabled(os.environ if env is None else env)
+    env = os.environ if env is None else env
+    phases.enabled(env)
+    phases.phase_every(env)
 
 
 SLOT = Slot(

@@ -16,16 +16,20 @@ recorded on an idle stream executes at once, and one recorded behind work execut
 after it. Host segments of step k's window that overlap that interval are the host
 time on the critical path. Only decode->decode pairs are attributed, as for the leads.
 
-Cost: two ``perf_counter_ns`` calls and one list append per hooked call; the clock
-measures its per-call cost when armed and reports it per step as ``@clock``. The audit's
-own work after each ``run_batch`` (meter, trace, this attribution) is timed and reported
-per step as ``@audit`` (it lies inside ``other``). Not counted in either: the pass-through
-cost of the hook wrappers themselves (SGLang's, the installer's gate). Where the host sets
-the pace an audited arm is slower than the same slots without it (py-spy put 3-5% of an
-audited 1B-shaped scheduler's samples in the audit's code, ``benchmarks/results/
-2026-12-02-h200-e/``): compare host figures between audited arms only.
-``SGLANG_HOSTSYNC_AUDIT_PHASES=0`` turns the clock off (its hooks then only pass
-through).
+Sampling. The clock times one step window in ``SGLANG_HOSTSYNC_AUDIT_PHASE_EVERY``
+(default 8; 1 times every step); in the other windows its hooks only pass through. The
+table is over the timed windows, and the GPU-idle interval of a timed window is known
+because the meter records its begin event for timed windows only.
+
+Cost. A timed call costs two ``perf_counter_ns`` calls and one list append more than a
+passing one; both go through SGLang's AROUND wrapper and the installer's gate. At arm time
+the clock measures both through that same chain (``call_ns``, ``pass_ns``), and the audit
+reports their per-step average as ``@clock``; the audit's own work after each ``run_batch``
+(meter, trace, this attribution) is timed and reported per step as ``@audit`` (it lies inside
+``other``). Both are averages over every step, timed or not. Where the host sets the pace,
+an audited arm is slower than the same slots without it: compare host figures between
+audited arms only.
+``SGLANG_HOSTSYNC_AUDIT_PHASES=0`` turns the clock off (its hooks then only pass through).
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ from dataclasses import dataclass, field
 from ..slot import HookTarget, TargetKind
 
 ENV_PHASES = "SGLANG_HOSTSYNC_AUDIT_PHASES"
+ENV_PHASE_EVERY = "SGLANG_HOSTSYNC_AUDIT_PHASE_EVERY"
+DEFAULT_PHASE_EVERY = 8
 SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 EAGLE_COMMON = "sglang.srt.speculative.eagle_worker_common"
 EAGLE_UTILS = "sglang.srt.speculative.eagle_utils"
@@ -79,8 +85,8 @@ FINE_PHASES: tuple[tuple[str, str], ...] = (
 )
 RUN_BATCH = "run_batch"
 OTHER = "other"
-CLOCK = "@clock"  # the phase clock's own estimated cost (already inside the phases' time)
-BOOKKEEPING = "@audit"  # the audit's own per-step work after run_batch (inside ``other``), measured
+CLOCK = "@clock"  # the phase timers' estimated cost per step (their calls, timed or passing through)
+BOOKKEEPING = "@audit"  # the audit's own work after run_batch per step (inside ``other``), measured
 NAMES: tuple[str, ...] = (RUN_BATCH, *(name for name, _ in PHASES + FINE_PHASES))
 
 
@@ -191,7 +197,8 @@ class PhaseClock:
         self.segments: list[tuple[str, int, int]] = []
         self.started = 0
         self.calls = 0
-        self.call_ns = 0.0  # measured cost of one wrapped call
+        self.call_ns = 0.0  # measured cost of one timed call through the installed chain
+        self.pass_ns = 0.0  # and of one that passes through it untimed
 
     def enter(self, phase: str) -> None:
         now = self.now()
@@ -217,44 +224,93 @@ class PhaseClock:
         out, self.segments = self.segments, []
         return out
 
-    def calibrate(self, n: int = 2000) -> None:
-        """Per-call cost of a timed call's bookkeeping (``make_hook``'s), on this thread, now."""
+    def calibrate(self, n: int = 1000, repeats: int = 3) -> None:
+        """Per-call cost of a timed call (``call_ns``) and of a passing one (``pass_ns``) through
+        the chain a phase target is installed with, on this thread, now (best of ``repeats``)."""
         global _clock
         noop = lambda: None  # noqa: E731
-        hook = make_hook("calibrate")
-        t0 = time.perf_counter_ns()
-        for _ in range(n):
-            noop()
-        bare = time.perf_counter_ns() - t0
-        saved = self.segments, self.stack, self.calls, self.thread_id, _clock
-        self.segments, self.stack, self.thread_id, _clock = [], [], threading.get_ident(), self
-        try:
+        chained = installed_chain(make_hook("calibrate"), noop)
+
+        def loop(fn) -> int:
             t0 = time.perf_counter_ns()
             for _ in range(n):
-                hook(noop)
-            self.call_ns = max(0.0, (time.perf_counter_ns() - t0 - bare) / n)
+                fn()
+            return time.perf_counter_ns() - t0
+
+        saved = self.segments, self.stack, self.calls, self.thread_id, _clock
+        self.segments, self.stack, self.thread_id = [], [], threading.get_ident()
+        try:
+            bare, timed, passing = [], [], []
+            for _ in range(repeats):
+                bare.append(loop(noop))
+                _clock = self
+                timed.append(loop(chained))
+                self.segments = []
+                _clock = None
+                passing.append(loop(chained))
+            self.call_ns = max(0.0, (min(timed) - min(bare)) / n)
+            self.pass_ns = max(0.0, (min(passing) - min(bare)) / n)
         finally:
             self.segments, self.stack, self.calls, self.thread_id, _clock = saved
 
 
-_clock: PhaseClock | None = None
+def installed_chain(hook, fn):
+    """``fn`` behind ``hook`` as the installer puts a timing target in place: the slot's gate,
+    then SGLang's AROUND wrapper (the calibration times this, not the hook alone)."""
+    from ..installer import InstallState, compose_function
+
+    gated = compose_function(InstallState(active={"audit"}), [("audit", hook, True)])
+    try:
+        from sglang.srt.plugins.hook_registry import HookType, _wrap_fn
+    except ImportError:  # no SGLang (a unit test): the gate alone
+        return lambda *a, **k: gated(fn, *a, **k)
+    return _wrap_fn(fn, gated, HookType.AROUND)
+
+
+_armed: PhaseClock | None = None  # the audit's clock, timing or not
+_clock: PhaseClock | None = None  # the clock while it times a window (what the hooks read)
 
 
 def arm(thread_id: int | None = None, enabled: bool = True) -> PhaseClock | None:
-    global _clock
-    _clock = PhaseClock(thread_id) if enabled else None
-    if _clock is not None:
-        _clock.calibrate()
-    return _clock
+    """A calibrated clock for ``thread_id``, timing from now on (None when ``enabled`` is off)."""
+    global _armed, _clock
+    _armed = _clock = None
+    if enabled:
+        clock = PhaseClock(thread_id)
+        clock.calibrate()
+        _armed = _clock = clock
+    return _armed
 
 
 def disarm() -> None:
-    global _clock
-    _clock = None
+    global _armed, _clock
+    _armed = _clock = None
 
 
 def clock() -> PhaseClock | None:
+    """The clock while it times the current window, else None."""
     return _clock
+
+
+def armed() -> PhaseClock | None:
+    return _armed
+
+
+def time_windows(on: bool) -> None:
+    """Times the windows from now on (``on``) or lets the hooks pass through."""
+    global _clock
+    _clock = _armed if on else None
+
+
+def phase_every(env) -> int:
+    raw = env.get(ENV_PHASE_EVERY, str(DEFAULT_PHASE_EVERY))
+    try:
+        every = int(raw)
+    except ValueError:
+        every = 0
+    if every <= 0:
+        raise ValueError(f"{ENV_PHASE_EVERY}={raw!r}: use a positive number of steps (1 times every step)")
+    return every
 
 
 def make_hook(phase: str):
