@@ -47,6 +47,22 @@ def env_bool(name: str, default: bool, env: Mapping[str, str] | None = None) -> 
     )
 
 
+def env_count(name: str, default: int, env: Mapping[str, str] | None = None, *, minimum: int = 1,
+              hint: str = "use a positive number of steps") -> int:
+    """An integer setting of at least ``minimum``; anything else raises with ``hint``."""
+    env = os.environ if env is None else env
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise HostsyncConfigError(f"{name}={raw!r}: {hint}")
+    return value
+
+
 def plugin_enabled(env: Mapping[str, str] | None = None) -> bool:
     return env_bool(ENV_ENABLE, False, env)
 

@@ -133,3 +133,15 @@ def test_all_is_a_valid_selection_even_with_conflicting_slots():
     assert "metadata_glue_graph" in swapped and "flashinfer_verify_host_plan" not in swapped
     with pytest.raises(HostsyncConfigError, match="conflict"):
         parse_slot_spec("all,metadata_glue_graph", cat)
+
+
+def test_env_count_defaults_on_unset_or_empty_and_refuses_below_its_minimum():
+    from sglang_hostsync_plugin.config import HostsyncConfigError, env_count
+
+    assert env_count("N", 7, {}) == 7 and env_count("N", 7, {"N": " "}) == 7 and env_count("N", 7, {"N": "3"}) == 3
+    assert env_count("N", 0, {"N": "0"}, minimum=0) == 0
+    for bad in ("0", "-1", "x", "1.5"):
+        with pytest.raises(HostsyncConfigError, match="N='.*': use a positive number of steps"):
+            env_count("N", 7, {"N": bad})
+    with pytest.raises(HostsyncConfigError, match="replays"):
+        env_count("N", 0, {"N": "-1"}, minimum=0, hint="use 0 (off) or a positive number of glued replays")

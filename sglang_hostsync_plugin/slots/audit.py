@@ -595,15 +595,9 @@ def run_batch_hook(original, scheduler, batch=None, *args, **kwargs):
 
 
 def summary_every(env=None) -> int:
-    env = os.environ if env is None else env
-    raw = env.get(ENV_EVERY, "1000")
-    try:
-        every = int(raw)
-    except ValueError:
-        every = 0
-    if every <= 0:
-        raise ValueError(f"{ENV_EVERY}={raw!r}: use a positive number of steps")
-    return every
+    from ..config import env_count
+
+    return env_count(ENV_EVERY, 1000, env)
 
 
 def check_outputs(env=None) -> None:

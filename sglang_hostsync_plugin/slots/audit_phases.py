@@ -303,14 +303,10 @@ def time_windows(on: bool) -> None:
 
 
 def phase_every(env) -> int:
-    raw = env.get(ENV_PHASE_EVERY, str(DEFAULT_PHASE_EVERY))
-    try:
-        every = int(raw)
-    except ValueError:
-        every = 0
-    if every <= 0:
-        raise ValueError(f"{ENV_PHASE_EVERY}={raw!r}: use a positive number of steps (1 times every step)")
-    return every
+    from ..config import env_count
+
+    return env_count(ENV_PHASE_EVERY, DEFAULT_PHASE_EVERY, env,
+                     hint="use a positive number of steps (1 times every step)")
 
 
 def make_hook(phase: str):

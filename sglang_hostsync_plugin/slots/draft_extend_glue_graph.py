@@ -86,15 +86,9 @@ def pinned_sources() -> str | None:
 
 
 def check_every(env=None) -> int:
-    env = os.environ if env is None else env
-    raw = env.get(ENV_CHECK, "0").strip() or "0"
-    try:
-        every = int(raw)
-    except ValueError:
-        every = -1
-    if every < 0:
-        raise ValueError(f"{ENV_CHECK}={raw!r}: use 0 (off) or a positive number of glued replays")
-    return every
+    from ..config import env_count
+
+    return env_count(ENV_CHECK, 0, env, minimum=0, hint="use 0 (off) or a positive number of glued replays")
 
 
 class CheckTally:
