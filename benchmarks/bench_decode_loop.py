@@ -259,7 +259,7 @@ def run_arm(arm: str, bs: int, steps: int, cycles: int, warmup: int = 20, algori
                 previous = done
             if cuda:
                 torch.cuda.synchronize()
-                meter._drain()
+                meter.drain()
             wall = time.perf_counter() - t_start
             sync_audit.disarm()
     finally:
@@ -268,7 +268,7 @@ def run_arm(arm: str, bs: int, steps: int, cycles: int, warmup: int = 20, algori
         patcher.undo()
     summary = sync_audit.state.summary()
     state = sync_audit.state
-    leads = audit.launch_leads(state.gpu_finish, state.host_launch)
+    leads = list(state.leads)  # summary() collected every pair (and dropped the finish times it used)
     result = {
         "algorithm": algorithm, "arm": arm, "bs": bs, "device": device, "paths": list(paths),
         "host_us_per_step_median": statistics.median(host_us),

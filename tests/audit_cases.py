@@ -45,5 +45,9 @@ class StubMeter:
 
     def finished_launching(self) -> None:
         state = audit._audit.state
-        state.host_launch.append(time.perf_counter())
-        state.gpu_finish[len(state.host_launch) - 1] = state.host_launch[-1] + 1e-3
+        step = state.steps - 1
+        state.host_launch[step] = time.perf_counter()
+        state.gpu_finish[step] = state.host_launch[step] + 1e-3
+
+    def drain(self) -> None:  # its times are known at once
+        pass

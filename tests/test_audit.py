@@ -113,7 +113,7 @@ def test_meter_arithmetic_on_synthetic_timestamps():
     assert audit.run_ahead_fraction([]) == 0.0
     assert audit.launch_leads({0: 1.0, 4: 2.0}, host_launch) == pytest.approx([0.99])  # missing steps skipped
     assert audit.event_to_host(10.0, 250.0) == pytest.approx(10.25)
-    state = audit.AuditState(steps=5, host_launch=host_launch, gpu_finish=gpu_finish)
+    state = audit.AuditState(steps=5, host_launch=dict(enumerate(host_launch)), gpu_finish=gpu_finish)
     summary = state.summary()
     assert summary["run_ahead_fraction"] == 0.75 and summary["measured_steps"] == 4
     assert summary["launch_lead_ms_median"] == pytest.approx(3.5)
@@ -154,12 +154,14 @@ def test_leads_collected_in_pieces_match_the_whole_and_drop_used_finish_times():
     decode = [rng.random() > 0.1 for _ in range(n)]
     finish = {k: host_launch[k] + rng.uniform(-0.05, 0.1) for k in range(n) if rng.random() > 0.05}
     want = audit.launch_leads(finish, host_launch, decode)
-    state = audit.AuditState(steps=n, host_launch=host_launch, decode=decode, gpu_finish=dict(finish))
+    state = audit.AuditState(steps=n, host_launch=dict(enumerate(host_launch)), decode=dict(enumerate(decode)),
+                             gpu_finish=dict(finish))
     upto = 0
     while upto < n:
         upto += rng.randint(1, 30)
         state.collect_leads(upto)
-        assert len(state.gpu_finish) <= n - min(upto, n - 2) + 1  # only what a later pair still needs
+        kept = n - min(upto, n - 2) + 1  # only what a later pair still needs
+        assert len(state.gpu_finish) <= kept and len(state.host_launch) <= kept and len(state.decode) <= kept
     assert list(state.leads) == pytest.approx(want) and state.lead_pairs == len(want)
     summary = state.summary()
     assert summary["measured_steps"] == len(want)
@@ -168,7 +170,7 @@ def test_leads_collected_in_pieces_match_the_whole_and_drop_used_finish_times():
 
 def test_the_median_lead_is_over_the_most_recent_pairs(monkeypatch):
     monkeypatch.setattr(audit, "LEADS_KEPT", 10)
-    state = audit.AuditState(steps=31, host_launch=[float(k) for k in range(31)],
+    state = audit.AuditState(steps=31, host_launch={k: float(k) for k in range(31)},
                              gpu_finish={k: k + (0.5 if k >= 20 else 2.0) for k in range(30)})
     summary = state.summary()
     # 30 pairs counted; the first 20 lead by 1 s and the last 10 by -0.5 s: the median is the recent one.

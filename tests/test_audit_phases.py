@@ -59,8 +59,8 @@ def test_hooks_time_only_the_scheduler_thread_and_pass_everything_through():
 def state_with_steps(n, decode=None):
     s = audit.AuditState()
     s.steps = n
-    s.decode = list(decode or [True] * n)
-    s.host_launch = [10.0 * k for k in range(n)]  # launches every 10 s (synthetic units)
+    s.decode = dict(enumerate(decode or [True] * n))
+    s.host_launch = {k: 10.0 * k for k in range(n)}  # launches every 10 s (synthetic units)
     return s
 
 
@@ -102,6 +102,16 @@ def test_trace_round_trip_with_phases_and_v1_lines():
     v1 = "7\t2.000000\t2.100000\t1\t800.0\t\n"
     (old,) = audit.parse_trace(v1)
     assert old.step == 7 and old.phases == {} and math.isnan(old.gpu_idle_us)
+    # v2 (runs before 2026-12-03): seconds and µs as decimals, as committed under benchmarks/results/
+    v2 = "9\t262.850476\t262.852397\t1\t9139.1\t\t1750.0\tresult:862.3:862.3,other:252.2:98.6\n"
+    (old,) = audit.parse_trace(v2)
+    assert old.t_launch == 262.850476 and old.host_us == 9139.1 and old.phases["result"] == (862.3, 862.3)
+    # v3: integer ns, -1 where not measured
+    missing = audit.TraceStep(3, 1.25, math.nan, False, math.nan, (), math.nan, {})
+    line = audit.format_trace_line(missing)
+    assert line == "3\t1250000000\t-1\t0\t-1\t\t-1\t\n"
+    (back,) = audit.parse_trace(line)
+    assert back.t_launch == 1.25 and math.isnan(back.t_finish) and math.isnan(back.host_us)
 
 
 def test_e2e_pools_phases_per_cell_and_prints_the_table():
@@ -186,6 +196,63 @@ def test_the_audit_reports_its_own_work_per_step_at_each_timed_window(audit_env,
     assert sorted(rows) == [2, 4] and all(r["@audit"][0] > 0 for r in rows.values())
     assert 0 < 2 * rows[2]["@audit"][0] + 2 * rows[4]["@audit"][0] < total_before_last / 1e3 + 0.2
     assert state.summary()["bookkeeping_us_per_step"] == pytest.approx(state.bookkeeping_total_ns / 5 / 1e3)
+
+
+def test_the_attribution_reports_its_own_part_of_the_audits_work(audit_env, tmp_path):
+    from audit_cases import StubMeter, run_step
+
+    audit_env.setenv(ph.ENV_PHASE_EVERY, "2")
+    audit_env.setattr(audit, "PROCESS_EVERY", 1)
+    audit_env.setattr(audit, "_meter", StubMeter())
+    verify = ph.make_hook("verify")
+    for _ in range(9):
+        run_step(lambda: verify(lambda: None))
+    state = audit._audit.state
+    audit._log_summary("test")
+    rows = {s.step: s.phases for s in audit.parse_trace((tmp_path / "t.tsv").read_text()) if s.phases}
+    # Each timed window after the first pass carries the attribution's mean cost per step since
+    # the previous timed window: a part of the audit's own work, never more than it.
+    later = [r for step, r in rows.items() if step >= 4]
+    assert later and all(0 < r["@attribution"][0] <= r["@audit"][0] for r in later)
+    summary = state.summary()
+    assert 0 < summary["attribution_us_per_step"] < summary["bookkeeping_us_per_step"]
+
+
+def test_one_pass_every_process_every_steps_or_after_an_idle_scheduler(audit_env, tmp_path):
+    import time as _time
+
+    from audit_cases import StubMeter, run_step
+
+    audit_env.setattr(audit, "PROCESS_EVERY", 4)
+    audit_env.setattr(audit, "IDLE_S", 0.02)
+    audit_env.setattr(audit, "_meter", StubMeter())
+    for _ in range(3):
+        run_step(lambda: None)
+    state = audit._audit.state
+    assert state.lead_pairs == 0 and len(audit._trace.pending) == 3  # no pass yet
+    run_step(lambda: None)  # the 4th step: one pass over all four
+    assert state.lead_pairs == 3 and not audit._trace.pending
+    run_step(lambda: None)
+    run_step(lambda: _time.sleep(0.03))  # after an idle scheduler: a pass, and the lines are written
+    assert state.lead_pairs == 5
+    assert [s.step for s in audit.parse_trace((tmp_path / "t.tsv").read_text())] == list(range(6))
+
+
+def test_the_audits_per_step_state_stays_bounded_in_a_long_run(audit_env):
+    from audit_cases import StubMeter, run_step
+
+    audit_env.setenv(ph.ENV_PHASE_EVERY, "2")
+    audit_env.setattr(audit, "_meter", StubMeter())
+    verify = ph.make_hook("verify")
+    for _ in range(1000):
+        run_step(lambda: verify(lambda: None))
+    state = audit._audit.state
+    bound = audit.PROCESS_EVERY + 2
+    sizes = {name: len(getattr(state, name)) for name in
+             ("host_launch", "decode", "gpu_finish", "gpu_begin", "pending_segments", "phase_rows",
+              "bookkeeping_ns", "attribution_ns")}
+    assert max(sizes.values()) <= bound, sizes
+    assert state.lead_pairs >= 1000 - bound and state.summary()["attribution"]["attributed_steps"] >= 490
 
 
 def test_the_clock_times_one_window_in_n_and_passes_through_in_the_others(audit_env):

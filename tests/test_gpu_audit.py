@@ -72,7 +72,8 @@ def test_gpu_meter_run_ahead_and_stall(fresh_audit):
         if len(inflight) > 2:
             inflight.pop(0).synchronize()
     torch.cuda.synchronize()
-    run_step(lambda: None, sched)  # drains the completed events
+    run_step(lambda: None, sched)
+    audit._meter.drain()  # the pass every PROCESS_EVERY steps would; the summary reads what it mapped
     ahead = audit._audit.state.summary()
     audit._audit.disarm()
     audit._audit = None
@@ -80,6 +81,8 @@ def test_gpu_meter_run_ahead_and_stall(fresh_audit):
     for _ in range(300):  # each launch waits for the previous step (a sync stall): no run-ahead
         run_step(lambda: (torch.cuda.current_stream().synchronize(), torch.cuda._sleep(cycles)), sched)
     run_step(lambda: None, sched)
+    torch.cuda.synchronize()
+    audit._meter.drain()
     stalled = audit._audit.state.summary()
     print(f"run-ahead: fraction {ahead['run_ahead_fraction']:.3f}, lead median {ahead['launch_lead_ms_median']:.3f} ms, "
           f"meter {ahead['meter_us_per_step']:.2f} us/step over {ahead['measured_steps']} steps")

@@ -112,8 +112,9 @@ def test_audit_trace_through_the_run_batch_hook(tmp_path, monkeypatch):
         assert all(s.sites == () for s in steps) and steps[1].host_us >= 0
         # No meter without CUDA, so no lead: the trace still carries every launch time.
         assert all(s.t_launch > 0 for s in steps)
-        # The decode flags reach the summary: step 3 is no lead pair's end or start.
-        assert audit._audit.state.decode[3] is False
+        # The per-step state is pruned once written and collected: bounded in a long run.
+        state = audit._audit.state
+        assert len(state.decode) <= audit.PROCESS_EVERY + 2 and len(state.host_launch) <= audit.PROCESS_EVERY + 2
     finally:
         audit._audit.disarm()
 

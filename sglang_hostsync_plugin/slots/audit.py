@@ -31,10 +31,16 @@ is written there as JSON. With ``SGLANG_HOSTSYNC_AUDIT_TRACE=<path>``, one line 
 step is appended there (``TRACE_HEADER``; written in batches of ``TRACE_BATCH`` lines once
 each step's GPU finish is known, and at once after a step that followed an idle scheduler,
 so the lines of a finished load are on disk when the next request runs): the end-to-end benchmark cuts it into its measurement windows by
-host time (``time.perf_counter``, the same monotonic clock in every process).
+host time (``time.perf_counter_ns``, the same monotonic clock in every process).
 Host µs per step is the scheduler thread's CPU time between two step launches; a
 blocking sync that spins counts in it. Neither output ever raises into the serving
 loop: a write that fails is logged once and that output is switched off.
+
+Cost. Per step the hook takes the launch time, the thread's CPU time and the decode flag
+and records the meter's event; the rest (mapping completed events, the attribution, the
+trace lines, the leads) runs in one pass every ``PROCESS_EVERY`` steps and after an idle
+scheduler. Per-step state is dropped once its pair is collected and its line formatted, so
+memory stays bounded in a long-running server.
 
 Phase attribution (``audit_phases``): the host time of each step window by phase,
 and the part of it that ran while the GPU was idle, ranked in the summary and per
@@ -73,7 +79,9 @@ RUN_BATCH = "sglang.srt.managers.scheduler.Scheduler.run_batch"
 ENV_EVERY = "SGLANG_HOSTSYNC_AUDIT_EVERY"
 ENV_JSON = "SGLANG_HOSTSYNC_AUDIT_JSON"
 ENV_TRACE = "SGLANG_HOSTSYNC_AUDIT_TRACE"
-TRACE_HEADER = "#hostsync-audit-trace v2\tstep\tt_launch\tt_finish\tdecode\thost_us\tsites\tgpu_idle_us\tphases\n"
+# v3: integer ns on perf_counter_ns (-1: not measured); phases ``name:host_ns:idle_ns``. Integers
+# because formatting floats was most of the audit's per-step cost. v1/v2 lines (seconds, µs) still parse.
+TRACE_HEADER = "#hostsync-audit-trace v3\tstep\tt_launch_ns\tt_finish_ns\tdecode\thost_ns\tsites\tgpu_idle_ns\tphases\n"
 SYNC_MESSAGE = "called a synchronizing CUDA operation"
 
 # (path suffix, function, reason): syncs that are meant to be there.
@@ -88,6 +96,7 @@ ALLOWLIST = (
 EVENT_RING = 64  # timing events in flight; a step's is read back once complete
 LEADS_KEPT = 65536  # the median lead is over the most recent pairs
 TRACE_BATCH = 64  # trace lines per write
+PROCESS_EVERY = 16  # steps between the attribution / trace / lead passes (and after an idle scheduler)
 IDLE_S = 0.05  # a step window this long follows an idle scheduler: the trace is written out
 
 
@@ -129,8 +138,9 @@ class AuditState:
     steps: int = 0
     syncs: dict[str, SyncSite] = field(default_factory=dict)
     foreign_syncs: int = 0  # seen on other threads (not counted, not printed)
-    host_launch: list[float] = field(default_factory=list)  # by step
-    decode: list[bool] = field(default_factory=list)  # by step
+    # step -> host launch time (s) / is a decode step; both pruned once the step's pair is collected
+    host_launch: dict[int, float] = field(default_factory=dict)
+    decode: dict[int, bool] = field(default_factory=dict)
     step_sites: list[str] = field(default_factory=list)  # counted syncs since the last launch
     # step -> host-clock time; entries before the last resolved step are dropped once used
     gpu_finish: dict[int, float] = field(default_factory=dict)
@@ -153,7 +163,9 @@ class AuditState:
     # timed step -> the audit's own work per step, averaged over the steps since the previous timed one
     bookkeeping_ns: dict[int, float] = field(default_factory=dict)
     bookkeeping_total_ns: int = 0
-    book_mark: tuple[int, int] = (0, 0)  # (step, bookkeeping_total_ns) at the last timed window
+    attribution_ns: dict[int, float] = field(default_factory=dict)  # the same for its attribution part
+    attribution_total_ns: int = 0
+    book_mark: tuple[int, int, int] = (0, 0, 0)  # (step, bookkeeping_total_ns, attribution_total_ns) at the last timed window
 
     def counted(self) -> int:
         return sum(s.count for s in self.syncs.values() if not s.allowed)
@@ -162,18 +174,22 @@ class AuditState:
         return sum(s.count for s in self.syncs.values() if s.allowed)
 
     def collect_leads(self, upto: int) -> None:
-        """Leads of the steps <= ``upto`` not yet collected; their finish times are dropped after."""
-        last = min(upto, len(self.host_launch) - 2)
+        """Leads of the steps <= ``upto`` not yet collected; what no later pair or window needs is
+        dropped after (the audit's memory stays bounded in a long run)."""
+        last = min(upto, self.steps - 2)
+        launch, decode = self.host_launch, self.decode
         for n in range(self.lead_next, last + 1):
             finish = self.gpu_finish.get(n)
-            if finish is not None and (not self.decode or (self.decode[n] and self.decode[n + 1])):
-                lead = finish - self.host_launch[n + 1]
+            if finish is not None and (not decode or (decode[n] and decode[n + 1])):
+                lead = finish - launch[n + 1]
                 self.leads.append(lead)
                 self.lead_pairs += 1
                 self.leads_ahead += lead > 0
         for n in range(self.lead_next - 1, last):  # step ``last``'s finish is the next pair's
             self.gpu_finish.pop(n, None)
             self.gpu_begin.pop(n, None)
+            launch.pop(n, None)  # pending windows are all past ``last``: they read from decode[last] on
+            decode.pop(n, None)
         self.lead_next = max(self.lead_next, last + 1)
 
     def clock_ns_per_step(self) -> float:
@@ -206,16 +222,21 @@ class AuditState:
             "timed_windows": self.timed_windows,
             "phase_clock_us_per_step": self.clock_ns_per_step() / 1e3,
             "bookkeeping_us_per_step": self.bookkeeping_total_ns / steps / 1e3,
+            "attribution_us_per_step": self.attribution_total_ns / steps / 1e3,
             "attribution": self.phase_totals.summary(),
         }
 
     def settle(self, upto: int) -> None:
         """Attribute every pending step <= ``upto`` (decode pairs whose idle interval is known)."""
+        if not self.pending_segments:
+            return
+        t_start = time.perf_counter_ns()
         for step in [k for k in self.pending_segments if k <= upto]:
             (w0, w1), segments, calls = self.pending_segments.pop(step)
             book = self.bookkeeping_ns.pop(step, 0.0)
+            attribution = self.attribution_ns.pop(step, 0.0)
             finish, begin = self.gpu_finish.get(step - 1), self.gpu_begin.get(step)
-            if step < 1 or finish is None or begin is None or not (self.decode[step - 1] and self.decode[step]):
+            if finish is None or begin is None or not (self.decode.get(step - 1) and self.decode.get(step)):
                 continue
             window = (w0 * 1e9, w1 * 1e9)  # the segments are perf_counter_ns
             idle = (finish * 1e9, begin * 1e9) if begin > finish else None
@@ -224,9 +245,11 @@ class AuditState:
             every = self.phase_every
             row[phases.CLOCK] = (calls * (self.phase_call_ns + (every - 1) * self.phase_pass_ns) / every, 0.0)
             row[phases.BOOKKEEPING] = (book, 0.0)
+            row[phases.ATTRIBUTION] = (attribution, 0.0)
             idle_ns = phases.overlap(*window, *idle) if idle else 0.0  # the part inside this step's window
             self.phase_totals.add(window[1] - window[0], idle_ns, row)
             self.phase_rows[step] = (idle_ns, row)
+        self.attribution_total_ns += time.perf_counter_ns() - t_start
 
 
 def _allow_reason(filename: str, function: str, allowlist=ALLOWLIST) -> str:
@@ -355,23 +378,27 @@ class RunAheadMeter:
         self.state.meter_ns += time.perf_counter_ns() - t0
 
     def finished_launching(self) -> None:
+        """The step just counted (``state.steps - 1``) has all its work enqueued."""
         t0 = time.perf_counter_ns()
-        launches = self.state.host_launch
-        launches.append(t0 / 1e9)
+        step = self.state.steps - 1
+        self.state.host_launch[step] = t0 / 1e9
         if self.free:
             index = self.free.pop()
             self.ring[index].record(self.stream)
-            self.pending.append((index, len(launches) - 1, False))
-        self._drain()
+            self.pending.append((index, step, False))
         self.state.meter_ns += time.perf_counter_ns() - t0
 
-    def _drain(self) -> None:
-        while self.pending and self.ring[self.pending[0][0]].query():
-            index, step, is_begin = self.pending.popleft()
+    def drain(self) -> None:
+        """Maps every completed event, oldest first, onto the host clock (never waits)."""
+        t0 = time.perf_counter_ns()
+        pending, ring, ref = self.pending, self.ring, self.ref
+        while pending and ring[pending[0][0]].query():
+            index, step, is_begin = pending.popleft()
             # A step whose event was skipped (ring full) has no entry and no lead.
             times = self.state.gpu_begin if is_begin else self.state.gpu_finish
-            times[step] = event_to_host(self.t_ref, self.ref.elapsed_time(self.ring[index]))
+            times[step] = event_to_host(self.t_ref, ref.elapsed_time(ring[index]))
             self.free.append(index)
+        self.state.meter_ns += time.perf_counter_ns() - t0
 
 
 @dataclass(frozen=True)
@@ -386,14 +413,35 @@ class TraceStep:
     phases: dict = field(default_factory=dict)  # phase -> (host µs, of which GPU idle µs)
 
 
+MISSING = -1  # a v3 trace value that was not measured
+
+
+def trace_line(step: int, launch_ns: int, finish_ns: int, decode: bool, host_ns: int, sites,
+               idle_ns: float, phase_ns: dict | None) -> str:
+    """One v3 trace line (see ``TRACE_HEADER``); ``phase_ns``: phase -> (host ns, of which GPU idle ns)."""
+    site_cell = ";".join(s.replace(";", ",").replace("\t", " ") for s in sites) if sites else ""
+    phase_cell = ",".join(["%s:%d:%d" % (k, h, i) for k, (h, i) in phase_ns.items()]) if phase_ns else ""
+    return "%d\t%d\t%d\t%d\t%d\t%s\t%d\t%s\n" % (step, launch_ns, finish_ns, decode, host_ns, site_cell,
+                                                idle_ns, phase_cell)
+
+
+def _ns(value: float, scale: float) -> int:
+    return MISSING if math.isnan(value) else round(value * scale)
+
+
 def format_trace_line(t: TraceStep) -> str:
-    return (f"{t.step}\t{t.t_launch:.6f}\t{t.t_finish:.6f}\t{int(t.decode)}\t{t.host_us:.1f}\t"
-            + ";".join(s.replace(";", ",").replace("\t", " ") for s in t.sites)
-            + f"\t{t.gpu_idle_us:.1f}\t" + ",".join(f"{k}:{h:.1f}:{i:.1f}" for k, (h, i) in t.phases.items()) + "\n")
+    return trace_line(t.step, _ns(t.t_launch, 1e9), _ns(t.t_finish, 1e9), t.decode, _ns(t.host_us, 1e3), t.sites,
+                      _ns(t.gpu_idle_us, 1e3), {k: (round(h * 1e3), round(i * 1e3)) for k, (h, i) in t.phases.items()})
+
+
+def _from_ns(cell: str, scale: float) -> float:
+    value = int(cell)
+    return math.nan if value == MISSING else value / scale
 
 
 def parse_trace(text: str) -> list[TraceStep]:
-    """The steps of a trace file, in step order (a torn last line is dropped)."""
+    """The steps of a trace file, in step order (a torn last line is dropped). Reads v3 lines and
+    the v1/v2 lines of earlier runs (seconds and µs as decimals)."""
     steps = []
     for line in text.splitlines():
         if not line or line.startswith("#"):
@@ -401,9 +449,19 @@ def parse_trace(text: str) -> list[TraceStep]:
         cells = line.split("\t")
         if len(cells) not in (6, 8):  # v1 lines have no attribution
             continue
-        extra = (float(cells[6]), phases.parse_phases(cells[7])) if len(cells) == 8 else ()
-        steps.append(TraceStep(int(cells[0]), float(cells[1]), float(cells[2]), cells[3] == "1",
-                               float(cells[4]), tuple(x for x in cells[5].split(";") if x), *extra))
+        sites = tuple(x for x in cells[5].split(";") if x)
+        try:
+            if "." in cells[1]:  # v1 / v2
+                extra = (float(cells[6]), phases.parse_phases(cells[7])) if len(cells) == 8 else ()
+                steps.append(TraceStep(int(cells[0]), float(cells[1]), float(cells[2]), cells[3] == "1",
+                                       float(cells[4]), sites, *extra))
+            else:
+                cell = phases.parse_phases(cells[7])
+                steps.append(TraceStep(int(cells[0]), _from_ns(cells[1], 1e9), _from_ns(cells[2], 1e9),
+                                       cells[3] == "1", _from_ns(cells[4], 1e3), sites, _from_ns(cells[6], 1e3),
+                                       {k: (h / 1e3, i / 1e3) for k, (h, i) in cell.items()}))
+        except ValueError:  # torn
+            continue
     return sorted(steps, key=lambda t: t.step)
 
 
@@ -451,29 +509,37 @@ class Trace:
         self.lines = []
         logger.error("hostsync audit: cannot write %s (%s); this output is off from now on", self.out.path, exc)
 
-    def add(self, step: int, t_launch: float, decode: bool, host_us: float, sites: list[str]) -> None:
+    def add(self, step: int, t_launch: float, decode: bool, host_ns: int, sites: list[str]) -> None:
         if self.on:
-            self.pending.append((step, t_launch, decode, host_us, tuple(sites)))
+            self.pending.append((step, t_launch, decode, host_ns, sites))
 
     def flush(self, gpu_finish: dict[int, float], upto: int, phase_rows: dict[int, tuple] | None = None,
-              write: bool = True) -> None:
-        """Formats the steps <= ``upto``; writes the formatted lines out when ``write`` or when a batch is full."""
+              write: bool = True) -> int:
+        """Formats the steps <= ``upto``; writes the formatted lines out when ``write`` or when a batch is full.
+        Returns the ns spent formatting the lines that carry an attribution."""
         rows = {} if phase_rows is None else phase_rows
-        while self.pending and self.pending[0][0] <= upto:
-            step, t_launch, decode, host_us, sites = self.pending.popleft()
-            idle_ns, row = rows.pop(step, (math.nan, {}))
-            self.lines.append(format_trace_line(TraceStep(
-                step, t_launch, gpu_finish.get(step, math.nan), decode, host_us, sites, idle_ns / 1e3,
-                {k: (h / 1e3, i / 1e3) for k, (h, i) in row.items()})))
-        for step in [k for k in rows if k <= upto]:  # no trace line waits for them (trace off)
-            del rows[step]
-        if self.lines and self.file is not None and (write or len(self.lines) >= TRACE_BATCH):
+        pending, lines = self.pending, self.lines
+        attributed_ns = 0
+        while pending and pending[0][0] <= upto:
+            step, t_launch, decode, host_ns, sites = pending.popleft()
+            finish = gpu_finish.get(step)
+            idle_ns, row = rows.pop(step, (MISSING, None)) if rows else (MISSING, None)
+            t0 = time.perf_counter_ns() if row else 0
+            lines.append(trace_line(step, int(t_launch * 1e9), MISSING if finish is None else int(finish * 1e9),
+                                    decode, host_ns, sites, idle_ns, row))
+            if row:
+                attributed_ns += time.perf_counter_ns() - t0
+        if rows:
+            for step in [k for k in rows if k <= upto]:  # no trace line waits for them (trace off)
+                del rows[step]
+        if lines and self.file is not None and (write or len(lines) >= TRACE_BATCH):
             try:
-                self.file.write("".join(self.lines))
+                self.file.write("".join(lines))
                 self.file.flush()
             except OSError as exc:
                 self._broke(exc)
             self.lines = []
+        return attributed_ns
 
 
 _audit: SyncAudit | None = None
@@ -496,10 +562,12 @@ def _log_summary(reason: str) -> None:
     if _audit is None:
         return
     state = _audit.state
+    if _meter is not None:
+        _meter.drain()
     upto = _resolved_upto() if reason != "shutdown" else state.steps
     state.settle(upto)
     if _trace is not None:
-        _trace.flush(state.gpu_finish, upto, state.phase_rows)
+        state.attribution_total_ns += _trace.flush(state.gpu_finish, upto, state.phase_rows)
     summary = state.summary(upto)
     logger.info("hostsync audit (%s): %s", reason, json.dumps(summary))
     if summary["attribution"]["attributed_steps"]:
@@ -543,6 +611,18 @@ def _arm(scheduler) -> None:
     atexit.register(_log_summary, "shutdown")
 
 
+def _process(write: bool) -> None:
+    """Attributes, formats and collects what the meter has resolved since the last pass: in one
+    pass every ``PROCESS_EVERY`` steps, which costs the scheduler less than a little every step."""
+    state = _audit.state
+    if _meter is not None:
+        _meter.drain()
+    upto = _resolved_upto()
+    state.settle(upto)
+    state.attribution_total_ns += _trace.flush(state.gpu_finish, upto, state.phase_rows, write=write)
+    state.collect_leads(upto)
+
+
 def run_batch_hook(original, scheduler, batch=None, *args, **kwargs):
     global _last_thread_ns
     if _audit is None:
@@ -560,32 +640,33 @@ def run_batch_hook(original, scheduler, batch=None, *args, **kwargs):
             clock.exit()
     t_book = time.perf_counter_ns()
     now_thread = time.thread_time_ns()
-    host_us = math.nan if _last_thread_ns is None else (now_thread - _last_thread_ns) / 1e3
+    host_ns = MISSING if _last_thread_ns is None else now_thread - _last_thread_ns
     _last_thread_ns = now_thread
-    state.decode.append(_is_decode(batch))
     step = state.steps
+    decode = state.decode[step] = _is_decode(batch)
     state.steps += 1
     if _meter is not None:
         _meter.finished_launching()
     else:
-        state.host_launch.append(time.perf_counter_ns() / 1e9)
+        state.host_launch[step] = time.perf_counter_ns() / 1e9
     launches = state.host_launch
-    _trace.add(step, launches[step], state.decode[step], host_us, state.step_sites)
-    state.step_sites = []
+    sites = state.step_sites
+    if sites:
+        state.step_sites = []
+    _trace.add(step, launches[step], decode, host_ns, sites or ())
     if clock is not None:
         window = (launches[step - 1] if step else launches[step], launches[step])
         state.pending_segments[step] = (window, clock.take(), clock.calls - state.phase_calls)
         state.phase_calls = clock.calls
         state.timed_windows += 1
-        mark_step, mark_ns = state.book_mark
+        mark_step, mark_ns, mark_attr = state.book_mark
         if step > mark_step:  # the audit's work per step since the last timed window (that ran in these)
             state.bookkeeping_ns[step] = (state.bookkeeping_total_ns - mark_ns) / (step - mark_step)
-        state.book_mark = (step, state.bookkeeping_total_ns)
-    upto = _resolved_upto()
-    state.settle(upto)
-    _trace.flush(state.gpu_finish, upto, state.phase_rows,
-                 write=step > 0 and launches[step] - launches[step - 1] > IDLE_S)
-    state.collect_leads(upto)
+            state.attribution_ns[step] = (state.attribution_total_ns - mark_attr) / (step - mark_step)
+        state.book_mark = (step, state.bookkeeping_total_ns, state.attribution_total_ns)
+    idle = step > 0 and launches[step] - launches[step - 1] > IDLE_S
+    if idle or state.steps % PROCESS_EVERY == 0:
+        _process(write=idle)
     if state.steps % _every == 0:
         _log_summary(f"every {_every} steps")
     if phases.armed() is not None:

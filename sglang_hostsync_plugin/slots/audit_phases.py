@@ -26,8 +26,9 @@ passing one; both go through SGLang's AROUND wrapper and the installer's gate. A
 the clock measures both through that same chain (``call_ns``, ``pass_ns``), and the audit
 reports their per-step average as ``@clock``; the audit's own work after each ``run_batch``
 (meter, trace, this attribution) is timed and reported per step as ``@audit`` (it lies inside
-``other``). Both are averages over every step, timed or not. Where the host sets the pace,
-an audited arm is slower than the same slots without it: compare host figures between
+``other``), and the attribution's part of it (its arithmetic and its trace cells) as
+``@attribution``. All are averages over every step, timed or not. Where the host sets the
+pace, an audited arm is slower than the same slots without it: compare host figures between
 audited arms only.
 ``SGLANG_HOSTSYNC_AUDIT_PHASES=0`` turns the clock off (its hooks then only pass through).
 """
@@ -87,6 +88,7 @@ RUN_BATCH = "run_batch"
 OTHER = "other"
 CLOCK = "@clock"  # the phase timers' estimated cost per step (their calls, timed or passing through)
 BOOKKEEPING = "@audit"  # the audit's own work after run_batch per step (inside ``other``), measured
+ATTRIBUTION = "@attribution"  # of which the attribution (segments against the GPU-idle interval, its trace cells)
 NAMES: tuple[str, ...] = (RUN_BATCH, *(name for name, _ in PHASES + FINE_PHASES))
 
 
@@ -157,11 +159,6 @@ class PhaseTotals:
         n = max(self.steps, 1)
         return {"attributed_steps": self.steps, "window_us_per_step": self.window_ns / n / 1e3,
                 "gpu_idle_us_per_step": self.idle_ns / n / 1e3, "phases": self.table()}
-
-
-def format_phases(phases: dict[str, tuple[float, float]]) -> str:
-    """One trace cell: ``name:host_us:idle_us`` joined by commas (ns in, µs out)."""
-    return ",".join(f"{k}:{h / 1e3:.1f}:{i / 1e3:.1f}" for k, (h, i) in phases.items() if h > 0)
 
 
 def parse_phases(cell: str) -> dict[str, tuple[float, float]]:
