@@ -5,8 +5,8 @@ trace lines in the audit slot's own format (one "step" per 4 tokens).
 
 Behaviour switches for the tests come from the arm's slot list: a slot token
 ``perturb`` changes the logprob of the last output position, ``crash`` exits before
-ready, ``die`` exits while serving (on its 5th 16-token request: the first one, the two
-warm-ups, then inside the first timed round). Outputs depend only on the prompt, like greedy decoding."""
+ready, ``die`` exits while serving (on its 7th 16-token request: the first one, the four
+warm-ups of a ``--concurrency 1 2`` run, then inside the first timed round). Outputs depend only on the prompt, like greedy decoding."""
 
 import argparse
 import gzip
@@ -111,10 +111,24 @@ def main():
                 return self._send(404, {})
             req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             ids, n = req["input_ids"], req["sampling_params"]["max_new_tokens"]
+            with lock:  # when this server first serves two requests at once (the e2e's warm-up at c2)
+                state["inflight"] = state.get("inflight", 0) + 1
+                if state["inflight"] >= 2 and "pair_at" not in state:
+                    state["pair_at"] = time.perf_counter()
+                    print(f"fake server: 2 requests in flight at {state['pair_at']:.6f}", flush=True)
+            try:
+                return self._generate(req, ids, n)
+            finally:
+                with lock:
+                    state["inflight"] -= 1
+
+        def _generate(self, req, ids, n):
+            if n == 16:
+                time.sleep(0.02)  # long enough that a closed loop's requests overlap on a loaded host
             if n == 16 and "die" in tokens:
                 with lock:
                     state["served16"] += 1
-                    if state["served16"] == 5:
+                    if state["served16"] == 7:
                         print("fake server: dying while serving", flush=True)
                         os._exit(5)
             out = [(sum(ids) * 31 + 7 * k) % 50000 for k in range(n)]

@@ -5,6 +5,7 @@ run against fake servers (tests/fake_sglang_server.py)."""
 
 import argparse
 import json
+import re
 import math
 import os
 import struct
@@ -325,6 +326,12 @@ def test_whole_run_against_fake_servers(tmp_path, monkeypatch, capsys):
     assert [(r["concurrency"], r["round"]) for r in died_rows] == [(1, 0)] and died_rows[0]["errors"]
     rows = [r for r in result["rows"] if r["arm"] != "slots:die"]
     assert {(r["arm"], r["concurrency"]) for r in rows} == {(a, c) for a in ("stock", "audit", "plugin", "slots:default,perturb") for c in (1, 2)}
+    # Every server was warmed at c2 (two requests in flight) before the first measured round began.
+    first_row = min(r["t_start"] for r in result["rows"])
+    for arm in ("stock", "audit", "plugin", "slots:default,perturb"):
+        log = (out / servers[f"standalone-t4-p16/{arm}"]["log"]).read_text()
+        (at,) = re.findall(r"fake server: 2 requests in flight at ([0-9.]+)", log)
+        assert float(at) < first_row, arm
     first_round = [r["arm"] for r in rows if r["concurrency"] == 1 and r["round"] == 0]
     second_round = [r["arm"] for r in rows if r["concurrency"] == 1 and r["round"] == 1]
     assert second_round == first_round[::-1]  # ABBA

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from helpers import REPO
+from sglang_hostsync_plugin.slots.audit_phases import DEFAULT_PHASE_EVERY
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA and a real SGLang server")
 
@@ -83,11 +84,22 @@ def test_a_wrong_slot_breaks_identity(e2e):
     assert not any(v["identical"] for v in perturbed.values()), perturbed
 
 
+def _has_tail_slot(arm: str) -> bool:
+    """An arm whose selection includes ``eagle_fixed_shape_tail`` (the slot that takes the sync away)."""
+    if arm == "plugin":
+        return True
+    if not arm.startswith("slots:"):
+        return False
+    tokens = arm[len("slots:"):].split(",")
+    return "-eagle_fixed_shape_tail" not in tokens and bool({"default", "all", "eagle_fixed_shape_tail"} & set(tokens))
+
+
 def test_plugin_has_no_sync_per_step_in_topk4_page16(e2e):
-    cells = {(c["config"], c["concurrency"], c["arm"]): c for c in e2e["cells"]}
-    plugin = [c for (cfg, _, arm), c in cells.items() if cfg == CONFIG and arm == "plugin"]
-    stock_code = [c for (cfg, _, arm), c in cells.items() if cfg == CONFIG and arm == "audit"]
-    assert plugin, "no plugin cell for " + CONFIG
+    audited = [c for c in e2e["cells"] if c["config"] == CONFIG and c["audit"]]
+    plugin = [c for c in audited if _has_tail_slot(c["arm"])]
+    stock_code = [c for c in audited if c["arm"] == "audit"]
+    if not plugin:
+        pytest.skip(f"this e2e run has no audited arm with eagle_fixed_shape_tail at {CONFIG}")
     for c in plugin:
         assert c["audit"]["steps"] > 100 and c["audit"]["syncs_per_step"] == 0, c["audit"]
     # The same audit in the stock-code arm sees SGLang's tail-copy syncs.
@@ -100,7 +112,8 @@ def test_audited_cells_attribute_host_time_by_phase(e2e):
     assert audited, "no audited STANDALONE cell"
     for c in audited:
         att = c["audit"]["attribution"]
-        assert att["attributed_steps"] > 50, (c["arm"], att)
+        # One window in SGLANG_HOSTSYNC_AUDIT_PHASE_EVERY (default 8) is timed; decode pairs only.
+        assert att["attributed_steps"] >= max(20, c["audit"]["steps"] / (2 * DEFAULT_PHASE_EVERY)), (c["arm"], att)
         names = {r["phase"] for r in att["phases"]}
         assert {"run_batch", "verify", "draft", "schedule", "result", "other", "@clock"} <= names, names
         covered = sum(r["host_us_per_step"] for r in att["phases"] if not r["phase"].startswith("@"))

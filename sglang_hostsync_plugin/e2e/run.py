@@ -2,7 +2,7 @@
 
 For each configuration, every arm's ``sglang.launch_server`` starts at once on the
 one GPU (own port, own ``--mem-fraction-static``); then the client drives them one
-at a time, so only one server is busy: a warm-up, a greedy identity pass (token
+at a time, so only one server is busy: a warm-up at each concurrency, a greedy identity pass (token
 ids and top-k logprobs, against stock), then for each concurrency ``--rounds``
 rounds with the arm order reversed every other round (ABBA). Audited arms write the
 audit slot's per-step trace; each measurement window is cut from it by host time.
@@ -237,7 +237,10 @@ def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, res
         identity_prompts = prompt_pool[: args.identity_prompts]
         outputs = {}
         for name, srv in list(live.items()):
-            client.run_load(srv.base, prompt_pool[1:3], 1, args.max_new_tokens)  # warm-up
+            # Warm-up at every measured concurrency: a batch size's first-use costs (Triton JIT, shared
+            # through the on-disk cache by whichever server comes first) must not land in a round.
+            for conc in args.concurrency:
+                client.run_load(srv.base, prompt_pool[1:1 + max(2, conc)], conc, args.max_new_tokens)
             try:
                 outputs[name] = _identity_outputs(srv, identity_prompts, args)
             except client.ClientError as exc:
