@@ -251,6 +251,7 @@ def run_arm(arm: str, bs: int, steps: int, cycles: int, warmup: int = 20, algori
                     sync_audit.state.steps += 1
                     if meter is not None:
                         meter.finished_launching()
+                        meter.drain()  # the audit's pass does this every PROCESS_EVERY steps; the ring holds 64
                 if previous is not None:  # result processing of the step before
                     wait_for_results(previous)
                 for _, process in paths.values():

@@ -74,7 +74,7 @@ def test_settle_attributes_decode_pairs_with_a_known_idle_interval():
         w = (s.host_launch[k - 1], s.host_launch[k])
         s.pending_segments[k] = (w, [("schedule", ns(w[0] + 1), ns(w[0] + 6))], 3)  # 3 wrapped calls
     s.phase_call_ns, s.phase_pass_ns, s.phase_every = 500.0, 100.0, 4
-    s.bookkeeping_ns = {1: 700.0}  # the audit's own work per step, measured at step 1
+    s.own_cost_ns = {1: (700.0, 90.0)}  # the audit's own work per step (of which attribution), at step 1
     s.settle(3)
     assert not s.pending_segments
     # step 1: idle 2..5 (3 s), schedule 1..6 overlaps 3; step 2: begin 12 < finish 15: no idle;
@@ -86,6 +86,7 @@ def test_settle_attributes_decode_pairs_with_a_known_idle_interval():
     # 3 calls per timed window of 500 ns, and 3 passing calls of 100 ns in each of 3 untimed steps
     assert row1["@clock"] == (pytest.approx((3 * 500 + 3 * 3 * 100) / 4), 0.0)
     assert row1["@audit"] == (700.0, 0.0) and s.phase_rows[2][1]["@audit"] == (0.0, 0.0)
+    assert row1["@attribution"] == (90.0, 0.0) and s.phase_rows[2][1]["@attribution"] == (0.0, 0.0)
     assert s.phase_rows[2][0] == 0.0 and s.phase_rows[2][1]["schedule"][1] == 0.0
     summary = s.summary()["attribution"]
     assert summary["attributed_steps"] == 2
@@ -250,7 +251,7 @@ def test_the_audits_per_step_state_stays_bounded_in_a_long_run(audit_env):
     bound = audit.PROCESS_EVERY + 2
     sizes = {name: len(getattr(state, name)) for name in
              ("host_launch", "decode", "gpu_finish", "gpu_begin", "pending_segments", "phase_rows",
-              "bookkeeping_ns", "attribution_ns")}
+              "own_cost_ns")}
     assert max(sizes.values()) <= bound, sizes
     assert state.lead_pairs >= 1000 - bound and state.summary()["attribution"]["attributed_steps"] >= 490
 

@@ -84,22 +84,18 @@ def test_a_wrong_slot_breaks_identity(e2e):
     assert not any(v["identical"] for v in perturbed.values()), perturbed
 
 
-def _has_tail_slot(arm: str) -> bool:
-    """An arm whose selection includes ``eagle_fixed_shape_tail`` (the slot that takes the sync away)."""
-    if arm == "plugin":
-        return True
-    if not arm.startswith("slots:"):
-        return False
-    tokens = arm[len("slots:"):].split(",")
-    return "-eagle_fixed_shape_tail" not in tokens and bool({"default", "all", "eagle_fixed_shape_tail"} & set(tokens))
+def _applied(e2e, config: str, arm: str, slot: str) -> bool:
+    """``slot`` is applied in that server, as its own startup status block says."""
+    block = e2e["servers"].get(f"{config}/{arm}", {}).get("status_block") or []
+    return any(line.split()[:2] == [slot, "applied"] for line in block[1:])
 
 
 def test_plugin_has_no_sync_per_step_in_topk4_page16(e2e):
     audited = [c for c in e2e["cells"] if c["config"] == CONFIG and c["audit"]]
-    plugin = [c for c in audited if _has_tail_slot(c["arm"])]
+    plugin = [c for c in audited if _applied(e2e, CONFIG, c["arm"], "eagle_fixed_shape_tail")]
     stock_code = [c for c in audited if c["arm"] == "audit"]
     if not plugin:
-        pytest.skip(f"this e2e run has no audited arm with eagle_fixed_shape_tail at {CONFIG}")
+        pytest.skip(f"this e2e run has no audited arm with eagle_fixed_shape_tail applied at {CONFIG}")
     for c in plugin:
         assert c["audit"]["steps"] > 100 and c["audit"]["syncs_per_step"] == 0, c["audit"]
     # The same audit in the stock-code arm sees SGLang's tail-copy syncs.

@@ -160,10 +160,10 @@ class AuditState:
     phase_call_ns: float = 0.0
     phase_pass_ns: float = 0.0
     phase_every: int = 1
-    # timed step -> the audit's own work per step, averaged over the steps since the previous timed one
-    bookkeeping_ns: dict[int, float] = field(default_factory=dict)
+    # timed step -> (the audit's own work, of which the attribution) per step, averaged over the
+    # steps since the previous timed one
+    own_cost_ns: dict[int, tuple[float, float]] = field(default_factory=dict)
     bookkeeping_total_ns: int = 0
-    attribution_ns: dict[int, float] = field(default_factory=dict)  # the same for its attribution part
     attribution_total_ns: int = 0
     book_mark: tuple[int, int, int] = (0, 0, 0)  # (step, bookkeeping_total_ns, attribution_total_ns) at the last timed window
 
@@ -233,8 +233,7 @@ class AuditState:
         t_start = time.perf_counter_ns()
         for step in [k for k in self.pending_segments if k <= upto]:
             (w0, w1), segments, calls = self.pending_segments.pop(step)
-            book = self.bookkeeping_ns.pop(step, 0.0)
-            attribution = self.attribution_ns.pop(step, 0.0)
+            book, attribution = self.own_cost_ns.pop(step, (0.0, 0.0))
             finish, begin = self.gpu_finish.get(step - 1), self.gpu_begin.get(step)
             if finish is None or begin is None or not (self.decode.get(step - 1) and self.decode.get(step)):
                 continue
@@ -661,8 +660,9 @@ def run_batch_hook(original, scheduler, batch=None, *args, **kwargs):
         state.timed_windows += 1
         mark_step, mark_ns, mark_attr = state.book_mark
         if step > mark_step:  # the audit's work per step since the last timed window (that ran in these)
-            state.bookkeeping_ns[step] = (state.bookkeeping_total_ns - mark_ns) / (step - mark_step)
-            state.attribution_ns[step] = (state.attribution_total_ns - mark_attr) / (step - mark_step)
+            n = step - mark_step
+            state.own_cost_ns[step] = ((state.bookkeeping_total_ns - mark_ns) / n,
+                                       (state.attribution_total_ns - mark_attr) / n)
         state.book_mark = (step, state.bookkeeping_total_ns, state.attribution_total_ns)
     idle = step > 0 and launches[step] - launches[step - 1] > IDLE_S
     if idle or state.steps % PROCESS_EVERY == 0:
