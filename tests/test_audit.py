@@ -190,3 +190,31 @@ def test_the_trace_is_written_in_batches_and_after_an_idle_scheduler(fresh_audit
     assert audit.parse_trace(path.read_text()) == []  # a batch is not full yet
     run_step(lambda: _time.sleep(0.03))  # a window longer than IDLE_S: the scheduler had idled
     assert [s.step for s in audit.parse_trace(path.read_text())] == [0, 1, 2]
+
+
+def test_a_failure_in_the_audits_own_code_never_reaches_serving(fresh_audit, monkeypatch, caplog):
+    """The audit's bookkeeping runs inside SGLang's run_batch: an error there is logged once, the
+    audit switches itself off (warning hooks restored), and every step still returns its result."""
+    import logging
+    import warnings
+
+    monkeypatch.setattr(audit, "_broken", False)
+    before = warnings.showwarning
+
+    def broken_settle(self, upto):
+        raise KeyError("a bookkeeping bug")
+
+    monkeypatch.setattr(audit.AuditState, "settle", broken_settle)
+    with caplog.at_level(logging.ERROR, logger="sglang.srt.plugins.hostsync"):
+        results = [run_step(lambda k=k: k) for k in range(3 * audit.PROCESS_EVERY)]
+    assert results == list(range(3 * audit.PROCESS_EVERY))
+    assert audit._broken and not audit._audit.armed and warnings.showwarning is before
+    assert caplog.text.count("the audit is off in this process") == 1
+    assert audit._audit.state.steps == audit.PROCESS_EVERY  # nothing counted after the failure
+
+
+def test_a_failure_while_arming_passes_the_step_through(fresh_audit, monkeypatch, caplog):
+    monkeypatch.setattr(audit, "_broken", False)
+    monkeypatch.setattr(audit, "summary_every", lambda env=None: 1 / 0)
+    assert run_step(lambda: "tokens") == "tokens" and run_step(lambda: "more") == "more"
+    assert audit._broken and "the audit is off in this process" in caplog.text

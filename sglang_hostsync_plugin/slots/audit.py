@@ -34,7 +34,8 @@ so the lines of a finished load are on disk when the next request runs): the end
 host time (``time.perf_counter_ns``, the same monotonic clock in every process).
 Host µs per step is the scheduler thread's CPU time between two step launches; a
 blocking sync that spins counts in it. Neither output ever raises into the serving
-loop: a write that fails is logged once and that output is switched off.
+loop: a write that fails is logged once and that output is switched off. Nor does the
+audit's own code: an error in it is logged once and the audit switches itself off.
 
 Cost. Per step the hook takes the launch time, the thread's CPU time and the decode flag
 and records the meter's event; the rest (mapping completed events, the attribution, the
@@ -547,6 +548,7 @@ _trace: Trace | None = None
 _json: _Output | None = None
 _every = 1000
 _last_thread_ns: int | None = None
+_broken = False  # the audit's own code failed once: its hooks only pass through
 
 
 def _resolved_upto() -> int:
@@ -558,7 +560,7 @@ def _resolved_upto() -> int:
 
 
 def _log_summary(reason: str) -> None:
-    if _audit is None:
+    if _audit is None or _broken:
         return
     state = _audit.state
     if _meter is not None:
@@ -623,20 +625,49 @@ def _process(write: bool) -> None:
 
 
 def run_batch_hook(original, scheduler, batch=None, *args, **kwargs):
-    global _last_thread_ns
-    if _audit is None:
-        _arm(scheduler)
-    state = _audit.state
-    clock = phases.clock()  # None unless this step's window is timed
-    if clock is not None:
-        if _meter is not None:
-            _meter.began(state.steps)
-        clock.enter(phases.RUN_BATCH)
+    if _broken:
+        return original(scheduler, batch, *args, **kwargs)
+    clock = None
+    try:
+        if _audit is None:
+            _arm(scheduler)
+        clock = phases.clock()  # None unless this step's window is timed
+        if clock is not None:
+            if _meter is not None:
+                _meter.began(_audit.state.steps)
+            clock.enter(phases.RUN_BATCH)
+    except Exception:
+        _break()
+        return original(scheduler, batch, *args, **kwargs)
     try:
         result = original(scheduler, batch, *args, **kwargs)
     finally:
         if clock is not None:
             clock.exit()
+    try:
+        _account(batch, clock)
+    except Exception:
+        _break()
+    return result
+
+
+def _break() -> None:
+    """A failure of the audit's own code: logged once, the audit switched off, serving goes on."""
+    global _broken
+    _broken = True
+    logger.exception("hostsync audit: its own bookkeeping failed; the audit is off in this process from now on")
+    phases.disarm()
+    if _audit is not None:
+        try:
+            _audit.disarm()
+        except Exception:  # noqa: BLE001  (restoring the warning hooks must not raise into serving either)
+            pass
+
+
+def _account(batch, clock) -> None:
+    """The audit's work after a step's ``run_batch`` returned (``@audit``)."""
+    global _last_thread_ns
+    state = _audit.state
     t_book = time.perf_counter_ns()
     now_thread = time.thread_time_ns()
     host_ns = MISSING if _last_thread_ns is None else now_thread - _last_thread_ns
@@ -672,7 +703,6 @@ def run_batch_hook(original, scheduler, batch=None, *args, **kwargs):
     if phases.armed() is not None:
         phases.time_windows(state.steps % state.phase_every == 0)  # the next step's window
     state.bookkeeping_total_ns += time.perf_counter_ns() - t_book
-    return result
 
 
 def summary_every(env=None) -> int:
