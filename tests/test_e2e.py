@@ -205,12 +205,16 @@ def test_audit_figures_count_decode_pairs_only():
     ramp = fig["ramp"]
     assert [(b["misses"], b["pairs"]) for b in ramp["buckets"]] == [(0, 2), (1, 2), (0, 0), (0, 0)]
     assert ramp["run_ahead_after_ramp"] is None
+    # Bucket 1 holds pairs 0->1 (+2 ms) and 5->6 (+1 ms); 2-3 holds 1->2 (+2) and 2->3 (-1).
+    assert [b["lead_ms_median"] for b in ramp["buckets"]] == [pytest.approx(1.5), pytest.approx(0.5), None, None]
+    # The prefill (step 4) finished at 0.110, step 5 launched at 0.110: the host starts level.
+    assert ramp["starts"] == 1 and ramp["start_lead_ms_median"] == pytest.approx(0.0)
 
 
 def test_ramp_table_separates_the_catch_up_after_a_prefill_from_steady_state():
     # One prefill, then 14 decode steps: the first 3 pairs miss (the host starts behind), then one
     # late miss at step 13 after the ramp.
-    steps = [step(0, 0.0, 0.005, decode=False)]
+    steps = [step(0, 0.0, 0.006, decode=False)]
     for k in range(1, 15):
         lead = -1e-3 if k <= 3 or k == 13 else 2e-3
         steps.append(step(k, k * 0.01, (k + 1) * 0.01 + lead))
@@ -218,10 +222,17 @@ def test_ramp_table_separates_the_catch_up_after_a_prefill_from_steady_state():
     assert fig["lead_pairs"] == 13 and fig["run_ahead_fraction"] == pytest.approx(9 / 13)
     assert [(b["misses"], b["pairs"]) for b in fig["ramp"]["buckets"]] == [(1, 1), (2, 2), (0, 7), (1, 3)]
     assert fig["ramp"]["run_ahead_after_ramp"] == pytest.approx(2 / 3)
+    # The prefill finished 4 ms before the first decode step's launch (0.006 vs 0.010).
+    assert fig["ramp"]["start_lead_ms_median"] == pytest.approx(-4.0)
     rows = [{"config": "c", "concurrency": 1, "arm": "plugin", "audit": stats.pool_audit([steps])}]
     lines = stats.ramp_lines(rows)
-    assert "| config | conc | arm | 1 | 2-3 | 4-10 | 11+ | run-ahead after 10 steps |" in lines
-    assert "| c | 1 | plugin | 1/1 | 2/2 | 0/7 | 1/3 | 0.667 |" in lines
+    assert "| config | conc | arm | start lead ms | 1 | 2-3 | 4-10 | 11+ | run-ahead after 10 steps |" in lines
+    assert "| c | 1 | plugin | -4.0 | 1/1 (-1.0) | 2/2 (-1.0) | 0/7 (+2.0) | 1/3 (+2.0) | 0.667 |" in lines
+    # A cell from an e2e.json written before the leads were kept (--merge) still renders.
+    old = {"buckets": [{"from": lo, "to": hi, "pairs": 1, "misses": 0} for lo, hi in stats.RAMP_BUCKETS],
+           "run_ahead_after_ramp": 1.0}
+    lines = stats.ramp_lines([{"config": "c", "concurrency": 1, "arm": "old", "audit": {"ramp": old}}])
+    assert "| c | 1 | old | - | 0/1 (-) | 0/1 (-) | 0/1 (-) | 0/1 (-) | 1.000 |" in lines
     assert stats.ramp_lines([{"config": "c", "concurrency": 1, "arm": "stock", "audit": None}]) == []
 
 

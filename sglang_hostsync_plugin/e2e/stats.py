@@ -48,14 +48,18 @@ def steps_since_prefill(steps: Iterable[TraceStep]) -> dict[int, int]:
     return since
 
 
-def ramp_table(lead_since: Sequence[tuple[int, float]]) -> dict:
-    """Misses and decode pairs per RAMP_BUCKETS entry, and the run-ahead after RAMP steps."""
+def ramp_table(lead_since: Sequence[tuple[int, float]], start_leads: Sequence[float] = ()) -> dict:
+    """Misses, decode pairs and median lead per RAMP_BUCKETS entry, the run-ahead after RAMP steps, and
+    the median start lead (a prefill's GPU finish minus the first decode step's launch: how far behind
+    the host starts; each later pair gains the GPU step minus the host's)."""
     buckets = []
     for lo, hi in RAMP_BUCKETS:
         inside = [lead for since, lead in lead_since if since >= lo and (hi is None or since <= hi)]
-        buckets.append({"from": lo, "to": hi, "pairs": len(inside), "misses": sum(lead <= 0 for lead in inside)})
+        buckets.append({"from": lo, "to": hi, "pairs": len(inside), "misses": sum(lead <= 0 for lead in inside),
+                        "lead_ms_median": median(inside)})
     after = [lead for since, lead in lead_since if since > RAMP]
-    return {"buckets": buckets, "run_ahead_after_ramp": run_ahead_fraction(after) if after else None}
+    return {"buckets": buckets, "run_ahead_after_ramp": run_ahead_fraction(after) if after else None,
+            "start_lead_ms_median": median(start_leads), "starts": len(start_leads)}
 
 
 def audit_figures(steps: list[TraceStep]) -> dict:
@@ -68,6 +72,11 @@ def audit_figures(steps: list[TraceStep]) -> dict:
         if s.decode and s.step + 1 in by_step and by_step[s.step + 1].decode and not math.isnan(s.t_finish)
     ]
     leads = [lead for _, lead in lead_since]
+    start_leads = [
+        (s.t_finish - by_step[s.step + 1].t_launch) * 1e3
+        for s in steps
+        if not s.decode and s.step + 1 in by_step and by_step[s.step + 1].decode and not math.isnan(s.t_finish)
+    ]
     sites = collections.Counter(site for s in steps for site in s.sites)
     n = len(steps)
     return {
@@ -81,7 +90,8 @@ def audit_figures(steps: list[TraceStep]) -> dict:
         "host_us_per_step_median": median([s.host_us for s in steps if s.decode]),
         "leads_ms": leads,
         "lead_since": lead_since,
-        "ramp": ramp_table(lead_since),
+        "start_leads_ms": start_leads,
+        "ramp": ramp_table(lead_since, start_leads),
     }
 
 
@@ -104,7 +114,8 @@ def pool_audit(windows: list[list[TraceStep]]) -> dict:
         "lead_pairs": len(leads),
         "host_us_per_step_median": median([s.host_us for w in windows for s in w if s.decode]),
         "attribution": pool_phases([s for w in windows for s in w]),
-        "ramp": ramp_table([p for f in figures for p in f["lead_since"]]),
+        "ramp": ramp_table([p for f in figures for p in f["lead_since"]],
+                           [v for f in figures for v in f["start_leads_ms"]]),
     }
 
 
@@ -216,13 +227,16 @@ def ramp_lines(cell_rows: list[dict]) -> list[str]:
     if not audited:
         return []
     heads = [f"{lo}" if hi == lo else (f"{lo}-{hi}" if hi else f"{lo}+") for lo, hi in RAMP_BUCKETS]
-    lines = ["", "Run-ahead misses by decode steps after a prefill (misses / decode pairs):", "",
-             "| config | conc | arm | " + " | ".join(heads) + f" | run-ahead after {RAMP} steps |",
-             "| --- | --- | --- | " + " | ".join("---" for _ in heads) + " | --- |"]
+    lines = ["", "Run-ahead misses by decode steps after a prefill (misses / decode pairs, median lead ms); start "
+                 "lead: the prefill's GPU finish minus the first decode step's launch:", "",
+             "| config | conc | arm | start lead ms | " + " | ".join(heads) + f" | run-ahead after {RAMP} steps |",
+             "| --- | --- | --- | --- | " + " | ".join("---" for _ in heads) + " | --- |"]
     for c in sorted(audited, key=lambda c: (c["config"], c["concurrency"], c["arm"])):
-        ramp = c["audit"]["ramp"]
-        cells_ = " | ".join(f"{b['misses']}/{b['pairs']}" for b in ramp["buckets"])
-        lines.append(f"| {c['config']} | {c['concurrency']} | {c['arm']} | {cells_} | "
+        ramp = c["audit"]["ramp"]  # .get: an e2e.json from before these fields (--merge)
+        cells_ = " | ".join(f"{b['misses']}/{b['pairs']} ({fmt(b.get('lead_ms_median'), '+.1f')})"
+                            for b in ramp["buckets"])
+        lines.append(f"| {c['config']} | {c['concurrency']} | {c['arm']} | "
+                     f"{fmt(ramp.get('start_lead_ms_median'), '+.1f')} | {cells_} | "
                      f"{fmt(ramp['run_ahead_after_ramp'], '.3f')} |")
     return lines
 
