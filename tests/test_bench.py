@@ -161,3 +161,29 @@ def test_pyspy_report_keeps_the_timed_windows_and_splits_waits_from_work(tmp_pat
     # host work = (130 run_batch) / 200 = 65% -> 5200 µs per step.
     assert "| cfg/slots:x | 200 (2) | 8000 | 30.0% | 0.0% | 5.0% | 65.0% | 5200 |" in out
     assert "| `eagle_utils.py:9 (prepare)` | 65.0 |" in out and "x.py" not in out and "w.py" not in out
+
+
+def test_ramp_pace_lists_each_prefill_with_its_start_lead_and_catch_up(tmp_path, capsys):
+    from sglang_hostsync_plugin.slots.audit import TraceStep, format_trace_line
+
+    spec = importlib.util.spec_from_file_location("ramp_pace", os.path.join(REPO, "benchmarks", "ramp_pace.py"))
+    pace = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pace)
+    # A prefill (step 0) finishes 4 ms before the first decode launch; the host takes 5 ms per step
+    # against the GPU's 7 ms, so each lead gains 2 ms. A second prefill (step 5) has no decode step
+    # after it within the trace.
+    steps = [TraceStep(0, 0.000, 0.006, False, 9000.0, ())]
+    for k in range(1, 5):
+        t = 0.010 + (k - 1) * 0.005
+        steps.append(TraceStep(k, t, 0.006 + k * 0.007, True, 5000.0, ()))
+    steps.append(TraceStep(5, 0.040, 0.041, False, 100.0, ()))
+    ramps = pace.ramps(steps, 2)
+    assert len(ramps) == 1 and ramps[0]["prefill"] == 0
+    assert ramps[0]["start_lead_ms"] == pytest.approx(-4.0)
+    got = [(s["gap_ms"], s["cpu_ms"], s["lead_ms"]) for s in ramps[0]["steps"]]
+    assert got == [(pytest.approx(5.0), 5.0, pytest.approx(-2.0)), (pytest.approx(5.0), 5.0, pytest.approx(0.0))]
+    trace = tmp_path / "t.tsv"
+    trace.write_text("#hostsync-audit-trace v3\n" + "".join(format_trace_line(s) for s in steps))
+    assert pace.main([str(trace), "--steps", "3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["prefill      0 at      0.00 s  start   -4.0 ms | 5.0/5.0/-2.0 5.0/5.0/+0.0 5.0/5.0/+2.0"]
