@@ -278,7 +278,10 @@ def test_the_clock_times_one_window_in_n_and_passes_through_in_the_others(audit_
 def test_clock_cost_per_step_counts_the_passing_calls_of_untimed_steps():
     s = audit.AuditState(steps=12, phase_calls=30, timed_windows=3, phase_call_ns=1000.0, phase_pass_ns=400.0)
     assert s.clock_ns_per_step() == pytest.approx((30 * 1000 + 9 * 10 * 400) / 12)
+    summary = s.summary()
+    assert (summary["phase_call_ns"], summary["phase_pass_ns"], summary["phase_calls_per_timed_window"]) == (1000.0, 400.0, 10.0)
     assert audit.AuditState(steps=5).clock_ns_per_step() == 0.0
+    assert audit.AuditState(steps=5).summary()["phase_calls_per_timed_window"] == 0.0
 
 
 def test_the_calibration_times_the_installed_chain():

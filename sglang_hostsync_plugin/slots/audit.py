@@ -222,6 +222,11 @@ class AuditState:
             "phase_every": self.phase_every,
             "timed_windows": self.timed_windows,
             "phase_clock_us_per_step": self.clock_ns_per_step() / 1e3,
+            # What that estimate is made of: one timed call, one passing call (calibrated at arm
+            # time), and the calls a timed window made on average.
+            "phase_call_ns": self.phase_call_ns,
+            "phase_pass_ns": self.phase_pass_ns,
+            "phase_calls_per_timed_window": self.phase_calls / self.timed_windows if self.timed_windows else 0.0,
             "bookkeeping_us_per_step": self.bookkeeping_total_ns / steps / 1e3,
             "attribution_us_per_step": self.attribution_total_ns / steps / 1e3,
             "attribution": self.phase_totals.summary(),
