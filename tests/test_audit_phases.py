@@ -128,6 +128,18 @@ def test_e2e_pools_phases_per_cell_and_prints_the_table():
     text = "\n".join(stats.attribution_tables([cell]))
     assert "| phase | audit c1 |" in text and "| verify | 300 (50) |" in text
     assert "| **step window (GPU idle)** | 1000 (50) |" in text
+    # Host work: the window without process_batch_result (where an ahead host waits for the GPU).
+    assert stats.pool_audit([steps])["host_work_us_per_step"] == pytest.approx(1000.0)  # no result phase
+    waiting = [audit.TraceStep(k, float(k), float(k) + 0.5, True, 900.0, (), 0.0,
+                               {"verify": (300.0, 0.0), "result": (2500.0, 0.0), "other": (200.0, 0.0)})
+               for k in range(3)]
+    audited = stats.pool_audit([waiting])
+    assert audited["attribution"]["window_us_per_step"] == pytest.approx(3000.0)
+    assert audited["host_work_us_per_step"] == pytest.approx(500.0)
+    assert stats.pool_audit([[audit.TraceStep(0, 0.0, 0.5, True, 900.0, ())]])["host_work_us_per_step"] is None
+    row = {"config": "c", "concurrency": 1, "arm": "plugin", "tok_s_user_median": 1.0, "tok_s_user_p10": 1.0,
+           "ratio_tok_s_user": 1.0, "tok_s_total_median": 1.0, "accept_length": 3.0, "audit": audited}
+    assert "| 900 (500) |" in stats.markdown([row], {}, {})
 
 
 def test_every_phase_target_exists_in_the_pinned_sglang():
