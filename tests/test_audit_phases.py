@@ -251,6 +251,34 @@ def test_one_pass_every_process_every_steps_or_after_an_idle_scheduler(audit_env
     assert [s.step for s in audit.parse_trace((tmp_path / "t.tsv").read_text())] == list(range(6))
 
 
+def test_the_pass_lands_in_timed_windows_no_more_often_than_in_any_window(audit_env):
+    """The pass every PROCESS_EVERY steps costs far more than a step's own bookkeeping and lies in
+    ``other`` of the window it runs in: timed windows must not hold it more often than the rest, or
+    the attribution's ``other`` and step window are inflated (PROCESS_EVERY 16 with the default
+    PHASE_EVERY 8 put a pass into every other timed window)."""
+    from audit_cases import StubMeter, run_step
+
+    audit_env.setenv(ph.ENV_PHASE_EVERY, str(ph.DEFAULT_PHASE_EVERY))
+    audit_env.setattr(audit, "_meter", StubMeter())
+    passes = []  # per pass: is the window it runs in (step index ``state.steps``) a timed one?
+    original = audit._process
+
+    def spy(write):
+        state = audit._audit.state
+        passes.append(state.steps % state.phase_every == 0)
+        original(write)
+
+    audit_env.setattr(audit, "_process", spy)
+    steps = 20 * ph.DEFAULT_PHASE_EVERY * audit.PROCESS_EVERY // 4
+    for _ in range(steps):
+        run_step(lambda: None)
+    timed_windows = steps // ph.DEFAULT_PHASE_EVERY
+    assert len(passes) >= steps // audit.PROCESS_EVERY - 1
+    share_timed = sum(passes) / timed_windows
+    share_all = len(passes) / steps
+    assert share_timed <= 1.5 * share_all, (share_timed, share_all)
+
+
 def test_the_audits_per_step_state_stays_bounded_in_a_long_run(audit_env):
     from audit_cases import StubMeter, run_step
 

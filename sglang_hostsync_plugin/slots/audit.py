@@ -97,7 +97,10 @@ ALLOWLIST = (
 EVENT_RING = 64  # timing events in flight; a step's is read back once complete
 LEADS_KEPT = 65536  # the median lead is over the most recent pairs
 TRACE_BATCH = 64  # trace lines per write
-PROCESS_EVERY = 16  # steps between the attribution / trace / lead passes (and after an idle scheduler)
+# Steps between the attribution / trace / lead passes (and after an idle scheduler). Prime, so the
+# pass lands in a timed phase window (1 in SGLANG_HOSTSYNC_AUDIT_PHASE_EVERY) as often as in any
+# window: with 16 and the default 8, every other timed window held a whole pass in ``other``.
+PROCESS_EVERY = 17
 IDLE_S = 0.05  # a step window this long follows an idle scheduler: the trace is written out
 
 
