@@ -12,9 +12,10 @@ import pytest
 import torch
 from triton.runtime.jit import JITFunction
 
-from hostsync_drivers import eagle_tail, tree_compact
+from hostsync_drivers import eagle_tail, relay_stash, tree_compact
 from sglang_hostsync_plugin.slots import eagle_fixed_shape_tail as eft
 from sglang_hostsync_plugin.slots import fused_draft_page_locs as fdl
+from sglang_hostsync_plugin.slots import fused_relay_stash as frs
 from sglang_hostsync_plugin.slots import fused_tree_compact as ftc
 from sglang_hostsync_plugin.slots import greedy_row_argmax as gra
 from sglang_hostsync_plugin.slots import triton_replay_launch as trl
@@ -76,7 +77,33 @@ def _tail_cases(rng):
         yield (*args, topk, page), (*_shuffled(rng, *args), topk, page), {}
 
 
-WRAPPERS = {"row_argmax": (gra.row_argmax, _argmax_cases), "compact": (ftc.compact, _compact_cases),
+def _stash_cases(rng):
+    for bs, topk, hidden in ((1, 4, None), (6, 4, None), (8, 8, 4096)):
+        bufs = (torch.zeros(64, dtype=torch.int64, device="cuda"), torch.zeros(64, topk, device="cuda"),
+                torch.zeros(64, topk, dtype=torch.int64, device="cuda"),
+                torch.zeros(64, hidden, dtype=torch.bfloat16, device="cuda") if hidden else None)
+        args = []
+        for _ in range(2):
+            p = relay_stash.make_payload(rng, bs, topk, hidden, device="cuda")
+            idx = relay_stash.indices_for(rng, 64, bs, device="cuda")
+            args.append((idx, p.bonus_tokens, bufs[0], p.topk_p, bufs[1], p.topk_index, bufs[2], p.hidden_states,
+                         bufs[3]))
+        yield args[0], args[1], {}
+
+
+def _stash_result(fn):
+    """stash_rows returns nothing: the buffers it writes, zeroed before the call and cloned after, are its result."""
+    def call(*args, **kw):
+        for buf in args[2::2]:
+            if buf is not None:
+                buf.zero_()
+        fn(*args, **kw)
+        return tuple(a.clone() if a is not None else None for a in args[2::2])
+    return call
+
+
+WRAPPERS = {"stash_rows": (frs.stash_rows, _stash_cases), "row_argmax": (gra.row_argmax, _argmax_cases),
+            "compact": (ftc.compact, _compact_cases),
             "page_locs_launch": (fdl.page_locs_launch, _page_locs_cases),
             "tail_slots_triton": (eft.tail_slots_triton, _tail_cases)}
 
@@ -91,6 +118,8 @@ def _same(a, b):
 def test_replayed_launches_return_the_plain_wrappers_results(name, jit_calls):
     fn, cases = WRAPPERS[name]
     assert (fn, fn.__wrapped__) in trl._wrappers.fns
+    if name == "stash_rows":
+        fn = _stash_result(fn)
     n = changed = 0
     for first, second, kw in cases(random.Random(hash(name) % 1000)):
         trl.switch_off()

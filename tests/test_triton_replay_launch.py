@@ -10,6 +10,7 @@ import torch
 from sglang_hostsync_plugin.slot import ServingFacts
 from sglang_hostsync_plugin.slots import eagle_fixed_shape_tail as eft
 from sglang_hostsync_plugin.slots import fused_draft_page_locs as fdl
+from sglang_hostsync_plugin.slots import fused_relay_stash as frs
 from sglang_hostsync_plugin.slots import fused_tree_compact as ftc
 from sglang_hostsync_plugin.slots import greedy_row_argmax as gra
 from sglang_hostsync_plugin.slots import triton_replay_launch as trl
@@ -23,7 +24,7 @@ def off():
 
 def test_every_plugin_triton_wrapper_is_declared():
     declared = {wrapper for wrapper, _ in trl._wrappers.fns}
-    assert {gra.row_argmax, ftc.compact, fdl.page_locs_launch, eft.tail_slots_triton} <= declared
+    assert {gra.row_argmax, ftc.compact, fdl.page_locs_launch, eft.tail_slots_triton, frs.stash_rows} <= declared
     assert gra._bind()["_hostsync_row_argmax"] is gra.row_argmax  # the edit binds the declared wrapper
 
 

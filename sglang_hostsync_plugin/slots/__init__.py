@@ -36,6 +36,7 @@ OWNED = (
     ("greedy_row_argmax", "greedy_row_argmax", False),
     ("ngram_full_mask", "ngram_full_mask", False),
     ("draft_extend_fused_layout", "draft_extend_fused_layout", False),
+    ("fused_relay_stash", "fused_relay_stash", False),
     ("triton_replay_launch", "triton_replay_launch", False),
 )
 
