@@ -14,9 +14,9 @@ temporaries) keeps the normal path for that signature; under ``TRITON_INTERPRET`
 recorded.
 
 The wrappers (``greedy_row_argmax.row_argmax``, ``fused_tree_compact.compact``,
-``fused_draft_page_locs``' launch, ``eagle_fixed_shape_tail``'s Triton implementation) are
-declared with ``replayed``; while this slot is applied each goes through SGLang's
-``replay_launches``, otherwise it is called directly. ``SGLANG_DIFFUSION_TRITON_FAST_LAUNCH=0``
+``fused_draft_page_locs``' launch, ``fused_relay_stash.stash_rows``, ``eagle_fixed_shape_tail``'s
+Triton implementation) are declared with ``replayed``; while this slot is applied each goes
+through SGLang's ``replay_launches``, otherwise it is called directly. ``SGLANG_DIFFUSION_TRITON_FAST_LAUNCH=0``
 (SGLang's kill switch) turns the replay off and is reported as undoing the slot. No SGLang
 function is hooked; ``prepare`` switches the wrappers in each scheduler process.
 """
