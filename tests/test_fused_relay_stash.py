@@ -123,6 +123,12 @@ def test_what_the_kernel_does_not_take_goes_to_sglang(monkeypatch):
     aliased = make_payload(rng, 3, 4, 8)
     aliased.topk_index = plugin.topk_index_buf[:3]  # reads the buffer it writes
     assert goes_to_sglang(aliased)
+    # a source that starts before the buffer and runs into it (one storage, the buffer at an offset)
+    shared = torch.zeros(8 + 12 * 4, dtype=torch.int64)
+    plugin.topk_index_buf = shared[8:].view(12, 4)
+    aliased.topk_index = shared[:12].view(3, 4)
+    assert goes_to_sglang(aliased)
+    plugin.topk_index_buf = torch.zeros(12, 4, dtype=torch.int64)
     assert goes_to_sglang(make_payload(rng, 3, 4, 8), idx=indices.view(3, 1))
     monkeypatch.setattr(frs, "_INTERPRET", False)  # a CPU tensor outside the interpreter
     assert goes_to_sglang(payload)

@@ -28,6 +28,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from sglang.srt.managers.overlap_utils import RelayPayload
 
 from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck, not_speculative
 from .triton_replay_launch import replayed
@@ -117,8 +118,20 @@ def _fits(src, dst, bs: int) -> bool:
         return False
     if not (len(shape) == 1 or (len(shape) == 2 and src.stride(1) == 1) or src.is_contiguous()):
         return False
-    start = dst.data_ptr()  # a source inside the buffer it writes would race with the writes
-    return src.device == dst.device and not start <= src.data_ptr() < start + dst.numel() * dst.element_size()
+    # A source overlapping the buffer it writes would race with the writes (stock writes field by field).
+    return src.device == dst.device and not _overlap(src, dst)
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """The bytes ``t`` can address: [first, end)."""
+    extent = 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+    return t.data_ptr(), t.data_ptr() + extent * t.element_size()
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    a0, a1 = _span(a)
+    b0, b1 = _span(b)
+    return a0 < b1 and b0 < a1
 
 
 def stash(fm, indices, payload, fallback) -> None:
@@ -166,8 +179,6 @@ def relay_hook(original, self, batch, future_indices, batch_result):
     draft = batch_result.next_draft_input
     if self.spec_algorithm.is_ngram() or draft is None or batch.beam_tail is not None:
         return original(self, batch, future_indices, batch_result)
-    from sglang.srt.managers.overlap_utils import RelayPayload
-
     fm = self.future_map
     stash(fm, future_indices, RelayPayload.from_draft_input(draft), fm.stash)
     self.beam_coordinator.maybe_select_and_relay(batch, batch_result, chunked_req=self.chunked_req)
