@@ -183,17 +183,18 @@ def check_slot(slot: Slot) -> str | None:
 def claim_conflicts(slots: Iterable[Slot]) -> dict[str, str]:
     """Slot name -> reason, for every slot that hooks a function (or overrides a
     method) another of ``slots`` also hooks: each of them is refused. Observer targets
-    claim nothing."""
-    claims: dict[str, list[str]] = {}
+    claim nothing; the parts of one edit site (``source_edit.EditSite``) claim it together."""
+    claims: dict[str, list[tuple[str, object]]] = {}
     for slot in slots:
         for target in (t for t in slot.targets if not t.observer):
             keys = ([f"{target.path}.{m}" for m in overridden_methods(target.mixin)]
                     if target.kind is TargetKind.CLASS else [target.path])
             for key in keys:
-                claims.setdefault(key, []).append(slot.name)
+                claims.setdefault(key, []).append((slot.name, slot.name if target.site is None else id(target.site)))
     refused: dict[str, str] = {}
-    for key, owners in claims.items():
-        if len(owners) > 1:
+    for key, claimants in claims.items():
+        owners = [name for name, _ in claimants]
+        if len({claim for _, claim in claimants}) > 1:
             for name in owners:
                 others = ", ".join(o for o in owners if o != name)
                 refused.setdefault(name, f"conflicts with slot(s) {others}: both hook {key}; select one")

@@ -70,13 +70,21 @@ def _nest(outer: Callable, inner: Callable) -> Callable:
     return nested
 
 
-def compose_function(state: InstallState, parts: list[tuple[str, Callable, bool]]) -> Callable:
-    """One AROUND hook for a function from every enabled slot's ``(slot, hook, observer)``: the
-    claiming hook (at most one: the plan refuses two) innermost, observers around it, each behind
-    its slot's gate. One registration per function, so SGLang sees no hook stacking."""
+def compose_function(state: InstallState, parts: list[tuple]) -> Callable:
+    """One AROUND hook for a function from every enabled slot's ``(slot, hook, observer[, site])``:
+    the claiming hook (at most one, or the parts of one edit site: the plan refuses anything else)
+    innermost, observers around it, each behind its slot's gate. One registration per function, so
+    SGLang sees no hook stacking."""
     ordered = sorted(parts, key=lambda p: p[2])  # stable: claiming first, then observers
-    hook = _gate_function(state, ordered[0][0], ordered[0][1])
-    for slot, fn, _ in ordered[1:]:
+    sites = {p[3] for p in ordered if not p[2] and len(p) > 3 and p[3] is not None}
+    if sites:
+        (site,) = sites
+        hook = site.hook(lambda slot: slot in state.active)  # each part behind its own slot's state
+        rest = [p for p in ordered if p[2]]
+    else:
+        hook = _gate_function(state, ordered[0][0], ordered[0][1])
+        rest = ordered[1:]
+    for slot, fn, *_ in rest:
         hook = _nest(_gate_function(state, slot, fn), hook)
     return hook
 
@@ -138,11 +146,11 @@ def install(
             if target.kind is TargetKind.CLASS:
                 by_class.setdefault(target.path, []).append((verdict.name, target.mixin))
             else:
-                functions.setdefault(target.path, []).append((verdict.name, target.hook, target.observer))
+                functions.setdefault(target.path, []).append((verdict.name, target.hook, target.observer, target.site))
     for path, parts in functions.items():
         hook = compose_function(state, parts)
         register(path, hook, "around")
-        state.registered[path] = (hook, tuple(s for s, _, _ in parts))
+        state.registered[path] = (hook, tuple(p[0] for p in parts))
     for path, parts in by_class.items():
         cls = compose_class(state, resolve(path), parts)
         register(path, cls, "replace")

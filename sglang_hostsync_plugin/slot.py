@@ -62,6 +62,9 @@ class HookTarget:
     # returns its result; the audit's phase timers). It claims nothing, so it may share the
     # function with another slot's hook, which it wraps from outside.
     observer: bool = False
+    # FUNCTION: the ``source_edit.EditSite`` this edit is a part of. The parts of one site share
+    # the function (one hook, each slot's snippets while that slot is active).
+    site: object | None = None
 
     def __post_init__(self):
         if self.kind is TargetKind.FUNCTION and self.hook is None:
@@ -70,6 +73,8 @@ class HookTarget:
             raise ValueError(f"class target {self.path} needs a mixin")
         if self.observer and (self.kind is not TargetKind.FUNCTION or self.needs_upstream_original):
             raise ValueError(f"observer target {self.path} must be a plain function hook")
+        if self.site is not None and not self.needs_upstream_original:
+            raise ValueError(f"site target {self.path} must be a source edit (needs_upstream_original)")
 
 
 @dataclass(frozen=True)

@@ -82,8 +82,9 @@ class PinnedEdit:
     the slot at startup. If the first call's edit fails anyway (``original`` is not SGLang's own),
     that is logged once and SGLang's function runs: nothing raises into the serving loop."""
 
-    def __init__(self, slot: str, path: str, edits: tuple[tuple[str, str], ...], bind, sha: str):
-        self.slot, self.path, self.edits, self.bind, self.sha = slot, path, edits, bind, sha
+    def __init__(self, slot: str, path: str, edits: tuple[tuple[str, str], ...], bind, sha: str,
+                 site: "EditSite | None" = None):
+        self.slot, self.path, self.edits, self.bind, self.sha, self.site = slot, path, edits, bind, sha, site
         self._edited = None
 
         def hook(original, *args, **kwargs):  # one object: the installer finds it in the live chain
@@ -97,9 +98,16 @@ class PinnedEdit:
         from .slot import HookTarget, TargetKind
 
         return HookTarget(self.path, TargetKind.FUNCTION, hook=self.hook, params=params, source_sha=self.sha,
-                          needs_upstream_original=True)
+                          needs_upstream_original=True, site=self.site)
 
     def check(self) -> str | None:
+        """Why this edit does not apply to the installed SGLang (for a site's part: together with
+        every other part of the site), or None."""
+        if self.site is not None:
+            return self._check(self.edits, self.bind()) or self.site.check()
+        return self._check(self.edits, self.bind())
+
+    def _check(self, edits, names) -> str | None:
         from .checks import import_error, needs_gpu_runtime, read_source, resolve
 
         try:
@@ -112,10 +120,10 @@ class PinnedEdit:
         try:
             if target is None:
                 qualname = self.path.rsplit(".", 2)
-                compile(edited_source(read_source(self.path), ".".join(qualname[1:]), qualname[-1], self.edits,
-                                      self.bind(), expected_sha=self.sha), self.path, "exec")
+                compile(edited_source(read_source(self.path), ".".join(qualname[1:]), qualname[-1], edits,
+                                      names, expected_sha=self.sha), self.path, "exec")
             else:
-                edit_function(target, self.edits, self.bind(), expected_sha=self.sha)
+                edit_function(target, edits, names, expected_sha=self.sha)
         except Exception as exc:  # noqa: BLE001 (any failure refuses the slot, before serving)
             return f"source edit of {self.path} does not apply: {type(exc).__name__}: {exc}"
         return None
@@ -131,3 +139,65 @@ class PinnedEdit:
                 fn = original
             self._edited = fn
         return fn
+
+
+class EditSite:
+    """One SGLang function that more than one slot edits, each with its own snippets: the slots'
+    targets share one AROUND hook (``installer.compose_function`` builds it with :meth:`hook`), and
+    the function is recompiled once per set of active parts, so a refused slot's snippets drop out
+    and the others' stay. Parts claim the function together: they never conflict with each other,
+    and any other slot's hook there still conflicts with all of them."""
+
+    def __init__(self, path: str, sha: str):
+        self.path, self.sha = path, sha
+        self.parts: dict[str, PinnedEdit] = {}
+        self._variants: dict[tuple[str, ...], types.FunctionType] = {}
+
+    def edit(self, slot: str, edits: tuple[tuple[str, str], ...], bind) -> PinnedEdit:
+        part = PinnedEdit(slot, self.path, edits, bind, self.sha, site=self)
+        self.parts[slot] = part
+        return part
+
+    def _combined(self, slots) -> tuple[tuple, dict]:
+        edits, names = (), {}
+        for slot in slots:
+            part = self.parts[slot]
+            bound = part.bind()
+            if names.keys() & bound.keys():
+                raise SourceEditError(f"{self.path}: slots bind the same name twice: {sorted(names.keys() & bound.keys())}")
+            edits, names = edits + part.edits, names | bound
+        return edits, names
+
+    def check(self) -> str | None:
+        """Why the parts' edits do not apply all together (overlapping snippets), or None."""
+        try:
+            edits, names = self._combined(self.parts)
+        except SourceEditError as exc:
+            return str(exc)
+        return next(iter(self.parts.values()))._check(edits, names) if self.parts else None
+
+    def variant(self, original, slots: tuple[str, ...]):
+        """``original`` with the edits of ``slots``, compiled on first use; SGLang's function (and
+        one error in the log) where that fails."""
+        fn = self._variants.get(slots)
+        if fn is None:
+            try:
+                edits, names = self._combined(slots)
+                fn = edit_function(original, edits, names, expected_sha=self.sha)
+            except Exception as exc:  # noqa: BLE001 (SGLang's own function runs instead)
+                logging.getLogger("sglang.srt.plugins.hostsync").error(
+                    "hostsync: %s: %s runs unedited: %s", ", ".join(slots), self.path.rsplit(".", 1)[-1], exc)
+                fn = original
+            self._variants[slots] = fn
+        return fn
+
+    def hook(self, is_active) -> "types.FunctionType":
+        """The one AROUND hook of the site: the variant for the parts ``is_active`` accepts now."""
+        parts = tuple(sorted(self.parts))  # one variant key per set, whatever the import order
+
+        def site_hook(original, *args, **kwargs):
+            slots = tuple(s for s in parts if is_active(s))
+            return (self.variant(original, slots) if slots else original)(*args, **kwargs)
+
+        site_hook.__qualname__ = f"hostsync[{', '.join(parts)}].site_hook"
+        return site_hook

@@ -37,6 +37,7 @@ OWNED = (
     ("ngram_full_mask", "ngram_full_mask", False),
     ("draft_extend_fused_layout", "draft_extend_fused_layout", False),
     ("fused_relay_stash", "fused_relay_stash", False),
+    ("draft_extend_topk_graph", "draft_extend_topk_graph", False),
     ("triton_replay_launch", "triton_replay_launch", False),
 )
 

@@ -12,7 +12,8 @@ row in 4096-wide blocks, each lane keeping its earliest maximum, and reduces onc
 torch's exactly (an index, no arithmetic): the first maximal index, NaN above everything
 (the first NaN wins), and ``-0.0 == 0.0``. Anything else (a CPU tensor outside the Triton
 interpreter, not 2-D, a strided row, an empty batch, another dtype) calls ``torch.argmax``.
-Hook targets: both functions (AROUND, each recompiles SGLang's own function).
+Hook targets: both functions (AROUND, each recompiles SGLang's own function; the draft extend is an
+edit site shared with ``draft_extend_topk_graph``).
 """
 
 from __future__ import annotations
@@ -25,14 +26,13 @@ import triton.language as tl
 
 from ..slot import Slot, SlotKind, config_precheck, not_speculative
 from ..source_edit import PinnedEdit
+from .edit_sites import DRAFT_EXTEND, DRAFT_EXTEND_SHA, DRAFT_EXTEND_SITE
 from .triton_replay_launch import replayed
 from .upstream_switches import HOST_PRESET
 
 NAME = "greedy_row_argmax"
 SAMPLE = "sglang.srt.speculative.eagle_utils.eagle_sample"
 SAMPLE_SHA = "b497c62acadc5e71"
-DRAFT_EXTEND = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_decode"
-DRAFT_EXTEND_SHA = "43fac9eb9ad0ac5e"
 BLOCK = 4096
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -96,7 +96,8 @@ def _bind():
 
 
 SAMPLE_ONCE = PinnedEdit(NAME, SAMPLE, (SAMPLE_EDIT,), _bind, SAMPLE_SHA)
-DRAFT_EXTEND_ONCE = PinnedEdit(NAME, DRAFT_EXTEND, (DRAFT_EXTEND_EDIT,), _bind, DRAFT_EXTEND_SHA)
+# Shared with draft_extend_topk_graph, which edits the topk > 1 branch of the same function.
+DRAFT_EXTEND_ONCE = DRAFT_EXTEND_SITE.edit(NAME, (DRAFT_EXTEND_EDIT,), _bind)
 
 
 def inert(f) -> str | None:
