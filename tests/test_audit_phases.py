@@ -397,3 +397,31 @@ def test_audit_fine_is_reported_undone_when_the_phase_clock_is_off(monkeypatch):
     assert off.status is Status.WOULD_APPLY and off.reason.startswith("undone: ") and ph.ENV_PHASES in off.reason
     bad = verdict("maybe")
     assert bad.status is Status.FAILED and bad.input_caused  # the audit's bad value, never raised here
+
+
+def test_e2e_compares_the_plugin_arms_phase_by_phase_beyond_their_host_speed():
+    """Two plugin arms whose processes run 8% apart, one of them with a slot that halves one phase:
+    the median ratio is the 8%, the slot's phase stands out beyond it; stock code, the audit's own
+    rows, the result wait and phases timed in one arm only do not count."""
+    def cell(arm, phases):
+        rows = [{"phase": p, "host_us_per_step": v, "gpu_idle_us_per_step": 0.0} for p, v in phases.items()]
+        return {"config": "t4", "concurrency": 1, "arm": arm,
+                "audit": {"attribution": {"attributed_steps": 10, "phases": rows, "window_us_per_step": 1.0,
+                                          "gpu_idle_us_per_step": 0.0}}}
+
+    base = {"verify": 400.0, "draft": 300.0, "draft_extend": 350.0, "schedule": 100.0, "tiny": 10.0}
+    a = cell("slots:x,-s", {**base, "result": 2000.0, "@audit": 50.0, "only_a": 90.0})
+    b = cell("slots:x", {**{p: v * 1.08 for p, v in base.items()}, "draft_extend": 350.0 * 1.08 / 2,
+                         "result": 500.0, "@audit": 80.0, "tiny": 40.0})
+    stock_code = cell("audit", {p: v * 3 for p, v in base.items()})
+    lines = stats.phase_ab_lines([stock_code, b, a])
+    text = "\n".join(lines)
+    assert text.count("Phases of") == 1 and "Phases of slots:x,-s over slots:x, t4 c1" in text
+    assert "median ratio of the phases of 50 µs or more is 0.926" in text  # 1 / 1.08: B is the first arm by name
+    rows = [l for l in lines if l.startswith("| ") and not l.startswith(("| phase", "| ---"))]
+    assert rows[-1] == "| draft_extend | 189 | 350 | 1.852 | 2.000 |"  # sorted by the last column
+    assert {l.split(" | ")[0][2:] for l in rows} == {"verify", "draft", "draft_extend", "schedule", "tiny"}
+    assert "| tiny | 40 | 10 | 0.250 | 0.270 |" in text  # listed, but under 50 µs in A it has no vote
+    assert stats.phase_ab_lines([a]) == [] and stats.phase_ab_lines([stock_code, a]) == []
+    assert "Phases of" in stats.markdown([dict(c, tok_s_user_median=1.0, tok_s_user_p10=1.0, ratio_tok_s_user=1.0,
+                                               tok_s_total_median=1.0, accept_length=3.0) for c in (a, b)], {}, {})

@@ -236,6 +236,41 @@ def attribution_tables(cell_rows: list[dict]) -> list[str]:
     return lines
 
 
+AB_MIN_US = 50.0  # phases shorter than this do not vote on the two processes' host speed
+NOT_PLUGIN = ("stock", "audit")  # arms that run stock code (their phases are not the plugin's)
+
+
+def phase_ab_lines(cell_rows: list[dict]) -> list[str]:
+    """Per (configuration, concurrency), each pair of audited plugin arms phase by phase: B's host µs
+    over A's, and that ratio over the median ratio of the phases both time for at least AB_MIN_US
+    in A (not the audit's own rows, nor ``result``, an ahead host's wait). Two server processes run
+    at host speeds a few percent apart (the same code's phases all move together), so a slot's own
+    effect is its phases' ratio beyond that median."""
+    lines: list[str] = []
+    grouped: dict[tuple, list[dict]] = collections.defaultdict(list)
+    for c in sorted(cell_rows, key=lambda c: (c["config"], c["concurrency"], c["arm"])):
+        if c["arm"] not in NOT_PLUGIN and ((c["audit"] or {}).get("attribution") or {}).get("attributed_steps"):
+            grouped[(c["config"], c["concurrency"])].append(c)
+    for (config, conc), cs in grouped.items():
+        for i, a in enumerate(cs):
+            for b in cs[i + 1:]:
+                ta, tb = ({r["phase"]: r["host_us_per_step"] for r in c["audit"]["attribution"]["phases"]}
+                          for c in (a, b))
+                # Not the audit's own cost (@...), nor the result phase (an ahead host's wait).
+                both = [p for p in ta if p in tb and not p.startswith("@") and p != RESULT_PHASE
+                        and ta[p] and tb[p] is not None]
+                speed = median([tb[p] / ta[p] for p in both if ta[p] >= AB_MIN_US])
+                if speed is None:
+                    continue
+                lines += ["", f"Phases of {b['arm']} over {a['arm']}, {config} c{conc}: the median ratio of the "
+                              f"phases of {AB_MIN_US:.0f} µs or more is {speed:.3f} (the two processes' host speed); "
+                              "beyond it, a slot's own effect:", "",
+                          "| phase | A µs | B µs | B / A | over the median |", "| --- | --- | --- | --- | --- |"]
+                for p in sorted(both, key=lambda p: tb[p] / ta[p] / speed):
+                    lines.append(f"| {p} | {ta[p]:.0f} | {tb[p]:.0f} | {tb[p] / ta[p]:.3f} | {tb[p] / ta[p] / speed:.3f} |")
+    return lines
+
+
 def ramp_lines(cell_rows: list[dict]) -> list[str]:
     """Run-ahead misses by decode steps after a prefill, per audited cell."""
     audited = [c for c in cell_rows if (c["audit"] or {}).get("ramp")]
@@ -288,6 +323,7 @@ def markdown(cell_rows: list[dict], servers: dict[str, dict], identity: dict[str
         lines += [f"- {name}: {why}" for name, why in died]
     lines += ramp_lines(cell_rows)
     lines += attribution_tables(cell_rows)
+    lines += phase_ab_lines(cell_rows)
     sites = collections.Counter()
     for c in cell_rows:
         for site, per_step in ((c["audit"] or {}).get("sync_sites") or {}).items():
