@@ -16,6 +16,7 @@ import inspect
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .checks import overridden_methods, resolve, source_sha
 from .plan import Plan, Verdict
@@ -70,22 +71,31 @@ def _nest(outer: Callable, inner: Callable) -> Callable:
     return nested
 
 
+class Part(NamedTuple):
+    """One enabled slot's hook on a function."""
+
+    slot: str
+    hook: Callable
+    observer: bool
+    site: object | None = None  # the source_edit.EditSite the hook is a part of
+
+
 def compose_function(state: InstallState, parts: list[tuple]) -> Callable:
-    """One AROUND hook for a function from every enabled slot's ``(slot, hook, observer[, site])``:
-    the claiming hook (at most one, or the parts of one edit site: the plan refuses anything else)
-    innermost, observers around it, each behind its slot's gate. One registration per function, so
-    SGLang sees no hook stacking."""
-    ordered = sorted(parts, key=lambda p: p[2])  # stable: claiming first, then observers
-    sites = {p[3] for p in ordered if not p[2] and len(p) > 3 and p[3] is not None}
+    """One AROUND hook for a function from every enabled slot's ``Part``: the claiming hook (at
+    most one, or the parts of one edit site: the plan refuses anything else) innermost, observers
+    around it, each behind its slot's gate. One registration per function, so SGLang sees no hook
+    stacking."""
+    ordered = sorted((Part(*p) for p in parts), key=lambda p: p.observer)  # stable: claiming first
+    sites = {p.site for p in ordered if not p.observer and p.site is not None}
     if sites:
         (site,) = sites
         hook = site.hook(lambda slot: slot in state.active)  # each part behind its own slot's state
-        rest = [p for p in ordered if p[2]]
+        rest = [p for p in ordered if p.observer]
     else:
-        hook = _gate_function(state, ordered[0][0], ordered[0][1])
+        hook = _gate_function(state, ordered[0].slot, ordered[0].hook)
         rest = ordered[1:]
-    for slot, fn, *_ in rest:
-        hook = _nest(_gate_function(state, slot, fn), hook)
+    for p in rest:
+        hook = _nest(_gate_function(state, p.slot, p.hook), hook)
     return hook
 
 
@@ -133,7 +143,7 @@ def install(
     ``register(path, hook, kind)`` is the HookRegistry call ("around" / "replace").
     """
     by_class: dict[str, list[tuple[str, type]]] = {}
-    functions: dict[str, list[tuple[str, Callable, bool]]] = {}
+    functions: dict[str, list[Part]] = {}
     for verdict in plan.verdicts:
         if not verdict.selected:
             state.statuses[verdict.name] = dataclasses.replace(verdict, status=Status.SKIPPED, reason="not selected")
@@ -146,11 +156,11 @@ def install(
             if target.kind is TargetKind.CLASS:
                 by_class.setdefault(target.path, []).append((verdict.name, target.mixin))
             else:
-                functions.setdefault(target.path, []).append((verdict.name, target.hook, target.observer, target.site))
+                functions.setdefault(target.path, []).append(Part(verdict.name, target.hook, target.observer, target.site))
     for path, parts in functions.items():
         hook = compose_function(state, parts)
         register(path, hook, "around")
-        state.registered[path] = (hook, tuple(p[0] for p in parts))
+        state.registered[path] = (hook, tuple(p.slot for p in parts))
     for path, parts in by_class.items():
         cls = compose_class(state, resolve(path), parts)
         register(path, cls, "replace")
