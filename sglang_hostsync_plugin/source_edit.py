@@ -101,11 +101,10 @@ class PinnedEdit:
                           needs_upstream_original=True, site=self.site)
 
     def check(self) -> str | None:
-        """Why this edit does not apply to the installed SGLang (for a site's part: together with
-        every other part of the site), or None."""
-        if self.site is not None:
-            return self._check(self.edits, self.bind()) or self.site.check()
-        return self._check(self.edits, self.bind())
+        """Why this edit does not apply to the installed SGLang (for a site's part: also together
+        with every other part that applies on its own), or None."""
+        own = self._check(self.edits, self.bind())
+        return own or (self.site.check(self.slot) if self.site is not None else None)
 
     def _check(self, edits, names) -> str | None:
         from .checks import import_error, needs_gpu_runtime, read_source, resolve
@@ -168,13 +167,18 @@ class EditSite:
             edits, names = edits + part.edits, names | bound
         return edits, names
 
-    def check(self) -> str | None:
-        """Why the parts' edits do not apply all together (overlapping snippets), or None."""
+    def check(self, slot: str | None = None) -> str | None:
+        """Why the edits of ``slot`` and of every part that applies on its own do not apply together
+        (overlapping snippets, a name bound twice), or None. A part that no longer applies is left
+        out: it refuses its own slot, not the others."""
+        slots = [s for s, part in self.parts.items() if s == slot or part._check(part.edits, part.bind()) is None]
+        if not slots:
+            return None
         try:
-            edits, names = self._combined(self.parts)
+            edits, names = self._combined(slots)
         except SourceEditError as exc:
             return str(exc)
-        return next(iter(self.parts.values()))._check(edits, names) if self.parts else None
+        return self.parts[slots[0]]._check(edits, names)
 
     def variant(self, original, slots: tuple[str, ...]):
         """``original`` with the edits of ``slots``, compiled on first use; SGLang's function (and

@@ -95,9 +95,23 @@ def test_overlapping_parts_refuse_the_slots_at_their_precheck(monkeypatch):
     monkeypatch.setattr(clash, "edits", (tg.EDIT, gra.DRAFT_EXTEND_EDIT))
     assert clash._check(clash.edits, clash.bind()) is None
     assert "expected one" in tg.SLOT.precheck() and "expected one" in gra.SLOT.precheck()
-    monkeypatch.setattr(clash, "edits", tg.EDIT)
+    monkeypatch.setattr(clash, "edits", (tg.EDIT,))
     monkeypatch.setattr(clash, "bind", lambda: {"_hostsync_row_argmax": None})
     assert "bind the same name twice" in site.check()
+
+
+def test_a_part_that_no_longer_applies_refuses_only_its_own_slot(monkeypatch):
+    """An upstream change under greedy_row_argmax's lines refuses that slot at startup; this slot's
+    part still applies (checked alone and with every part that applies) and is planned."""
+    from sglang_hostsync_plugin import plan as plans
+    from sglang_hostsync_plugin.slot import Status
+
+    monkeypatch.setattr(gra.DRAFT_EXTEND_ONCE, "edits", (("a line SGLang no longer has\n", "x"),))
+    assert "does not apply" in gra.SLOT.precheck() and tg.SLOT.precheck() is None
+    facts = ServingFacts(speculative_algorithm="STANDALONE", topk=4, page_size=16, attention_backends=("triton", "triton"))
+    plan = plans.resolve({"SGLANG_HOSTSYNC_SLOTS": "default,eagle_host"}, facts=facts)
+    assert plan.verdict(gra.NAME).status is Status.FAILED
+    assert plan.verdict(tg.NAME).status is Status.WOULD_APPLY
 
 
 def test_site_parts_do_not_conflict_but_another_claimant_does():
