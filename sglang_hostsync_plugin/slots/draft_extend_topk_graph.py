@@ -15,7 +15,7 @@ returns fresh tensors as stock's do. The same kernels run on the same inputs: bi
 stock, tie order included. The first call for a view runs stock's code eagerly (its result is that
 step's) and then captures, on a side stream, without a sync. Stock's code runs for an eager draft
 extend (its logits are a fresh gather), an empty batch, rejection sampling (another branch), a CPU
-tensor, a call inside another capture, a view whose capture failed (logged once) and beyond
+tensor, a call inside another capture, every call after a failed capture (logged once) and beyond
 ``MAX_GRAPHS`` views. Hook target: ``_draft_extend_for_decode`` (an edit site shared with
 ``greedy_row_argmax``, which edits its topk-1 branch).
 """
@@ -67,30 +67,36 @@ def _fits(logits: torch.Tensor) -> bool:
 
 class TopkGraphs:
     """Per logits view (address, shape, strides, dtype, device) and topk: a CUDA graph of
-    ``stock_topk`` and its static outputs, or None where the capture failed."""
+    ``stock_topk`` and its static outputs. A failed capture switches the graphs off for the process
+    (as SGLang's ``MetadataGlueGraph`` does); ``replays`` counts the steps a graph served."""
 
     def __init__(self, limit: int = MAX_GRAPHS):
         self.limit = limit
-        self.entries: dict[tuple, tuple | None] = {}
+        self.entries: dict[tuple, tuple] = {}
+        self.disabled = False
+        self.replays = 0
         self._stream = None
         self._pool = None
 
     def __call__(self, logits, sampling_info, topk: int):
         """This step's ``(topk_p, topk_index)``, or None where stock's code must run."""
-        if not _fits(logits):
+        if self.disabled or not _fits(logits):
             return None
         key = (logits.data_ptr(), logits.shape, logits.stride(), logits.dtype, logits.device, topk)
-        entry = self.entries.get(key, key)
-        if entry is key:
+        entry = self.entries.get(key)
+        if entry is None:
             if len(self.entries) >= self.limit:
                 return None
             out = stock_topk(logits, sampling_info, False, topk)  # this step's result; warms the kernels
-            self.entries[key] = self.capture(logits, topk)
+            entry = self.capture(logits, topk)
+            if entry is None:
+                self.disabled = True
+            else:
+                self.entries[key] = entry
             return out
-        if entry is None:
-            return None
         graph, topk_p, topk_index = entry
         graph.replay()
+        self.replays += 1
         return topk_p.clone(), topk_index.clone()
 
     def capture(self, logits, topk: int):
@@ -101,6 +107,7 @@ class TopkGraphs:
                 self._stream = torch.cuda.Stream(logits.device)
                 self._pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
+            # Not ``torch.cuda.graph``: its __enter__ synchronizes the device and empties the cache.
             with torch.cuda.stream(self._stream):
                 # thread_local: other threads' CUDA calls are not this capture's business.
                 graph.capture_begin(pool=self._pool, capture_error_mode="thread_local")
@@ -109,8 +116,8 @@ class TopkGraphs:
                 finally:
                     graph.capture_end()
             return graph, topk_p, topk_index
-        except Exception as exc:  # noqa: BLE001 (stock's code keeps running for this view)
-            logger.error("hostsync: %s: capture for logits %s failed, stock's top-k runs for it: %s: %s",
+        except Exception as exc:  # noqa: BLE001 (stock's code runs from now on)
+            logger.error("hostsync: %s: capture for logits %s failed, stock's top-k runs from now on: %s: %s",
                          NAME, tuple(logits.shape), type(exc).__name__, exc)
             return None
 
