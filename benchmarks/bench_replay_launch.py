@@ -45,9 +45,10 @@ def main():
         x = torch.randn(bs * 8, 128256, device="cuda")
         res = compare({**arms(gra.row_argmax), "torch": lambda _, x: torch.argmax(x, dim=-1)}, None, (x,), ns)
         rows.append({"wrapper": "row_argmax", "bs": bs, **res})
-        c = tree_compact.make_case(rng, bs, 4, 3, hidden_dim=4096, device="cuda")
-        args = (c["accept_index"], c["accept_lens"], c["out_cache_loc"], c["predict"], c["hidden"], c["bs"], c["nd"])
-        rows.append({"wrapper": "compact", "bs": bs, **compare(arms(ftc.compact), None, args, ns)})
+        for hidden_dim, name in ((4096, "compact (EAGLE)"), (None, "compact (STANDALONE)")):
+            c = tree_compact.make_case(rng, bs, 4, 3, hidden_dim=hidden_dim, device="cuda")
+            args = (c["accept_index"], c["accept_lens"], c["out_cache_loc"], c["predict"], c["hidden"], c["bs"], c["nd"])
+            rows.append({"wrapper": name, "bs": bs, **compare(arms(ftc.compact), None, args, ns)})
         _, (rt, base, last, pages) = eagle_tail.make_case(rng, bs, 4, 16, num_steps=3, device="cuda")
         args = (rt, torch.arange(bs, device="cuda"), (base + last).contiguous(), 4, 3, 16)
         rows.append({"wrapper": "page_locs_launch", "bs": bs, **compare(arms(fdl.page_locs_launch), None, args, ns)})

@@ -51,13 +51,17 @@ def _argmax_cases(rng):
             yield (a,), (torch.randn(rows, 128256, device="cuda").to(dtype),), {"keepdim": True}
 
 
-def _compact_cases(rng):
-    for kw in (dict(bs=1, topk=4, steps=3, hidden_dim=4096), dict(bs=6, topk=4, steps=3, hidden_dim=4096),
-               dict(bs=8, topk=8, steps=7, hidden_dim=512)):
-        one, two = (tree_compact.make_case(rng, device="cuda", **kw) for _ in range(2))
-        args = [(c["accept_index"], c["accept_lens"], c["out_cache_loc"], c["predict"], c["hidden"], c["bs"], c["nd"])
-                for c in (one, two)]
-        yield args[0], args[1], {}
+def _compact_cases(hidden: bool):
+    """Cases of compact_hidden (EAGLE) or compact_plain (STANDALONE: no hidden states)."""
+    def cases(rng):
+        for kw in (dict(bs=1, topk=4, steps=3, hidden_dim=4096), dict(bs=6, topk=4, steps=3, hidden_dim=4096),
+                   dict(bs=8, topk=8, steps=7, hidden_dim=512)):
+            kw["hidden_dim"] = kw["hidden_dim"] if hidden else None
+            one, two = (tree_compact.make_case(rng, device="cuda", **kw) for _ in range(2))
+            args = [(c["accept_index"], c["accept_lens"], c["out_cache_loc"], c["predict"],
+                     *((c["hidden"],) if hidden else ()), c["bs"], c["nd"]) for c in (one, two)]
+            yield args[0], args[1], {}
+    return cases
 
 
 def _page_locs_cases(rng):
@@ -103,7 +107,8 @@ def _stash_result(fn):
 
 
 WRAPPERS = {"stash_rows": (frs.stash_rows, _stash_cases), "row_argmax": (gra.row_argmax, _argmax_cases),
-            "compact": (ftc.compact, _compact_cases),
+            "compact_hidden": (ftc.compact_hidden, _compact_cases(True)),
+            "compact_plain": (ftc.compact_plain, _compact_cases(False)),
             "page_locs_launch": (fdl.page_locs_launch, _page_locs_cases),
             "tail_slots_triton": (eft.tail_slots_triton, _tail_cases)}
 

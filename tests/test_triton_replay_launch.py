@@ -4,8 +4,11 @@ itself needs compiled kernels (``tests/test_gpu_triton_replay_launch.py``); unde
 ``TRITON_INTERPRET`` SGLang records no launch, so a switched wrapper must still return the plain
 results."""
 
+import random
+
 import pytest
 import torch
+from hostsync_drivers import tree_compact
 
 from sglang_hostsync_plugin.slot import ServingFacts
 from sglang_hostsync_plugin.slots import eagle_fixed_shape_tail as eft
@@ -24,7 +27,7 @@ def off():
 
 def test_every_plugin_triton_wrapper_is_declared():
     declared = {wrapper for wrapper, _ in trl._wrappers.fns}
-    assert {gra.row_argmax, ftc.compact, fdl.page_locs_launch, eft.tail_slots_triton, frs.stash_rows} <= declared
+    assert {gra.row_argmax, ftc.compact_plain, ftc.compact_hidden, fdl.page_locs_launch, eft.tail_slots_triton, frs.stash_rows} <= declared
     assert gra._bind()["_hostsync_row_argmax"] is gra.row_argmax  # the edit binds the declared wrapper
 
 
@@ -70,6 +73,27 @@ def test_switched_wrappers_return_the_plain_results_under_the_interpreter(off):
     for _ in range(2):  # record, then the signature's second call
         assert torch.equal(gra.row_argmax(x), want)
         assert torch.equal(gra.row_argmax(x, keepdim=True), want.unsqueeze(-1))
+
+
+@pytest.mark.parametrize("hidden_dim", [None, 16])
+def test_compaction_wrappers_return_tensors_only(hidden_dim):
+    """SGLang's replay keeps a wrapper whose result holds a None on its normal path for good (the
+    STANDALONE compaction did until 12-03): each replayed wrapper returns tensors only, and
+    ``compact`` adds the absent hidden states back."""
+    from sglang.kernels.ops.diffusion.common import fast_launch
+
+    t = torch.zeros(2)
+    assert fast_launch._plan((t, None), [t], [object()]) is fast_launch._NORMAL  # why: SGLang's rule
+    c = tree_compact.make_case(random.Random(7), bs=3, topk=4, steps=3, hidden_dim=hidden_dim)
+    args = (c["accept_index"], c["accept_lens"], c["out_cache_loc"], c["predict"])
+    if hidden_dim:
+        inner = ftc.compact_hidden(*args, c["hidden"], c["bs"], c["nd"])
+    else:
+        inner = ftc.compact_plain(*args, c["bs"], c["nd"])
+    assert isinstance(inner, tuple) and all(isinstance(x, torch.Tensor) for x in inner)
+    whole = ftc.compact(*args, c["hidden"], c["bs"], c["nd"])
+    assert len(whole) == 4 and (whole[3] is None) == (hidden_dim is None)
+    assert all(torch.equal(a, b) for a, b in zip(inner, whole))
 
 
 def test_pins_env_warning_and_inert_rules():

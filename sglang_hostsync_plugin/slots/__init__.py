@@ -38,6 +38,7 @@ OWNED = (
     ("draft_extend_fused_layout", "draft_extend_fused_layout", False),
     ("fused_relay_stash", "fused_relay_stash", False),
     ("draft_extend_topk_graph", "draft_extend_topk_graph", False),
+    ("small_copy_launch", "small_copy_launch", False),
     ("triton_replay_launch", "triton_replay_launch", False),
 )
 

@@ -108,9 +108,26 @@ def _tree_compact_kernel(
         tl.store(tgt + p, tl.zeros_like(slot), mask=inb & (p >= tl.sum(front, axis=0)))
 
 
-@replayed
 def compact(accept_index, accept_lens, out_cache_loc, predict, hidden, bs: int, num_draft_tokens: int):
     """(tgt_cache_loc, accept_out_cache_loc, predict, hidden) as stock computes them; hidden may be None."""
+    if hidden is None:  # STANDALONE: a replayed wrapper must return tensors only
+        return (*compact_plain(accept_index, accept_lens, out_cache_loc, predict, bs, num_draft_tokens), None)
+    return compact_hidden(accept_index, accept_lens, out_cache_loc, predict, hidden, bs, num_draft_tokens)
+
+
+@replayed
+def compact_plain(accept_index, accept_lens, out_cache_loc, predict, bs: int, num_draft_tokens: int):
+    """(tgt_cache_loc, accept_out_cache_loc, predict) without hidden states."""
+    return _launch(accept_index, accept_lens, out_cache_loc, predict, None, bs, num_draft_tokens)[:3]
+
+
+@replayed
+def compact_hidden(accept_index, accept_lens, out_cache_loc, predict, hidden, bs: int, num_draft_tokens: int):
+    """(tgt_cache_loc, accept_out_cache_loc, predict, hidden)."""
+    return _launch(accept_index, accept_lens, out_cache_loc, predict, hidden, bs, num_draft_tokens)
+
+
+def _launch(accept_index, accept_lens, out_cache_loc, predict, hidden, bs: int, num_draft_tokens: int):
     s1 = accept_index.shape[1]
     n = bs * s1
     win = out_cache_loc.numel() // bs

@@ -13,7 +13,7 @@ cannot replay (a wrapper that runs other aten ops, reads tensor values, launches
 temporaries) keeps the normal path for that signature; under ``TRITON_INTERPRET`` nothing is
 recorded.
 
-The wrappers (``greedy_row_argmax.row_argmax``, ``fused_tree_compact.compact``,
+The wrappers (``greedy_row_argmax.row_argmax``, ``fused_tree_compact.compact_plain`` / ``compact_hidden``,
 ``fused_draft_page_locs``' launch, ``fused_relay_stash.stash_rows``, ``eagle_fixed_shape_tail``'s
 Triton implementation) are declared with ``replayed``; while this slot is applied each goes
 through SGLang's ``replay_launches``, otherwise it is called directly. ``SGLANG_DIFFUSION_TRITON_FAST_LAUNCH=0``
