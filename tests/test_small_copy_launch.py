@@ -92,7 +92,7 @@ def test_a_replay_launches_the_captured_kernel_on_the_new_tensors(cpu_slot):
     dsts, srcs = drv.runner_case(random.Random(1), 4, 4, "cpu", gen)
     assert slc.small_copy_hook(cpu_slot.original, dsts, srcs) is True  # captured (SGLang's function ran)
     assert cpu_slot.calls == [6] and cpu_slot.kernel.launches == 1
-    fresh = [drv._tensor(random.Random(2), s.shape, s.dtype, "cpu", gen) for s in srcs]
+    fresh = [drv._tensor(s.shape, s.dtype, "cpu", gen) for s in srcs]
     assert slc.small_copy_hook(cpu_slot.original, dsts, fresh) is True
     assert cpu_slot.calls == [6] and cpu_slot.kernel.launches == 1 and len(cpu_slot.kernel.compiled.replays) == 1
     assert all(torch.equal(d, s.to(d.dtype)) for d, s in zip(dsts, fresh))
@@ -123,6 +123,17 @@ def test_a_capture_that_disagrees_keeps_sglangs_function(cpu_slot, caplog):
         assert slc.small_copy_hook(refuses, dsts[1:], srcs[1:]) is False  # another key: no second line
     assert len(said) == 3 and caplog.text.count("keeps SGLang's try_small_copy") == 1
     assert slc._state.plans[slc.key_of(dsts, srcs)].stock
+
+
+def test_a_compiled_kernel_api_it_does_not_know_keeps_sglangs_function(cpu_slot):
+    """Triton's compiled-kernel fields moved (here: no launcher): the capture's copy stands, the key keeps
+    SGLang's function, nothing raises into the serving loop."""
+    cpu_slot.kernel.compiled = SimpleNamespace(src=SimpleNamespace(signature=dict.fromkeys(FakeKernel.arg_names)))
+    dsts, srcs = drv.runner_case(random.Random(8), 2, 4, "cpu", torch.Generator().manual_seed(8))
+    assert slc.small_copy_hook(cpu_slot.original, dsts, srcs) is True
+    assert all(torch.equal(d, s.to(d.dtype)) for d, s in zip(dsts, srcs))
+    assert slc._state.plans[slc.key_of(dsts, srcs)].stock
+    assert slc.small_copy_hook(cpu_slot.original, dsts, srcs) is True and len(cpu_slot.calls) == 2
 
 
 def test_what_it_leaves_to_sglang(cpu_slot, monkeypatch):

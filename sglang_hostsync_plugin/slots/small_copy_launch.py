@@ -19,7 +19,8 @@ on the new tensors: the same kernel, grid and arguments, so the copies are bit-i
 the result (True, or False for ``_grouped_foreach_copy_`` to fall back) is stock's.
 
 It calls SGLang's function for anything else: a non-tensor operand, a key whose capture saw no
-single launch or a result other than stock's prediction (logged once), a launch hook installed
+single launch, a compiled kernel whose fields it cannot read, or a result other than stock's
+prediction (logged once), a launch hook installed
 (a profiler such as proton; SGLang's ``fast_launch`` makes the same exception), and new keys past
 ``MAX_PLANS``. Another current device captures the key again.
 Hook target: ``try_small_copy`` (AROUND; ``_grouped_foreach_copy_`` and the buffer registry
@@ -52,7 +53,6 @@ PINS = (
 )
 # try_small_copy's own constants (pinned with its source).
 MAX_NUMEL = 8192
-BLOCK = 256
 SUPPORTED = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
              torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _INT_CAST = (torch.int32, torch.int64)
@@ -169,7 +169,10 @@ def _capture(original, plan: Plan, dsts, srcs) -> bool:
         del kernel.run
         _capture_lock.release()
     _state.captures += 1
-    plan.launch = _launch_of(kernel, launches, plan) if result is True else None
+    try:
+        plan.launch = _launch_of(kernel, launches, plan) if result is True else None
+    except (AttributeError, TypeError, IndexError):  # Triton's compiled-kernel API moved (as SGLang's replay guards)
+        plan.launch = None
     plan.stock = result is not True or (plan.largest > 0 and plan.launch is None)
     if plan.stock and not _state.warned:
         _state.warned = True
