@@ -3,7 +3,8 @@
 Starts the e2e benchmark's servers for each configuration and arm (all at once, as the e2e
 does), then, one server at a time while the others idle: a warm-up, one long greedy request,
 and SGLang's own profiler (``/start_profile``, GPU activity only, no stacks) over
-``--steps`` scheduler steps of it. Each trace is reduced to per-step figures:
+``--steps`` scheduler steps of it, started once ``--profile-after`` output tokens have streamed
+(the same position, so the same KV length, in every arm). Each trace is reduced to per-step figures:
 
 - GPU busy µs (the union of kernel, memcpy and memset intervals) and the GPU-idle µs inside
   the profiled span: a GPU-bound step has little idle, so only less GPU work makes it faster;
@@ -124,21 +125,43 @@ def _tsv(rows) -> bytes:
     return lzma.compress(("\n".join(lines) + "\n").encode())
 
 
-def profile_one(srv: run.Server, prompt: list[int], out_dir: str, name: str, steps: int, max_new_tokens: int) -> dict:
+def _stream(base: str, prompt: list[int], max_new_tokens: int, start_after: int, reached: threading.Event) -> None:
+    """One greedy streamed request; sets ``reached`` once ``start_after`` tokens came back."""
+    payload = {"input_ids": list(prompt), "stream": True,
+               "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}}
+    req = urllib.request.Request(f"{base}/generate", data=json.dumps(payload).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        for line in resp:
+            line = line.strip()
+            if not line.startswith(b"data:") or line == b"data: [DONE]":
+                continue
+            meta = json.loads(line[5:]).get("meta_info", {})
+            if meta.get("completion_tokens", 0) >= start_after:
+                reached.set()
+
+
+def profile_one(srv: run.Server, prompt: list[int], out_dir: str, name: str, steps: int, max_new_tokens: int,
+                start_after: int) -> dict:
     client.run_load(srv.base, [prompt, prompt], 1, 64)  # warm-up
     prof_dir = os.path.join(out_dir, "traces", name)
     os.makedirs(prof_dir, exist_ok=True)
     errors = []
 
+    reached = threading.Event()
+
     def long_request():
         try:
-            client.generate(srv.base, prompt, max_new_tokens, timeout=300)
-        except client.ClientError as exc:
-            errors.append(str(exc))
+            _stream(srv.base, prompt, max_new_tokens, start_after, reached)
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            errors.append(f"/generate: {exc}")
+        reached.set()
 
     t = threading.Thread(target=long_request)
     t.start()
-    time.sleep(1.0)  # in steady decode
+    # Every arm from the same output position: attention time grows with the KV length, so a
+    # faster arm profiled after the same wall time would pay for its longer sequence.
+    reached.wait(timeout=300)
     body = {"output_dir": prof_dir, "num_steps": steps, "activities": ["GPU"], "with_stack": False,
             "record_shapes": False, "profile_id": name}
     req = urllib.request.Request(f"{srv.base}/start_profile", data=json.dumps(body).encode(),
@@ -189,6 +212,8 @@ def main(argv=None) -> int:
     ap.prog, ap.description = "benchmarks/profile_step_kernels.py", __doc__.split("\n\n")[0]
     ap.add_argument("--steps", type=int, default=40, help="scheduler steps per profile")
     ap.add_argument("--profile-tokens", type=int, default=1500, help="the profiled request's max_new_tokens")
+    ap.add_argument("--profile-after", type=int, default=300,
+                    help="output tokens streamed before the profile starts (the same position in every arm)")
     args = ap.parse_args(argv)
     configs, arms, opts = run.plan(args)
     out_dir = os.path.abspath(args.out or "hostsync-profile")
@@ -214,7 +239,7 @@ def main(argv=None) -> int:
                 try:
                     client.wait_ready(srv.base, args.ready_timeout - (time.perf_counter() - srv.t0), srv.alive)
                     results[key] = profile_one(srv, prompt, out_dir, key.replace("/", "__").replace(":", "_").replace(",", "_"),
-                                               args.steps, args.profile_tokens)
+                                               args.steps, args.profile_tokens, args.profile_after)
                 except client.ClientError as exc:
                     results[key] = {"error": str(exc), "log_tail": srv.log_tail()}
                 f = results[key]

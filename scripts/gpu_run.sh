@@ -8,7 +8,7 @@
 #   bash scripts/gpu_run.sh                                # every benchmark below, then the GPU tests
 #   TESTS=0 BENCHES=e2e E2E_ARGS="--configs standalone-t4-p16" bash scripts/gpu_run.sh
 #   bash scripts/gpu_run.sh tests/test_gpu_e2e.py          # only these tests
-# BENCHES (default: all but profile): e2e startup dp_meta eagle_tail tree_compact greedy_row_argmax replay_launch relay_stash draft_topk small_copy ngram_full_mask draft_input events decode_loop pageable_h2d profile
+# BENCHES (default: all but profile): e2e startup dp_meta eagle_tail tree_compact greedy_row_argmax replay_launch relay_stash draft_topk small_copy draft_vocab_topk ngram_full_mask draft_input events decode_loop pageable_h2d profile
 #   e2e:         python -m sglang_hostsync_plugin.e2e $E2E_ARGS (real servers) -> $OUT/e2e/; with
 #                PYSPY_CONFIGS="standalone-t4-p16 ..." (and PYSPY=path/to/py-spy) each config's schedulers
 #                are sampled by py-spy beside it -> $OUT/pyspy/ (report: benchmarks/pyspy_schedulers.py report)
@@ -39,7 +39,7 @@ fi
   echo "plugin source digest $(find sglang_hostsync_plugin -name '*.py' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16)"
   } | tee "$OUT/env.txt"
 rc=0
-for b in ${BENCHES:-dp_meta eagle_tail tree_compact greedy_row_argmax replay_launch relay_stash draft_topk small_copy ngram_full_mask draft_input events decode_loop pageable_h2d startup e2e}; do
+for b in ${BENCHES:-dp_meta eagle_tail tree_compact greedy_row_argmax replay_launch relay_stash draft_topk small_copy draft_vocab_topk ngram_full_mask draft_input events decode_loop pageable_h2d startup e2e}; do
   case $b in
     e2e) spies=""
          for c in ${PYSPY_CONFIGS:-}; do  # line-level scheduler profiles beside the e2e (benchmarks/pyspy_schedulers.py)

@@ -88,6 +88,7 @@ def main():
         def do_POST(self):
             if self.path == "/start_profile":  # a Kineto-shaped trace: per step one graph kernel, one eager
                 req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                print(f"fake server: profile started at streamed token {state.get('streamed')}", flush=True)
                 events = []
                 for k in range(req["num_steps"]):
                     t = 100.0 * k
@@ -141,6 +142,18 @@ def main():
                     lp[-1] += 1e-7
                 meta["output_token_logprobs"] = [[v, t, None] for v, t in zip(lp, out)]
                 meta["output_top_logprobs"] = [[[v, t, None]] * k for v, t in zip(lp, out)]
+            if req.get("stream"):  # SSE chunks as SGLang sends them; a profile asked for meanwhile is logged
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                for done in range(1, n + 1):
+                    state["streamed"] = done
+                    chunk = {"output_ids": out[:done], "meta_info": {**meta, "completion_tokens": done}}
+                    self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                    self.wfile.flush()
+                    time.sleep(0.002)
+                state["streamed"] = None
+                return self.wfile.write(b"data: [DONE]\n\n")
             self._send(200, {"output_ids": out, "meta_info": meta})
 
     ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()

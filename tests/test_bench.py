@@ -7,6 +7,7 @@ import torch
 
 import importlib.util
 import os
+import re
 
 from helpers import REPO
 
@@ -116,7 +117,7 @@ def test_profile_run_against_fake_servers(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.path.join(REPO, "tests"), os.environ.get("PYTHONPATH", "")]))
     out = tmp_path / "prof"
     argv = ["--server-module", "fake_sglang_server", "--configs", "standalone-t1-p16", "--arms", "stock",
-            "--slots", "default,-audit", "--steps", "6", "--profile-tokens", "16", "--out", str(out),
+            "--slots", "default,-audit", "--steps", "6", "--profile-tokens", "40", "--profile-after", "25", "--out", str(out),
             "--port", str(38600 + os.getpid() % 300)]
     assert prof.main(argv) == 0
     res = json.loads((out / "profile.json").read_text())
@@ -126,6 +127,9 @@ def test_profile_run_against_fake_servers(tmp_path, monkeypatch):
         assert f["gpu_idle_us_per_step"] == (600 - 20 - 6 * 70) / 6 and not f["request_errors"]
     assert (out / "standalone-t1-p16__stock.gpu.tsv.xz").exists() and not list((out / "traces").rglob("*.gz"))
     assert "`eager_add`" in (out / "profile.md").read_text()
+    for log in ("standalone-t1-p16__stock.log", "standalone-t1-p16__slots_default_-audit.log"):
+        at = re.search(r"profile started at streamed token (\d+)", (out / log).read_text())
+        assert at and 25 <= int(at.group(1)) < 40, log  # after --profile-after tokens, while the request streams
 
 
 def _pyspy():

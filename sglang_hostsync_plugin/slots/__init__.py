@@ -39,6 +39,7 @@ OWNED = (
     ("fused_relay_stash", "fused_relay_stash", False),
     ("draft_extend_topk_graph", "draft_extend_topk_graph", False),
     ("small_copy_launch", "small_copy_launch", False),
+    ("draft_vocab_topk", "draft_vocab_topk", False),
     ("triton_replay_launch", "triton_replay_launch", False),
 )
 
