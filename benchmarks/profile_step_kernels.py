@@ -215,6 +215,9 @@ def main(argv=None) -> int:
     ap.add_argument("--profile-after", type=int, default=300,
                     help="output tokens streamed before the profile starts (the same position in every arm)")
     args = ap.parse_args(argv)
+    if not 0 < args.profile_after < args.profile_tokens:
+        ap.error(f"--profile-after {args.profile_after} must be above 0 and below --profile-tokens "
+                 f"{args.profile_tokens}: the profile starts while the request still decodes")
     configs, arms, opts = run.plan(args)
     out_dir = os.path.abspath(args.out or "hostsync-profile")
     if args.dry_run:

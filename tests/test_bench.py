@@ -113,6 +113,13 @@ def test_profile_reduction_uses_the_launch_call_without_graph_ids():
     assert "no GPU events" in prof.reduce_trace([e for e in ev if e["cat"] not in prof.GPU_CATS], 4)["error"]
 
 
+@pytest.mark.parametrize("after", ["0", "40", "90"])
+def test_profile_refuses_a_start_outside_the_request(after, capsys):
+    with pytest.raises(SystemExit):
+        prof.main(["--profile-tokens", "40", "--profile-after", after, "--dry-run"])
+    assert "--profile-after" in capsys.readouterr().err
+
+
 def test_profile_run_against_fake_servers(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.path.join(REPO, "tests"), os.environ.get("PYTHONPATH", "")]))
     out = tmp_path / "prof"

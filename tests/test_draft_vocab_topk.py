@@ -146,14 +146,17 @@ def test_what_it_leaves_to_sglang(case):
     assert dvt.fast_topk_hook(original, x, k, dim=dim) == "sglang" and len(calls) == 1
 
 
-def test_the_hook_takes_a_fitting_call():
+def test_the_hook_takes_a_fitting_call(monkeypatch):
     x = torch.randn(2, 2 * B + 40)
+    want = torch.topk(x, 4, dim=-1)
 
     def original(values, topk, dim):
         raise AssertionError("fast_topk called for a row the candidate pass takes")
 
+    topk, seen = torch.topk, []
+    monkeypatch.setattr(torch, "topk", lambda t, k, dim: seen.append(tuple(t.shape)) or topk(t, k, dim=dim))
     got = dvt.fast_topk_hook(original, x, 4, dim=-1)
-    want = torch.topk(x, 4, dim=-1)
+    assert seen == [(2, 3 * 4)]  # torch's top-k ran over the 3 blocks' candidates, not the row
     assert torch.equal(got.values, want.values) and torch.equal(got.indices, want.indices)
 
 

@@ -1,10 +1,13 @@
-"""Kernel-by-kernel GPU µs per step, stock vs plugin, from this folder's .gpu.tsv.xz (40 steps each),
-and the triton extend-attention kernel's duration at the start and end of each window (it grows
-with the KV length, so it shows where in the request each window sat).
+"""Kernel-by-kernel GPU µs per step, stock vs plugin, from a profile folder's .gpu.tsv.xz (40 steps
+each), and the triton extend-attention kernel's duration at the start and end of each window (it
+grows with the KV length, so it shows where in the request each window sat).
 
-    python kernels.py > kernels.txt"""
+    python kernels.py profile-t4 > profile-t4/kernels.txt
+    python kernels.py profile-t4-after > profile-t4-after/kernels.txt"""
 import collections
 import lzma
+import os
+import sys
 
 STEPS = 40
 ARMS = {"stock": "standalone-t4-p16__stock.gpu.tsv.xz",
@@ -26,7 +29,7 @@ def load(path):
     return n, us, [d for _, d in sorted(fwd)]
 
 
-data = {arm: load(p) for arm, p in ARMS.items()}
+data = {arm: load(os.path.join(sys.argv[1], p)) for arm, p in ARMS.items()}
 (ns, ts, fs), (np_, tp, fp) = data["stock"], data["plugin"]
 print(f"all kernels µs/step: stock {sum(ts.values()) / STEPS:.1f}, plugin {sum(tp.values()) / STEPS:.1f}")
 for arm, (_, _, f) in data.items():
