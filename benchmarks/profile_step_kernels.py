@@ -1,10 +1,11 @@
 """Where a real server's GPU time per speculative step goes: graph vs eager kernels.
 
 Starts the e2e benchmark's servers for each configuration and arm (all at once, as the e2e
-does), then, one server at a time while the others idle: a warm-up, one long greedy request,
-and SGLang's own profiler (``/start_profile``, GPU activity only, no stacks) over
-``--steps`` scheduler steps of it, started once ``--profile-after`` output tokens have streamed
-(the same position, so the same KV length, in every arm). Each trace is reduced to per-step figures:
+does), then, one server at a time while the others idle: a warm-up, ``--profile-requests`` long
+greedy requests at once (1: concurrency 1), and SGLang's own profiler (``/start_profile``, GPU
+activity only, no stacks) over ``--steps`` scheduler steps of them, started once every request has
+streamed ``--profile-after`` output tokens (the same position, so the same KV length, in every
+arm). Each trace is reduced to per-step figures:
 
 - GPU busy µs (the union of kernel, memcpy and memset intervals) and the GPU-idle µs inside
   the profiled span: a GPU-bound step has little idle, so only less GPU work makes it faster;
@@ -141,27 +142,30 @@ def _stream(base: str, prompt: list[int], max_new_tokens: int, start_after: int,
                 reached.set()
 
 
-def profile_one(srv: run.Server, prompt: list[int], out_dir: str, name: str, steps: int, max_new_tokens: int,
+def profile_one(srv: run.Server, prompts: list[list[int]], out_dir: str, name: str, steps: int, max_new_tokens: int,
                 start_after: int) -> dict:
-    client.run_load(srv.base, [prompt, prompt], 1, 64)  # warm-up
+    """Profiles ``len(prompts)`` long requests decoding together."""
+    client.run_load(srv.base, prompts + prompts[:1], len(prompts), 64)  # warm-up at the profiled batch size
     prof_dir = os.path.join(out_dir, "traces", name)
     os.makedirs(prof_dir, exist_ok=True)
     errors = []
 
-    reached = threading.Event()
-
-    def long_request():
+    def long_request(prompt, reached):
         try:
             _stream(srv.base, prompt, max_new_tokens, start_after, reached)
         except (urllib.error.URLError, OSError, ValueError) as exc:
             errors.append(f"/generate: {exc}")
         reached.set()
 
-    t = threading.Thread(target=long_request)
-    t.start()
+    reached = [threading.Event() for _ in prompts]
+    threads = [threading.Thread(target=long_request, args=(p, r)) for p, r in zip(prompts, reached)]
+    for t in threads:
+        t.start()
     # Every arm from the same output position: attention time grows with the KV length, so a
     # faster arm profiled after the same wall time would pay for its longer sequence.
-    reached.wait(timeout=300)
+    deadline = time.perf_counter() + 300
+    for r in reached:
+        r.wait(timeout=max(0.0, deadline - time.perf_counter()))
     body = {"output_dir": prof_dir, "num_steps": steps, "activities": ["GPU"], "with_stack": False,
             "record_shapes": False, "profile_id": name}
     req = urllib.request.Request(f"{srv.base}/start_profile", data=json.dumps(body).encode(),
@@ -170,7 +174,8 @@ def profile_one(srv: run.Server, prompt: list[int], out_dir: str, name: str, ste
         urllib.request.urlopen(req, timeout=300).read()
     except (urllib.error.URLError, OSError) as exc:
         errors.append(f"/start_profile: {exc}")
-    t.join()
+    for t in threads:
+        t.join()
     paths = sorted(glob.glob(os.path.join(prof_dir, "*.trace.json.gz")))
     if not paths:
         return {"error": f"no trace written under {prof_dir}; request errors: {errors}"}
@@ -214,7 +219,11 @@ def main(argv=None) -> int:
     ap.add_argument("--profile-tokens", type=int, default=1500, help="the profiled request's max_new_tokens")
     ap.add_argument("--profile-after", type=int, default=300,
                     help="output tokens streamed before the profile starts (the same position in every arm)")
+    ap.add_argument("--profile-requests", type=int, default=1,
+                    help="long requests decoding together during the profile (the batch size)")
     args = ap.parse_args(argv)
+    if args.profile_requests < 1:
+        ap.error(f"--profile-requests {args.profile_requests} must be at least 1")
     if not 0 < args.profile_after < args.profile_tokens:
         ap.error(f"--profile-after {args.profile_after} must be above 0 and below --profile-tokens "
                  f"{args.profile_tokens}: the profile starts while the request still decodes")
@@ -228,7 +237,7 @@ def main(argv=None) -> int:
     models = matrix.write_models(os.path.join(out_dir, "models"), opts.dummy_shape) if opts.dummy else \
         {"target": args.model_path, "draft": args.draft_model_path}
     vocab = matrix.DUMMY_SHAPES[opts.dummy_shape]["vocab_size"] if opts.dummy else 32000
-    prompt = run.prompts(1, args.prompt_len, vocab, args.random_seed)[0]
+    prompts = run.prompts(args.profile_requests, args.prompt_len, vocab, args.random_seed)
     results = {}
     for config in configs:
         servers = {}
@@ -241,7 +250,7 @@ def main(argv=None) -> int:
                 key = f"{config.name}/{name}"
                 try:
                     client.wait_ready(srv.base, args.ready_timeout - (time.perf_counter() - srv.t0), srv.alive)
-                    results[key] = profile_one(srv, prompt, out_dir, key.replace("/", "__").replace(":", "_").replace(",", "_"),
+                    results[key] = profile_one(srv, prompts, out_dir, key.replace("/", "__").replace(":", "_").replace(",", "_"),
                                                args.steps, args.profile_tokens, args.profile_after)
                 except client.ClientError as exc:
                     results[key] = {"error": str(exc), "log_tail": srv.log_tail()}

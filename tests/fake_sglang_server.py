@@ -6,7 +6,9 @@ trace lines in the audit slot's own format (one "step" per 4 tokens).
 Behaviour switches for the tests come from the arm's slot list: a slot token
 ``perturb`` changes the logprob of the last output position, ``crash`` exits before
 ready, ``die`` exits while serving (on its 7th 16-token request: the first one, the four
-warm-ups of a ``--concurrency 1 2`` run, then inside the first timed round). Outputs depend only on the prompt, like greedy decoding."""
+warm-ups of a ``--concurrency 1 2`` run, then inside the first timed round).
+``FAKE_SGLANG_FIRST_GENERATE_S`` delays the first ``/generate`` by that many seconds.
+Outputs depend only on the prompt, like greedy decoding."""
 
 import argparse
 import gzip
@@ -42,7 +44,7 @@ def main():
                 print(f"[x] INFO hostsync: draft_extend_glue_graph check: {n} checks, 0 mismatches", flush=True)
     trace_path = os.environ.get(ENV_TRACE)
     lock = threading.Lock()
-    state = {"step": 0, "served16": 0}
+    state = {"step": 0, "served16": 0, "streams": {}}  # streams: request thread -> tokens streamed
     stock_like = tokens <= {"audit", ""}
     if trace_path:
         with open(trace_path, "w") as f:
@@ -88,7 +90,9 @@ def main():
         def do_POST(self):
             if self.path == "/start_profile":  # a Kineto-shaped trace: per step one graph kernel, one eager
                 req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                print(f"fake server: profile started at streamed token {state.get('streamed')}", flush=True)
+                with lock:
+                    at = ",".join(str(v) for v in sorted(state["streams"].values()))
+                print(f"fake server: profile started at streamed tokens {at or None}", flush=True)
                 events = []
                 for k in range(req["num_steps"]):
                     t = 100.0 * k
@@ -124,6 +128,10 @@ def main():
                     state["inflight"] -= 1
 
         def _generate(self, req, ids, n):
+            with lock:
+                first, state["generated"] = "generated" not in state, True
+            if first:  # a first request that pays startup costs (stock's took 1.4 s on the H200)
+                time.sleep(float(os.environ.get("FAKE_SGLANG_FIRST_GENERATE_S", "0")))
             if n == 16:
                 time.sleep(0.02)  # long enough that a closed loop's requests overlap on a loaded host
             if n == 16 and "die" in tokens:
@@ -146,13 +154,20 @@ def main():
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
+                me = threading.get_ident()
+                with lock:
+                    state["streams"][me] = 0
+                    later = len(state["streams"]) - 1
+                time.sleep(0.1 * later)  # streams started together begin 0.1 s apart
                 for done in range(1, n + 1):
-                    state["streamed"] = done
+                    with lock:
+                        state["streams"][me] = done
                     chunk = {"output_ids": out[:done], "meta_info": {**meta, "completion_tokens": done}}
                     self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                     self.wfile.flush()
                     time.sleep(0.002)
-                state["streamed"] = None
+                with lock:
+                    del state["streams"][me]
                 return self.wfile.write(b"data: [DONE]\n\n")
             self._send(200, {"output_ids": out, "meta_info": meta})
 

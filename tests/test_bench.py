@@ -135,8 +135,58 @@ def test_profile_run_against_fake_servers(tmp_path, monkeypatch):
     assert (out / "standalone-t1-p16__stock.gpu.tsv.xz").exists() and not list((out / "traces").rglob("*.gz"))
     assert "`eager_add`" in (out / "profile.md").read_text()
     for log in ("standalone-t1-p16__stock.log", "standalone-t1-p16__slots_default_-audit.log"):
-        at = re.search(r"profile started at streamed token (\d+)", (out / log).read_text())
+        at = re.search(r"profile started at streamed tokens ([\d,]+)\n", (out / log).read_text())
         assert at and 25 <= int(at.group(1)) < 40, log  # after --profile-after tokens, while the request streams
+
+
+def test_profile_starts_once_every_concurrent_request_streamed(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.path.join(REPO, "tests"), os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "prof"
+    argv = ["--server-module", "fake_sglang_server", "--configs", "standalone-t1-p16", "--arms", "stock",
+            "--steps", "4", "--profile-tokens", "400", "--profile-after", "60", "--profile-requests", "3",
+            "--out", str(out), "--port", str(38300 + os.getpid() % 300)]
+    assert prof.main(argv) == 0
+    res = json.loads((out / "profile.json").read_text())
+    assert not res["standalone-t1-p16/stock"]["request_errors"]
+    at = re.search(r"profile started at streamed tokens ([\d,]+)\n", (out / "standalone-t1-p16__stock.log").read_text())
+    counts = [int(v) for v in at.group(1).split(",")]
+    # The fake server starts the three 0.1 s (50 tokens) apart: each must be past 60, all still streaming.
+    assert len(counts) == 3 and all(60 <= c < 400 for c in counts), counts
+    with pytest.raises(SystemExit):
+        prof.main(["--profile-requests", "0", "--dry-run"])
+
+
+_cspec = importlib.util.spec_from_file_location("compare_kernels", os.path.join(REPO, "benchmarks", "compare_kernels.py"))
+cmp_kernels = importlib.util.module_from_spec(_cspec)
+_cspec.loader.exec_module(cmp_kernels)
+
+
+def test_compare_kernels_reads_a_profile_folder(tmp_path, capsys):
+    # Two arms' per-event files as profile_step_kernels writes them (4 steps): the other arm swaps a
+    # 30 µs radix select for a 10 µs kernel, and its attention calls sit later in the request.
+    def trace(rows):
+        return prof._tsv([(t, d, cat, name, False, "", None) for t, d, cat, name in rows])
+
+    steps = 4
+    base = [(10.0 * i, 30.0, "kernel", "mbtopk::radix") for i in range(steps)] + \
+        [(100.0 + i, 5.0 + i, "kernel", "_fwd_kernel") for i in range(steps)] + [(0.0, 9.0, "gpu_memcpy", "Memcpy")]
+    other = [(10.0 * i, 10.0, "kernel", "_block_topk_kernel") for i in range(steps)] + \
+        [(100.0 + i, 7.0 + i, "kernel", "_fwd_kernel") for i in range(steps)]
+    for arm, rows in (("stock", base), ("slots_default_eagle_host_-audit", other)):
+        (tmp_path / f"cfg__{arm}.gpu.tsv.xz").write_bytes(trace(rows))
+    (tmp_path / "profile.json").write_text(json.dumps({"cfg/stock": {"steps": steps},
+                                                       "cfg/slots:default,eagle_host,-audit": {"steps": steps}}))
+    assert cmp_kernels.main([str(tmp_path), "cfg"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "all kernels µs/step: stock 36.5, slots_default_eagle_host_-audit 18.5"  # copies are not kernels
+    assert out[1] == "stock: _fwd_kernel µs, first 4 calls mean 6.5, last 4 mean 6.5"
+    rows = {line.rsplit("| ", 1)[1]: line for line in out if line.count("|") == 3 and "kernel (" not in line}
+    assert rows["mbtopk::radix"].split("|")[2].strip() == "-30.0" and rows["_block_topk_kernel"].split("|")[2].strip() == "+10.0"
+    assert rows["_fwd_kernel"].split("|")[2].strip() == "+2.0"
+    assert any(line.startswith("stock: softmax / top-k kernels µs per step: mbtopk 30.0,") for line in out)
+    (tmp_path / "profile.json").write_text(json.dumps({"cfg/stock": {"steps": steps}, "cfg/slots:default,eagle_host,-audit": {"steps": 5}}))
+    with pytest.raises(SystemExit):
+        cmp_kernels.main([str(tmp_path), "cfg"])  # windows of different lengths are not compared per step
 
 
 def _pyspy():

@@ -309,6 +309,30 @@ def test_png_charts_draw_what_they_are_given(tmp_path):
 
 # --- a whole run against fake servers -------------------------------------------
 
+def test_ready_times_do_not_include_another_servers_first_request(tmp_path, monkeypatch):
+    # Polled one after another, the plugin's ready time included stock's slow first request:
+    # every e2e table showed the plugin 2-5 s slower to start than stock.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("FAKE_SGLANG_FIRST_GENERATE_S", "4")
+    out = tmp_path / "run"
+    argv = ["--server-module", "fake_sglang_server", "--configs", "standalone-t4-p16", "--arms", "stock,plugin",
+            "--concurrency", "1", "--rounds", "1", "--requests", "1", "--max-new-tokens", "16",
+            "--identity-tokens", "8", "--port", str(37000 + os.getpid() % 500), "--out", str(out)]
+    assert run.main(argv) == 0
+    servers = json.load(open(out / "e2e.json"))["servers"]
+    stock, plugin = (servers[f"standalone-t4-p16/{a}"] for a in ("stock", "plugin"))
+    assert stock["first_request_s"] >= 4 and plugin["first_request_s"] >= 4
+    assert abs(plugin["ready_s"] - stock["ready_s"]) < 2.5, (stock["ready_s"], plugin["ready_s"])
+
+
+def test_ready_all_reports_each_server_on_its_own():
+    dead = "http://127.0.0.1:9"
+    t0 = time.perf_counter()
+    out = client.wait_ready_all({"gone": (dead, t0, lambda: False), "late": (dead, t0, lambda: True)}, 0.3, poll_s=0.01)
+    assert "exited before it was ready" in str(out["gone"]) and "not ready after" in str(out["late"])
+    assert time.perf_counter() - t0 < 5
+
+
 def test_whole_run_against_fake_servers(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setattr(run, "gpu_free_gib", lambda: 2.5)  # as nvidia-smi would say on a full GPU

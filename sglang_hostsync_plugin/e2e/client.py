@@ -63,6 +63,28 @@ def wait_ready(base: str, deadline_s: float, alive=lambda: True, poll_s: float =
         time.sleep(poll_s)
 
 
+def wait_ready_all(servers: dict, deadline_s: float, poll_s: float = 0.5) -> dict:
+    """``wait_ready`` for servers started together, each polled by its own thread: name ->
+    seconds from ``t0`` until its ``/health`` first answered, or the ``ClientError``. Polled
+    one after another, a later server's time would include the earlier ones' waits.
+    ``servers``: name -> (base, t0 on ``time.perf_counter``, alive)."""
+    out: dict = {}
+
+    def poll(name, base, t0, alive):
+        try:
+            wait_ready(base, deadline_s - (time.perf_counter() - t0), alive, poll_s)
+            out[name] = time.perf_counter() - t0
+        except ClientError as exc:
+            out[name] = exc
+
+    threads = [threading.Thread(target=poll, args=(name, *spec), daemon=True) for name, spec in servers.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
 def generate(base: str, input_ids: list[int], max_new_tokens: int, logprobs: int = 0,
              timeout: float = 300.0) -> Result:
     """One greedy request (temperature 0, EOS ignored so every request runs its length)."""
