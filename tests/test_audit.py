@@ -168,6 +168,39 @@ def test_leads_collected_in_pieces_match_the_whole_and_drop_used_finish_times():
     assert summary["run_ahead_fraction"] == pytest.approx(audit.run_ahead_fraction(want))
 
 
+def test_run_ahead_after_the_ramp_matches_the_e2e_ramp_table():
+    # Prefills every 23 steps; the first three decode pairs after each lag, the rest lead, with
+    # random misses sprinkled in: the audit's steady-state fraction, collected in pieces, equals
+    # the e2e's "run-ahead after 10 steps" over the same steps.
+    import random
+
+    from sglang_hostsync_plugin.e2e import stats
+
+    rng = random.Random(5)
+    n = 500
+    decode = [k % 23 != 0 for k in range(n)]
+    since, run = [], 0
+    for d in decode:
+        run = run + 1 if d else 0
+        since.append(run)
+    host_launch = [0.01 * k for k in range(n)]
+    finish = {k: host_launch[k + 1] + (-0.002 if since[k] <= 3 or rng.random() < 0.1 else 0.003) for k in range(n - 1)}
+    state = audit.AuditState(steps=n, host_launch=dict(enumerate(host_launch)), decode=dict(enumerate(decode)),
+                             gpu_finish=dict(finish))
+    upto = 0
+    while upto < n:
+        upto += rng.randint(1, 40)
+        state.collect_leads(upto)
+    summary = state.summary()
+    steps = [audit.TraceStep(k, host_launch[k], finish.get(k, float("nan")), decode[k], 0.0, ()) for k in range(n)]
+    want = stats.audit_figures(steps)
+    assert summary["run_ahead_fraction"] == pytest.approx(want["run_ahead_fraction"])
+    assert summary["run_ahead_after_ramp"] == pytest.approx(want["ramp"]["run_ahead_after_ramp"])
+    assert summary["ramp_steps"] == stats.RAMP == 10
+    assert 0.8 < summary["run_ahead_after_ramp"] < 0.97 and summary["run_ahead_fraction"] < summary["run_ahead_after_ramp"]
+    assert audit.AuditState().summary()["run_ahead_after_ramp"] is None  # no pair yet
+
+
 def test_the_median_lead_is_over_the_most_recent_pairs(monkeypatch):
     monkeypatch.setattr(audit, "LEADS_KEPT", 10)
     state = audit.AuditState(steps=31, host_launch={k: float(k) for k in range(31)},

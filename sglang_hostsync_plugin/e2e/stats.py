@@ -8,7 +8,7 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 
-from ..slots.audit import TraceStep, run_ahead_fraction
+from ..slots.audit import RAMP_STEPS, TraceStep, run_ahead_fraction
 from ..slots.audit_phases import pool_phases
 from .client import Result
 
@@ -35,7 +35,7 @@ def window(steps: Iterable[TraceStep], t_start: float, t_end: float) -> list[Tra
 # Decode steps after a prefill (1 = the first decode step after it): where run-ahead misses
 # fall. Each prefill puts the host behind the GPU; it catches up over the next steps.
 RAMP_BUCKETS = ((1, 1), (2, 3), (4, 10), (11, None))
-RAMP = 10
+RAMP = RAMP_STEPS  # the audit's own steady-state cut
 
 
 def steps_since_prefill(steps: Iterable[TraceStep]) -> dict[int, int]:

@@ -23,7 +23,10 @@ bounded in a long run).
 
 Only pairs of decode steps count towards the lead and the run-ahead fraction: the
 step before a prefill, or before the first step after the scheduler idled, waits for
-requests, not for the host.
+requests, not for the host. ``run_ahead_after_ramp`` is the fraction over the pairs more
+than ``RAMP_STEPS`` decode steps after a prefill: each prefill restarts the pipeline with
+the GPU idle, so with short requests the first pairs after it miss however little host
+work a step takes, and this figure is the steady state.
 
 A summary goes to SGLang's log every ``SGLANG_HOSTSYNC_AUDIT_EVERY`` steps (default
 1000) and at shutdown. With ``SGLANG_HOSTSYNC_AUDIT_JSON=<path>``, the same summary
@@ -96,6 +99,9 @@ ALLOWLIST = (
 )
 EVENT_RING = 64  # timing events in flight; a step's is read back once complete
 LEADS_KEPT = 65536  # the median lead is over the most recent pairs
+# Decode steps after a prefill before a pair counts as steady state: each prefill restarts the
+# pipeline with the GPU idle and the host a step behind (the e2e's ramp table uses the same).
+RAMP_STEPS = 10
 TRACE_BATCH = 64  # trace lines per write
 # Steps between the attribution / trace / lead passes (and after an idle scheduler). Prime, so the
 # pass lands in a timed phase window (1 in SGLANG_HOSTSYNC_AUDIT_PHASE_EVERY) as often as in any
@@ -153,6 +159,9 @@ class AuditState:
     lead_pairs: int = 0  # decode pairs measured, all of them
     leads_ahead: int = 0  # of which with a positive lead
     lead_next: int = 0  # the next step whose lead is collected
+    decode_run: int = 0  # decode steps since the last prefill, up to step lead_next - 1
+    steady_pairs: int = 0  # decode pairs more than RAMP_STEPS decode steps after a prefill
+    steady_ahead: int = 0  # of which with a positive lead
     meter_ns: int = 0  # host time the meter itself spent
     # Phase attribution: step -> (window, segments) until its idle interval is known,
     # then step -> (gpu idle ns, {phase: (host ns, idle ns)}) for the trace.
@@ -182,13 +191,19 @@ class AuditState:
         dropped after (the audit's memory stays bounded in a long run)."""
         last = min(upto, self.steps - 2)
         launch, decode = self.host_launch, self.decode
+        run = self.decode_run
         for n in range(self.lead_next, last + 1):
+            run = run + 1 if not decode or decode[n] else 0
             finish = self.gpu_finish.get(n)
             if finish is not None and (not decode or (decode[n] and decode[n + 1])):
                 lead = finish - launch[n + 1]
                 self.leads.append(lead)
                 self.lead_pairs += 1
                 self.leads_ahead += lead > 0
+                if run > RAMP_STEPS:
+                    self.steady_pairs += 1
+                    self.steady_ahead += lead > 0
+        self.decode_run = run
         for n in range(self.lead_next - 1, last):  # step ``last``'s finish is the next pair's
             self.gpu_finish.pop(n, None)
             self.gpu_begin.pop(n, None)
@@ -219,6 +234,9 @@ class AuditState:
             ),
             "foreign_thread_syncs": self.foreign_syncs,
             "run_ahead_fraction": self.leads_ahead / self.lead_pairs if self.lead_pairs else 0.0,
+            # the same past the first RAMP_STEPS decode steps after each prefill (None before any)
+            "run_ahead_after_ramp": self.steady_ahead / self.steady_pairs if self.steady_pairs else None,
+            "ramp_steps": RAMP_STEPS,
             "launch_lead_ms_median": statistics.median(leads) * 1e3 if leads else None,
             "measured_steps": self.lead_pairs,
             "meter_us_per_step": self.meter_ns / steps / 1e3,
