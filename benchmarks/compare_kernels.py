@@ -17,6 +17,9 @@ import lzma
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from profile_step_kernels import arm_stem  # noqa: E402  (how the profile names each arm's files)
+
 ATTENTION = "_fwd_kernel"
 TOPK_PARTS = ("mbtopk", "sbtopk", "bitonicSort", "scan_by_key", "SoftMax")
 
@@ -55,11 +58,6 @@ def report(folder: str, config: str, base: str, other: str, steps: int, top: int
     return "\n".join(lines) + "\n"
 
 
-def _stem(key: str) -> str:
-    """A profile.json key as ``profile_step_kernels.py`` names that arm's files."""
-    return key.replace("/", "__").replace(":", "_").replace(",", "_")
-
-
 def recorded_steps(folder: str, config: str, arm: str) -> int | None:
     """The step count ``profile_step_kernels.py`` recorded for this arm (profile.json), if any."""
     try:
@@ -68,7 +66,7 @@ def recorded_steps(folder: str, config: str, arm: str) -> int | None:
     except (OSError, ValueError):
         return None
     for key, fig in results.items():
-        if _stem(key) == f"{config}__{arm}" and isinstance(fig, dict) and "steps" in fig:
+        if arm_stem(key) == f"{config}__{arm}" and isinstance(fig, dict) and "steps" in fig:
             return int(fig["steps"])
     return None
 

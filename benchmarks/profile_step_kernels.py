@@ -120,6 +120,11 @@ def reduce_trace(events: list[dict], steps: int) -> dict:
     }
 
 
+def arm_stem(key: str) -> str:
+    """A result key (``config/arm``) as this script names that arm's files (``<stem>.gpu.tsv.xz``)."""
+    return key.replace("/", "__").replace(":", "_").replace(",", "_")
+
+
 def _tsv(rows) -> bytes:
     lines = ["ts_us\tdur_us\tcat\tin_graph\tgraph_id\tlauncher\tname"]
     lines += [f"{r[0]:.3f}\t{r[1]:.3f}\t{r[2]}\t{int(r[4])}\t{r[6] or ''}\t{r[5]}\t{r[3]}" for r in rows]
@@ -250,7 +255,7 @@ def main(argv=None) -> int:
                 key = f"{config.name}/{name}"
                 try:
                     client.wait_ready(srv.base, args.ready_timeout - (time.perf_counter() - srv.t0), srv.alive)
-                    results[key] = profile_one(srv, prompts, out_dir, key.replace("/", "__").replace(":", "_").replace(",", "_"),
+                    results[key] = profile_one(srv, prompts, out_dir, arm_stem(key),
                                                args.steps, args.profile_tokens, args.profile_after)
                 except client.ClientError as exc:
                     results[key] = {"error": str(exc), "log_tail": srv.log_tail()}

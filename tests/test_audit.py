@@ -145,6 +145,14 @@ def test_summary_logged_and_dumped(fresh_audit, monkeypatch, tmp_path, caplog):
     assert data["steps"] == 2 and data["syncs_per_step"] == 0.5 and data["sites"][0]["count"] == 1
 
 
+def passes(rng, n: int, most: int):
+    """The ``upto`` of the audit's passes over n steps, 1 to ``most`` steps apart."""
+    upto = 0
+    while upto < n:
+        upto += rng.randint(1, most)
+        yield upto
+
+
 def test_leads_collected_in_pieces_match_the_whole_and_drop_used_finish_times():
     import random
 
@@ -156,9 +164,7 @@ def test_leads_collected_in_pieces_match_the_whole_and_drop_used_finish_times():
     want = audit.launch_leads(finish, host_launch, decode)
     state = audit.AuditState(steps=n, host_launch=dict(enumerate(host_launch)), decode=dict(enumerate(decode)),
                              gpu_finish=dict(finish))
-    upto = 0
-    while upto < n:
-        upto += rng.randint(1, 30)
+    for upto in passes(rng, n, 30):
         state.collect_leads(upto)
         kept = n - min(upto, n - 2) + 1  # only what a later pair still needs
         assert len(state.gpu_finish) <= kept and len(state.host_launch) <= kept and len(state.decode) <= kept
@@ -187,9 +193,7 @@ def test_run_ahead_after_the_ramp_matches_the_e2e_ramp_table():
     finish = {k: host_launch[k + 1] + (-0.002 if since[k] <= 3 or rng.random() < 0.1 else 0.003) for k in range(n - 1)}
     state = audit.AuditState(steps=n, host_launch=dict(enumerate(host_launch)), decode=dict(enumerate(decode)),
                              gpu_finish=dict(finish))
-    upto = 0
-    while upto < n:
-        upto += rng.randint(1, 40)
+    for upto in passes(rng, n, 40):
         state.collect_leads(upto)
     summary = state.summary()
     steps = [audit.TraceStep(k, host_launch[k], finish.get(k, float("nan")), decode[k], 0.0, ()) for k in range(n)]

@@ -108,7 +108,7 @@ def test_a_row_view_with_a_padded_stride():
 
 
 @pytest.mark.parametrize("case", ["k1", "k_too_big", "narrow", "short_tail", "bf16", "1d", "dim0", "strided_cols",
-                                  "empty", "grad", "not_a_tensor", "k_not_int"])
+                                  "empty", "grad", "not_a_tensor", "k_not_int", "too_wide"])
 def test_what_it_leaves_to_sglang(case):
     x = torch.randn(2, 2 * B + 40)
     k, dim = 4, -1
@@ -136,6 +136,8 @@ def test_what_it_leaves_to_sglang(case):
         x = [1.0] * 10
     elif case == "k_not_int":
         k = torch.tensor(4)
+    elif case == "too_wide":  # more blocks than a launch grid's second dimension holds (shape only)
+        x = torch.empty(2, (dvt.MAX_BLOCKS + 1) * B, device="meta")
     assert not dvt.fits(x, k, dim)
     calls = []
 

@@ -5,8 +5,9 @@ is GPU-bound).
 At ``--speculative-eagle-topk`` > 1 SGLang 0.5.23 takes ``fast_topk(probs, topk, dim=-1)``
 (``torch.topk``) over the whole vocabulary three times a step (draft extend, draft steps). For a
 few 128k-wide rows torch runs its multi-block radix select: on the H200 about 19 kernels and 3
-memsets, ~70 µs of GPU time per call (``benchmarks/profile_step_kernels.py``, topk 4 page 16), about
-2.5% of the step.
+memsets, 72-80 µs of GPU time per call at 1-8 rows; in a real server at topk 4 page 16 its top-k took
+162 µs of an 8.1 ms step with one request and 248 µs of a 10.2 ms step with eight
+(``benchmarks/profile_step_kernels.py``).
 
 Here one Triton program per 4096-wide block of a row picks that block's k largest elements in
 torch's order (the radix key torch's top-k compares: NaN above everything, ``-0.0`` below
@@ -15,7 +16,7 @@ the candidates and their indices are mapped back. The candidates hold every elem
 select and keep their index order, and torch's top-k writes the elements above its k-th value
 and then the k-th value's first ones, both in index order, before sorting k of them; so values
 and indices are torch's exactly (ties included), which the GPU test checks against ``torch.topk``.
-Anything else (k < 2, a row under two blocks, a last block with fewer than k elements, another
+Anything else (k < 2, a row under two blocks or over MAX_BLOCKS, a last block with fewer than k elements, another
 dtype, a strided row, autograd, ``torch.compile`` tracing, a CPU tensor outside the Triton
 interpreter) calls SGLang's ``fast_topk``.
 Hook target: ``fast_topk`` (AROUND; SGLang's modules bind it by name, rebound by the registry).
@@ -37,6 +38,7 @@ TARGET = "sglang.srt.utils.common.fast_topk"
 TARGET_SHA = "9f726d9c84d83fa4"
 BLOCK = 4096
 MAX_K = 16
+MAX_BLOCKS = 65535  # the blocks of a row are the launch grid's second dimension (CUDA's limit)
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
@@ -77,7 +79,7 @@ def fits(values, k, dim) -> bool:
         return False
     rows, width = values.shape
     tail = width % BLOCK
-    return (2 <= k <= MAX_K and rows > 0 and 2 * BLOCK <= width < 2**31 - BLOCK and (tail == 0 or tail >= k)
+    return (2 <= k <= MAX_K and rows > 0 and 2 * BLOCK <= width <= MAX_BLOCKS * BLOCK and (tail == 0 or tail >= k)
             and values.stride(1) == 1 and not values.requires_grad)
 
 
