@@ -48,7 +48,8 @@ def test_every_configuration_and_arm_launches_with_sglangs_own_parser(tmp_path):
             assert ns.port == 40000 + i and ns.load_format == "dummy" and ns.skip_tokenizer_init
             assert ns.max_total_tokens == matrix.Options.max_total_tokens
             if config.uses_draft_model:
-                assert ns.speculative_eagle_topk == config.topk and ns.speculative_draft_model_path == models["draft"]
+                assert ns.speculative_eagle_topk == config.topk
+                assert ns.speculative_draft_model_path == models["draft-eagle3" if config.algorithm == "EAGLE3" else "draft"]
             else:
                 assert ns.speculative_draft_model_path is None and ns.speculative_ngram_max_bfs_breadth == 1
             if arm.slots is None:  # stock: no flag, no plugin env, no trace
@@ -75,6 +76,25 @@ def test_the_1b_dummy_shape_is_a_llama_sglang_can_size(tmp_path):
     assert run.plan(ns)[2].dummy_shape == "llama-1b"
     with pytest.raises(ValueError, match="--dummy-shape"):
         run.plan(run.build_parser().parse_args(["--dummy-shape", "llama-1b", "--model-path", "/m"]))
+
+
+@pytest.mark.parametrize("shape", sorted(matrix.DUMMY_SHAPES))
+def test_the_eagle3_dummy_draft_is_what_sglang_builds_an_eagle3_head_from(tmp_path, shape):
+    """SGLang resolves the draft's class from ``architectures`` and sizes its head from the
+    config: one layer of the target's width and a reduced vocabulary below the target's."""
+    from transformers import LlamaConfig
+    from sglang.srt.models.registry import ModelRegistry
+
+    models = matrix.write_models(str(tmp_path / "models"), shape)
+    target = json.load(open(os.path.join(models["target"], "config.json")))
+    draft = json.load(open(os.path.join(models["draft-eagle3"], "config.json")))
+    cls, arch = ModelRegistry.resolve_model_cls(draft["architectures"])
+    assert arch == "LlamaForCausalLMEagle3" and cls.__name__ == "LlamaForCausalLMEagle3"
+    cfg = LlamaConfig(**draft)
+    assert cfg.num_hidden_layers == 1 and cfg.hidden_size == target["hidden_size"]
+    assert cfg.draft_vocab_size == matrix.EAGLE3_DRAFT_VOCAB < cfg.vocab_size == target["vocab_size"]
+    eagle3 = [c for c in matrix.CONFIGS.values() if c.algorithm == "EAGLE3"]
+    assert {c.topk for c in eagle3} == {1, 4} and all(c.draft == "draft-eagle3" for c in eagle3)
 
 
 def test_plugin_env_goes_to_plugin_arms_only(tmp_path):
@@ -114,6 +134,11 @@ def test_bad_matrix_arguments_are_refused(capsys):
     assert run.main(["--arms", "plugin", "--dry-run"]) == 2
     assert run.main(["--rounds", "0", "--dry-run"]) == 2
     assert "stock arm" in capsys.readouterr().err
+    # One real draft checkpoint cannot serve both a STANDALONE and an EAGLE3 configuration.
+    mixed = ["--model-path", "/t", "--draft-model-path", "/d", "--dry-run"]
+    assert run.main([*mixed, "--configs", "standalone-t4-p16,eagle3-t4-p16"]) == 2
+    assert "separate runs" in capsys.readouterr().err
+    assert run.main([*mixed, "--configs", "eagle3-t1-p16,eagle3-t4-p16,ngram-p1"]) == 0
 
 
 def test_dry_run_prints_the_matrix_and_starts_nothing(tmp_path, capsys):

@@ -12,8 +12,9 @@ from ..config import ENV_ENABLE, ENV_SLOTS
 from ..slots.audit import ENV_EVERY, ENV_TRACE
 
 # Dummy-weight models written by the benchmark (no download): a Llama-3-8B-shaped (or,
-# with --dummy-shape llama-1b, Llama-3.2-1B-shaped) target and a 2-layer draft of the same
-# width (STANDALONE speculative decoding).
+# with --dummy-shape llama-1b, Llama-3.2-1B-shaped) target, a 2-layer draft of the same
+# width (STANDALONE speculative decoding) and a 1-layer EAGLE3 head shaped like the public
+# Llama-3.1-8B ones (32000-token draft vocabulary; dummy weights load no d2t token map).
 LLAMA_8B = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
     "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
@@ -28,9 +29,14 @@ LLAMA_1B = {**LLAMA_8B, "hidden_size": 2048, "intermediate_size": 8192, "num_hid
 DUMMY_SHAPES = {"llama-8b": LLAMA_8B, "llama-1b": LLAMA_1B}
 
 
+EAGLE3_DRAFT_VOCAB = 32000
+
+
 def dummy_models(shape: str = "llama-8b") -> dict[str, dict]:
     target = DUMMY_SHAPES[shape]
-    return {"target": target, "draft": {**target, "num_hidden_layers": 2}}
+    eagle3 = {**target, "architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1,
+              "draft_vocab_size": EAGLE3_DRAFT_VOCAB, "tie_word_embeddings": False}
+    return {"target": target, "draft": {**target, "num_hidden_layers": 2}, "draft-eagle3": eagle3}
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,7 @@ class Config:
     num_steps: int = 3
     draft_tokens: int = 4
     uses_draft_model: bool = True
+    draft: str = "draft"  # which dummy draft model it runs (a key of ``dummy_models``)
 
     def server_args(self, draft_path: str | None) -> list[str]:
         args = ["--speculative-algorithm", self.algorithm,
@@ -63,6 +70,8 @@ CONFIGS = {c.name: c for c in (
     Config("standalone-t1-p16", "STANDALONE", topk=1, page_size=16, draft_tokens=4),
     Config("standalone-t4-p1", "STANDALONE", topk=4, page_size=1, draft_tokens=8),
     Config("standalone-t4-p16", "STANDALONE", topk=4, page_size=16, draft_tokens=8),
+    Config("eagle3-t1-p16", "EAGLE3", topk=1, page_size=16, draft_tokens=4, draft="draft-eagle3"),
+    Config("eagle3-t4-p16", "EAGLE3", topk=4, page_size=16, draft_tokens=8, draft="draft-eagle3"),
     Config("ngram-p1", "NGRAM", topk=1, page_size=1, draft_tokens=8, uses_draft_model=False),
 )}
 
@@ -158,7 +167,7 @@ def write_models(root: str, shape: str = "llama-8b") -> dict[str, str]:
 
 def launch(config: Config, arm: Arm, port: int, opts: Options, models: dict[str, str], out_dir: str) -> Launch:
     target = opts.model_path or models["target"]
-    draft = (opts.draft_model_path or models.get("draft")) if config.uses_draft_model else None
+    draft = (opts.draft_model_path or models.get(config.draft)) if config.uses_draft_model else None
     argv = [opts.python, "-m", opts.server_module, "--model-path", target,
             "--host", "127.0.0.1", "--port", str(port),
             "--attention-backend", opts.attention_backend,

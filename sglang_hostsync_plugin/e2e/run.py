@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--identity-tokens", type=int, default=64)
     ap.add_argument("--top-logprobs", type=int, default=5, help="0: compare token ids only")
     ap.add_argument("--model-path", help="a real target checkpoint (default: embedded dummy-weight Llama-8B shape)")
-    ap.add_argument("--draft-model-path", help="a real draft checkpoint for STANDALONE")
+    ap.add_argument("--draft-model-path", help="a real draft checkpoint for the draft-model configurations run (STANDALONE or EAGLE3)")
     ap.add_argument("--dummy-shape", choices=sorted(matrix.DUMMY_SHAPES), default="llama-8b",
                     help="the dummy-weight target's shape (without --model-path); llama-1b: a GPU step short "
                          "enough that host time per step sets tok/s")
@@ -91,6 +91,10 @@ def plan(args) -> tuple[list[matrix.Config], list[matrix.Arm], matrix.Options]:
         raise ValueError("--rounds, --concurrency and --requests must be positive")
     if args.model_path is None and any(c.uses_draft_model for c in configs) and args.draft_model_path:
         raise ValueError("--draft-model-path needs --model-path (the dummy target has its own draft)")
+    kinds = sorted({c.draft for c in configs if c.uses_draft_model})
+    if args.draft_model_path and len(kinds) > 1:
+        raise ValueError("--draft-model-path is one draft model: run the STANDALONE and the EAGLE3 "
+                         "configurations in separate runs")
     if args.model_path is not None and args.dummy_shape != "llama-8b":
         raise ValueError("--dummy-shape shapes the dummy-weight target; it does not apply with --model-path")
     return configs, arms, options(args)
@@ -403,8 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge:
         print(merge(args.merge, out_dir)["markdown"])
         return 0
-    models = {"target": os.path.join(out_dir, "models", "dummy-target"),
-              "draft": os.path.join(out_dir, "models", "dummy-draft")}
+    models = {name: os.path.join(out_dir, "models", f"dummy-{name}") for name in matrix.dummy_models()}
     if args.dry_run:
         print(f"matrix: {len(configs)} configurations x {len(arms)} arms x concurrency {args.concurrency} "
               f"x {args.rounds} rounds; servers of one configuration run at once")

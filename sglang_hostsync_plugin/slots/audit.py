@@ -29,7 +29,10 @@ the GPU idle, so with short requests the first pairs after it miss however littl
 work a step takes, and this figure is the steady state.
 
 A summary goes to SGLang's log every ``SGLANG_HOSTSYNC_AUDIT_EVERY`` steps (default
-1000) and at shutdown. With ``SGLANG_HOSTSYNC_AUDIT_JSON=<path>``, the same summary
+1000) and when the scheduler process exits normally (Ctrl-C). SGLang's own server
+stop kills its scheduler processes (SIGTERM without a handler, or SIGKILL), so a
+server stopped that way logs no last summary: for a short run set the step count
+to one the run reaches, or read the trace. With ``SGLANG_HOSTSYNC_AUDIT_JSON=<path>``, the same summary
 is written there as JSON. With ``SGLANG_HOSTSYNC_AUDIT_TRACE=<path>``, one line per
 step is appended there (``TRACE_HEADER``; written in batches of ``TRACE_BATCH`` lines once
 each step's GPU finish is known, and at once after a step that followed an idle scheduler,
