@@ -298,7 +298,13 @@ def test_cells_pool_rounds_and_divide_by_stock():
     md = stats.markdown(list(cells.values()), {"c/stock": {"ready_s": 60.0}, "c/plugin": {"ready_s": None}},
                         {"c/plugin": {"identical": False, "first_mismatch": "prompt 0, token 3: output ids differ",
                                       "logprobs_compared": True}})
-    assert "| c | 1 | plugin | 113.0 (110.6) | 1.130 |" in md
+    # Round by round: 111/101 and 115/99; stock's own row is the reference, with no range.
+    assert cells["plugin"]["ratio_by_round"] == pytest.approx([111 / 101, 115 / 99])
+    assert "| c | 1 | plugin | 113.0 (110.6) | 1.130 (1.099-1.162) |" in md
+    assert cells["stock"]["ratio_by_round"] == [] and re.search(r"\| c \| 1 \| stock \| [^|]+ \| 1\.000 \|", md)
+    # A round only one arm ran (a time budget cut the other) is left out of the range.
+    lone = stats.cells(rows + [load_row("c", 1, "plugin", 2, [50, 50], 100)])
+    assert next(c for c in lone if c["arm"] == "plugin")["ratio_by_round"] == pytest.approx([111 / 101, 115 / 99])
     assert "| c/plugin | failed |" in md and "NO: prompt 0, token 3" in md
 
 

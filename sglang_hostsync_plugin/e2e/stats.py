@@ -199,6 +199,7 @@ def cells(rows: list[dict], windows: dict[tuple, list[list[TraceStep]]] | None =
             "tok_s_user_median": median(per_user),
             "tok_s_user_p10": percentile(per_user, 10.0),
             "tok_s_user_round_medians": [r["load"]["tok_s_user_median"] for r in rs],
+            "tok_s_user_by_round": {r["round"]: r["load"]["tok_s_user_median"] for r in rs},
             "tok_s_total_median": median([r["load"]["tok_s_total"] for r in rs]),
             "accept_length": statistics.fmean(accept) if accept else None,
             "audit": pool_audit(windows[(config, conc, arm)]) if windows and (config, conc, arm) in windows else None,
@@ -208,7 +209,19 @@ def cells(rows: list[dict], windows: dict[tuple, list[list[TraceStep]]] | None =
         ref = stock.get((c["config"], c["concurrency"]))
         c["ratio_tok_s_user"] = _ratio(c["tok_s_user_median"], ref["tok_s_user_median"] if ref else None)
         c["ratio_tok_s_total"] = _ratio(c["tok_s_total_median"], ref["tok_s_total_median"] if ref else None)
+        # Each round against stock's same round (the arms of a round run back to back): the
+        # spread the pooled ratio hides when the host drifts between rounds.
+        mine, theirs = c["tok_s_user_by_round"], ref["tok_s_user_by_round"] if ref and ref is not c else {}
+        c["ratio_by_round"] = [r for k in sorted(mine.keys() & theirs.keys())
+                               if (r := _ratio(mine[k], theirs[k])) is not None]
     return out
+
+
+def ratio_cell(c: dict) -> str:
+    """The pooled ratio to stock and, over two or more rounds, the range of the per-round ratios."""
+    by_round = c.get("ratio_by_round") or []
+    spread = f" ({min(by_round):.3f}-{max(by_round):.3f})" if len(by_round) > 1 else ""
+    return fmt(c["ratio_tok_s_user"], ".3f") + spread
 
 
 def attribution_tables(cell_rows: list[dict]) -> list[str]:
@@ -294,14 +307,14 @@ def ramp_lines(cell_rows: list[dict]) -> list[str]:
 def markdown(cell_rows: list[dict], servers: dict[str, dict], identity: dict[str, dict]) -> str:
     """The report: one table of cells, one of servers (ready time, identity)."""
     lines = [
-        "| config | conc | arm | tok/s/user median (p10) | ratio | total tok/s | accept len | syncs/step | run-ahead (worst round) | lead ms median (p10) | host µs/step: CPU (work) |",
+        "| config | conc | arm | tok/s/user median (p10) | ratio (by round) | total tok/s | accept len | syncs/step | run-ahead (worst round) | lead ms median (p10) | host µs/step: CPU (work) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for c in sorted(cell_rows, key=lambda c: (c["config"], c["concurrency"], c["arm"] != "stock", c["arm"])):
         a = c["audit"] or {}
         lines.append(
             f"| {c['config']} | {c['concurrency']} | {c['arm']} | {fmt(c['tok_s_user_median'], '.1f')} "
-            f"({fmt(c['tok_s_user_p10'], '.1f')}) | {fmt(c['ratio_tok_s_user'], '.3f')} | "
+            f"({fmt(c['tok_s_user_p10'], '.1f')}) | {ratio_cell(c)} | "
             f"{fmt(c['tok_s_total_median'], '.0f')} | {fmt(c['accept_length'])} | "
             f"{fmt(a.get('syncs_per_step'))} | {fmt(a.get('run_ahead_fraction'), '.3f')} "
             f"({fmt(a.get('run_ahead_fraction_min_round'), '.3f')}) | {fmt(a.get('launch_lead_ms_median'))} "
