@@ -362,6 +362,12 @@ def test_ready_all_reports_each_server_on_its_own():
     out = client.wait_ready_all({"gone": (dead, t0, lambda: False), "late": (dead, t0, lambda: True)}, 0.3, poll_s=0.01)
     assert "exited before it was ready" in str(out["gone"]) and "not ready after" in str(out["late"])
     assert time.perf_counter() - t0 < 5
+    # An error outside the client's own (here from ``alive``) is that server's answer, not a lost thread.
+    def broken():
+        raise RuntimeError("no such process")
+    out = client.wait_ready_all({"odd": (dead, t0, broken), "gone": (dead, t0, lambda: False)}, 0.3, poll_s=0.01)
+    assert isinstance(out["odd"], client.ClientError) and "no such process" in str(out["odd"])
+    assert "exited before it was ready" in str(out["gone"])
 
 
 def test_whole_run_against_fake_servers(tmp_path, monkeypatch, capsys):

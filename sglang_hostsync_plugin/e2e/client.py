@@ -74,8 +74,8 @@ def wait_ready_all(servers: dict, deadline_s: float, poll_s: float = 0.5) -> dic
         try:
             wait_ready(base, deadline_s - (time.perf_counter() - t0), alive, poll_s)
             out[name] = time.perf_counter() - t0
-        except ClientError as exc:
-            out[name] = exc
+        except Exception as exc:  # e.g. http.client's own errors: every server still gets its answer
+            out[name] = exc if isinstance(exc, ClientError) else ClientError(f"{base}: {exc!r}")
 
     threads = [threading.Thread(target=poll, args=(name, *spec), daemon=True) for name, spec in servers.items()]
     for t in threads:

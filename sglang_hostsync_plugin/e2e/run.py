@@ -91,8 +91,7 @@ def plan(args) -> tuple[list[matrix.Config], list[matrix.Arm], matrix.Options]:
         raise ValueError("--rounds, --concurrency and --requests must be positive")
     if args.model_path is None and any(c.uses_draft_model for c in configs) and args.draft_model_path:
         raise ValueError("--draft-model-path needs --model-path (the dummy target has its own draft)")
-    kinds = sorted({c.draft for c in configs if c.uses_draft_model})
-    if args.draft_model_path and len(kinds) > 1:
+    if args.draft_model_path and len({c.draft for c in configs if c.uses_draft_model}) > 1:
         raise ValueError("--draft-model-path is one draft model: run the STANDALONE and the EAGLE3 "
                          "configurations in separate runs")
     if args.model_path is not None and args.dummy_shape != "llama-8b":

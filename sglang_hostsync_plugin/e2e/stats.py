@@ -198,7 +198,6 @@ def cells(rows: list[dict], windows: dict[tuple, list[list[TraceStep]]] | None =
             "errors": sum(len(r.get("errors", ())) for r in rs),
             "tok_s_user_median": median(per_user),
             "tok_s_user_p10": percentile(per_user, 10.0),
-            "tok_s_user_round_medians": [r["load"]["tok_s_user_median"] for r in rs],
             "tok_s_user_by_round": {r["round"]: r["load"]["tok_s_user_median"] for r in rs},
             "tok_s_total_median": median([r["load"]["tok_s_total"] for r in rs]),
             "accept_length": statistics.fmean(accept) if accept else None,
