@@ -1,7 +1,9 @@
 """triton_replay_launch: each of the plugin's Triton wrappers through Triton's JIT dispatch
 ("stock": the slot off) vs SGLang's ``replay_launches`` ("plugin": the slot on), one process,
 same inputs (GPU): host µs per call (launch to return), GPU µs per call, syncs per call, and
-``torch.argmax`` (what greedy_row_argmax replaces) for reference.
+``torch.argmax`` (what greedy_row_argmax replaces) for reference. spec_kernel_replay: each SGLang
+wrapper it hooks, called directly ("stock") vs through ``replay_tree`` ("plugin"), each result
+structure the EAGLE v2 step asks for.
 
     python benchmarks/bench_replay_launch.py [--rounds 4] [--json out.json]
 """
@@ -15,10 +17,11 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from per_call import compare, parse_args, print_rows, write_json  # noqa: E402
 
-from hostsync_drivers import eagle_tail, tree_compact  # noqa: E402
+from hostsync_drivers import eagle_tail, spec_wrappers, tree_compact  # noqa: E402
 from sglang_hostsync_plugin.slots import fused_draft_page_locs as fdl  # noqa: E402
 from sglang_hostsync_plugin.slots import fused_tree_compact as ftc  # noqa: E402
 from sglang_hostsync_plugin.slots import greedy_row_argmax as gra  # noqa: E402
+from sglang_hostsync_plugin.slots import spec_kernel_replay as skr  # noqa: E402
 from sglang_hostsync_plugin.slots import triton_replay_launch as trl  # noqa: E402
 
 
@@ -52,8 +55,17 @@ def main():
         _, (rt, base, last, pages) = eagle_tail.make_case(rng, bs, 4, 16, num_steps=3, device="cuda")
         args = (rt, torch.arange(bs, device="cuda"), (base + last).contiguous(), 4, 3, 16)
         rows.append({"wrapper": "page_locs_launch", "bs": bs, **compare(arms(fdl.page_locs_launch), None, args, ns)})
+        for name, variants in spec_wrappers.VARIANTS:
+            fn, replay = spec_wrappers.FUNCTIONS[name], skr.Replay(spec_wrappers.FUNCTIONS[name])
+            for variant in variants:
+                args, kw = spec_wrappers.case(name, rng, bs, variant)
+                calls = {"stock": lambda _, *a, fn=fn, kw=kw: fn(*a, **kw),
+                         "plugin": lambda _, *a, fn=replay, kw=kw: fn(*a, **kw)}
+                label = f"{name}{'/' + variant if variant else ''}"
+                rows.append({"wrapper": label, "bs": bs, **compare(calls, None, args, ns)})
     trl.switch_off()
-    print("host / GPU µs per call: stock = Triton's JIT dispatch, plugin = SGLang's replay_launches")
+    print("host / GPU µs per call: stock = Triton's JIT dispatch, plugin = SGLang's replay_launches "
+          "(spec_kernel_replay's rows: SGLang's wrapper, then through replay_tree)")
     print_rows(rows, ("wrapper", "bs"))
     for r in rows:
         if "torch" in r:

@@ -49,3 +49,20 @@ def staging_impl(request, monkeypatch):
         pytest.skip(f"csrc: {csrc.unavailable_reason()}")
     monkeypatch.setattr(staging, "_impl", request.param)
     return request.param
+
+
+@pytest.fixture
+def jit_calls(monkeypatch):
+    """The kernels entering Triton's JIT dispatch (``JITFunction.run``) during the test, in order:
+    a replayed launch must not appear (GPU tests of the replaying slots)."""
+    from triton.runtime.jit import JITFunction
+
+    calls = []
+    real = JITFunction.run
+
+    def run(self, *a, **kw):
+        calls.append(self)
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(JITFunction, "run", run)
+    return calls

@@ -9,7 +9,6 @@ import random
 
 import pytest
 import torch
-from triton.runtime.jit import JITFunction
 
 from hostsync_drivers import small_copy as drv
 from sglang_hostsync_plugin.slots import small_copy_launch as slc
@@ -18,17 +17,9 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 
 @pytest.fixture
-def fresh(monkeypatch):
+def fresh(monkeypatch, jit_calls):
     monkeypatch.setattr(slc, "_state", slc.State(plans={}))
-    jit = []
-    real = JITFunction.run
-
-    def run(self, *a, **kw):
-        jit.append(self)
-        return real(self, *a, **kw)
-
-    monkeypatch.setattr(JITFunction, "run", run)
-    return jit
+    return jit_calls
 
 
 def _bits(t):

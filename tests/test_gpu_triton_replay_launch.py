@@ -10,7 +10,6 @@ import random
 
 import pytest
 import torch
-from triton.runtime.jit import JITFunction
 
 from hostsync_drivers import eagle_tail, relay_stash, tree_compact
 from sglang_hostsync_plugin.slots import eagle_fixed_shape_tail as eft
@@ -23,17 +22,9 @@ from sglang_hostsync_plugin.slots import triton_replay_launch as trl
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-@pytest.fixture
-def jit_calls(monkeypatch):
-    calls = []
-    real = JITFunction.run
-
-    def run(self, *a, **kw):
-        calls.append(self)
-        return real(self, *a, **kw)
-
-    monkeypatch.setattr(JITFunction, "run", run)
-    yield calls
+@pytest.fixture(autouse=True)
+def _replay_off():
+    yield
     trl.switch_off()
 
 

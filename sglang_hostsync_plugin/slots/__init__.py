@@ -41,6 +41,7 @@ OWNED = (
     ("small_copy_launch", "small_copy_launch", False),
     ("draft_vocab_topk", "draft_vocab_topk", False),
     ("triton_replay_launch", "triton_replay_launch", False),
+    ("spec_kernel_replay", "spec_kernel_replay", False),
 )
 
 

@@ -1,0 +1,193 @@
+"""spec_kernel_replay on the CPU: the result templates (nesting and None holes), the per-signature
+record / replay / normal-path bookkeeping around SGLang's ``_record`` and plans (a fake plan here),
+SGLang's kill switch, and the slot's targets, pins, inert rules and installation. Under
+``TRITON_INTERPRET`` SGLang records no launch, so through the real ``_record`` every wrapper must
+keep returning SGLang's own results. The real replay, bit for bit: test_gpu_spec_kernel_replay.py."""
+
+import random
+
+import pytest
+import torch
+from sglang.kernels.ops.diffusion.common import fast_launch
+
+from hostsync_drivers import spec_wrappers as sw
+from sglang_hostsync_plugin.checks import check_slot
+from sglang_hostsync_plugin.slot import ServingFacts
+from sglang_hostsync_plugin.slots import spec_kernel_replay as skr
+
+
+@pytest.mark.parametrize("out", [
+    torch.ones(2), (torch.ones(2), torch.zeros(3)), (torch.ones(1), None, (torch.ones(2), None), (torch.ones(3),)),
+    None, (), (None, None),
+])
+def test_templates_rebuild_the_nesting_and_the_holes(out):
+    leaves = []
+    template = skr._flatten(out, leaves)
+    assert all(isinstance(t, torch.Tensor) for t in leaves)
+    rebuilt = skr._build(template, tuple(leaves))
+    assert sw.same(out, rebuilt)
+    if isinstance(out, torch.Tensor):
+        assert rebuilt is out
+
+
+@pytest.mark.parametrize("out", [[torch.ones(1)], (torch.ones(1), 3), {"a": torch.ones(1)}, 1.5])
+def test_results_it_does_not_know_are_raw(out):
+    assert skr._flatten(out, []) is skr._RAW
+
+
+class FakePlan:
+    """SGLang's _Plan as the wrapper uses it: ``device`` and ``replay(inputs)`` -> flat tuple."""
+
+    def __init__(self, fn, device=0):
+        self.fn, self.device, self.replays = fn, device, 0
+
+    def replay(self, inputs):
+        self.replays += 1
+        return self.fn(*inputs)
+
+
+@pytest.fixture
+def fake_record(monkeypatch):
+    """SGLang's _record with a FakePlan: the wrapper ran, its flat result replays from the inputs."""
+    recorded = []
+
+    def record(fn, args, kwargs, inputs):
+        out = fn(*args, **kwargs)
+        recorded.append(out)
+        if not all(isinstance(t, torch.Tensor) for t in out):
+            return out, fast_launch._NORMAL
+        return out, FakePlan(lambda *ins, f=replay_fn: tuple(t.clone() for t in f(*ins)))
+
+    replay_fn = None
+
+    def use(fn):
+        nonlocal replay_fn
+        replay_fn = fn
+
+    monkeypatch.setattr(fast_launch, "_record", record)
+    monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0)
+    return recorded, use
+
+
+def test_records_once_per_signature_then_replays_into_the_same_structure(fake_record):
+    recorded, use = fake_record
+    calls = []
+
+    def upstream(a, b, with_extra):
+        calls.append(a.shape)
+        return a + b, (a * b, None), (a - b if with_extra else None)
+
+    use(lambda a, b: (a + b, a * b, a - b))  # the flat launches of the extra variant
+    r = skr.Replay(upstream)
+    a, b = torch.arange(4.0), torch.ones(4)
+    first = r(a, b, True)
+    assert len(calls) == 1 and len(recorded) == 1 and len(r.plans) == 1
+    a2 = torch.arange(4.0) * 3  # new contents, the same signature
+    second = r(a2, b, True)
+    assert len(calls) == 1 and sw.same(second, upstream(a2, b, True)) and second[1][1] is None
+    assert sw.same(first, upstream(a, b, True))
+    r(torch.arange(5.0), torch.ones(5), True)  # a new shape: recorded again
+    assert len(r.plans) == 2
+    use(lambda a, b: (a + b, a * b))
+    out = r(a, b, False)  # a scalar is part of the key: the None-hole variant records on its own
+    assert len(r.plans) == 3 and out[2] is None and r(a2, b, False)[2] is None
+
+
+def test_what_keeps_sglangs_path(fake_record, monkeypatch):
+    recorded, use = fake_record
+    calls = []
+
+    def upstream(a, obj=None):
+        calls.append(1)
+        return [a + 1]  # a list: not a result SGLang's plan rebuilds
+
+    r = skr.Replay(upstream)
+    a = torch.zeros(2)
+    for _ in range(3):
+        assert sw.same(r(a), [a + 1])
+    assert len(calls) == 3 and r.plans[next(iter(r.plans))][0] is fast_launch._NORMAL
+    assert len(recorded) == 1  # recorded once, then the normal path
+    r(a, obj=object())  # an operand SGLang cannot key: never recorded
+    assert len(recorded) == 1 and len(calls) == 4
+    monkeypatch.setattr(fast_launch, "_ENABLED", False)  # SGLANG_DIFFUSION_TRITON_FAST_LAUNCH=0
+    r2 = skr.Replay(lambda a: (a + 1,))
+    r2(a)
+    assert r2.plans == {} and len(recorded) == 1
+
+
+def test_another_device_and_the_plan_cap(fake_record, monkeypatch):
+    recorded, use = fake_record
+    use(lambda a: (a + 1,))
+    calls = []
+
+    def upstream(a):
+        calls.append(1)
+        return (a + 1,)
+
+    r = skr.Replay(upstream)
+    a = torch.zeros(2)
+    r(a)
+    r(a)
+    assert len(calls) == 1
+    monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 1)
+    r(a)
+    assert len(calls) == 2  # recorded on device 0: another current device runs SGLang's wrapper
+    monkeypatch.setattr(skr, "MAX_PLANS", 1)
+    r(torch.zeros(3))
+    assert len(r.plans) == 1 and len(calls) == 3
+
+
+def test_another_thread_recording_stores_nothing(monkeypatch):
+    monkeypatch.setattr(fast_launch, "_record", lambda fn, args, kwargs, inputs: (fn(*args, **kwargs), None))
+    r = skr.Replay(lambda a: (a + 1, None))
+    out = r(torch.zeros(2))
+    assert r.plans == {} and out[1] is None and torch.equal(out[0], torch.ones(2))
+
+
+def test_every_wrapper_returns_sglangs_results_through_the_real_record():
+    """The interpreter records no launch: each signature keeps SGLang's path, results unchanged."""
+    rng = random.Random(5)
+    for name, variants in sw.VARIANTS:
+        fn = sw.FUNCTIONS[name]
+        r = skr.Replay(fn)
+        for variant in variants:
+            for bs in (0, 1, 3):
+                for _ in range(2):
+                    args, kwargs = sw.case(name, rng, bs, variant, device="cpu")
+                    a2, k2 = sw.clone(args), sw.clone(kwargs)
+                    assert sw.same(r(*args, **kwargs), fn(*a2, **k2)), (name, variant, bs)
+                    assert sw.same((args, kwargs), (a2, k2)), (name, variant, bs)  # in-place outputs too
+        assert r.plans and all(plan is fast_launch._NORMAL for plan, _ in r.plans.values())
+
+
+def test_targets_are_the_wrappers_and_their_pins():
+    assert check_slot(skr.SLOT) is None
+    assert {t.path.rsplit(".", 1)[1] for t in skr.SLOT.targets} == set(sw.FUNCTIONS)
+    assert all(t.hook is skr.replay_hook and not t.observer for t in skr.SLOT.targets)
+    assert skr.replay_of(sw.FUNCTIONS["prepare_draft_extend_inputs"]) is skr.replay_of(sw.FUNCTIONS["prepare_draft_extend_inputs"])
+    assert not skr.SLOT.default and "eagle_host" in skr.SLOT.presets
+    assert "turns SGLang's replay_launches off" in skr.SLOT.env_warning({"SGLANG_DIFFUSION_TRITON_FAST_LAUNCH": "0"})
+
+
+def test_inert_rules():
+    for algo in ("EAGLE", "EAGLE3", "STANDALONE"):
+        assert skr.SLOT.inert(ServingFacts(algo, topk=1)) is None
+    assert "NGRAM" in skr.SLOT.inert(ServingFacts("NGRAM"))
+    assert "DFLASH" in skr.SLOT.inert(ServingFacts("DFLASH"))
+    assert "unset" in skr.SLOT.inert(ServingFacts())
+
+
+def test_installs_beside_the_audits_observer():
+    from sglang_hostsync_plugin import installer, plan as plans, registry
+    from sglang_hostsync_plugin.slot import Status
+
+    facts = ServingFacts(speculative_algorithm="STANDALONE", topk=4, page_size=16,
+                         attention_backends=("triton", "triton"))
+    plan = plans.resolve({"SGLANG_HOSTSYNC_SLOTS": "default,eagle_host,audit,audit_fine"}, facts=facts)
+    assert plan.verdict(skr.NAME).status is Status.WOULD_APPLY
+    assert not [v for v in plan.verdicts if v.status is Status.FAILED]
+    paths = []
+    installer.install(installer.InstallState(), plan, registry.catalogue(),
+                      lambda path, hook, kind: paths.append(path))
+    for t in skr.SLOT.targets:
+        assert paths.count(t.path) == 1, t.path  # one hook per function: the audit's timer shares it
