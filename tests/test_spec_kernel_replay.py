@@ -191,3 +191,42 @@ def test_installs_beside_the_audits_observer():
                       lambda path, hook, kind: paths.append(path))
     for t in skr.SLOT.targets:
         assert paths.count(t.path) == 1, t.path  # one hook per function: the audit's timer shares it
+
+
+def test_installed_where_sglangs_callers_look_the_wrappers_up():
+    """Through the real HookRegistry: the names the EAGLE v2 callers bind (module globals rebound
+    at import, module attributes read at call time) reach the slot's replay, results unchanged;
+    eagle_utils' verify prep caches its import lazily, so it still resolves the hooked one."""
+    from helpers import LOAD_AND_STARTUP_CHECK, out, run_python
+
+    proc = run_python(LOAD_AND_STARTUP_CHECK + """
+import json, random
+from hostsync_drivers import spec_wrappers as sw
+from sglang.kernels.ops.speculative import cache_locs, eagle
+from sglang.srt.managers import overlap_utils
+from sglang.srt.speculative import eagle_utils, eagle_worker_common
+from sglang_hostsync_plugin.slots import spec_kernel_replay as skr
+callers = {"gather_spec_extras": overlap_utils.gather_spec_extras,
+           "assign_draft_cache_locs_contiguous_func": eagle_worker_common.assign_draft_cache_locs_contiguous_func,
+           "prepare_draft_extend_layout": eagle_worker_common.prepare_draft_extend_layout,
+           "assign_extend_cache_locs_uniform_func": cache_locs.assign_extend_cache_locs_uniform_func,
+           "prepare_draft_extend_inputs": eagle.prepare_draft_extend_inputs}
+rng, same = random.Random(3), {}
+for name, fn in callers.items():
+    args, kwargs = sw.case(name, rng, 3, "", device="cpu")
+    a2, k2 = sw.clone(args), sw.clone(kwargs)
+    got = fn(*args, **kwargs)
+    upstream = {r.fn.__name__: r.fn for r in skr._replays.values()}.get(name)  # SGLang's own function
+    same[name] = upstream is not None and sw.same(got, upstream(*a2, **k2)) and sw.same((args, kwargs), (a2, k2))
+print("RESULT" + json.dumps({"err": err, "status": rt.state.statuses["spec_kernel_replay"].status.value, "same": same,
+      "replayed": sorted(r.fn.__name__ for r in skr._replays.values() if r.plans),
+      "verify_deps_lazy": eagle_utils._PREPARE_FOR_VERIFY_DEPS is None}))
+""", SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", SGLANG_HOSTSYNC_SLOTS="default,eagle_host,audit,audit_fine", TRITON_INTERPRET="1")
+    assert proc.returncode == 0, out(proc)
+    import json
+
+    res = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert res["err"] is None and res["status"] == "applied", res
+    assert all(res["same"].values()) and res["verify_deps_lazy"], res
+    assert res["replayed"] == sorted(sw.FUNCTIONS), res
+    assert "Multiple AROUND hooks" not in proc.stderr + proc.stdout
