@@ -2,7 +2,7 @@
 ("stock": the slot off) vs SGLang's ``replay_launches`` ("plugin": the slot on), one process,
 same inputs (GPU): host µs per call (launch to return), GPU µs per call, syncs per call, and
 ``torch.argmax`` (what greedy_row_argmax replaces) for reference. spec_kernel_replay: each SGLang
-wrapper it hooks, called directly ("stock") vs through ``replay_tree`` ("plugin"), each result
+wrapper it hooks, called directly ("stock") vs through the slot's ``Replay`` ("plugin"), each result
 structure the EAGLE v2 step asks for.
 
     python benchmarks/bench_replay_launch.py [--rounds 4] [--json out.json]
@@ -65,7 +65,7 @@ def main():
                 rows.append({"wrapper": label, "bs": bs, **compare(calls, None, args, ns)})
     trl.switch_off()
     print("host / GPU µs per call: stock = Triton's JIT dispatch, plugin = SGLang's replay_launches "
-          "(spec_kernel_replay's rows: SGLang's wrapper, then through replay_tree)")
+          "(spec_kernel_replay's rows: SGLang's wrapper, then through the slot's Replay)")
     print_rows(rows, ("wrapper", "bs"))
     for r in rows:
         if "torch" in r:

@@ -1,4 +1,4 @@
-"""spec_kernel_replay on a CUDA device: each SGLang wrapper it hooks, through ``replay_tree``,
+"""spec_kernel_replay on a CUDA device: each SGLang wrapper it hooks, through the slot's ``Replay``,
 records on the first call of an operand signature (SGLang's ``_record``: a real plan, not the
 normal path) and, on later calls with new contents of that signature, relaunches without Triton's
 JIT dispatch and returns, and writes in place, exactly what SGLang's wrapper does, with the same

@@ -17,9 +17,9 @@ launches on temporaries): such a signature keeps SGLang's path.
 
 ``replay_launches`` accepts a tensor or a flat tuple of tensors as the result; these wrappers
 return nested tuples with ``None`` holes (``prepare_draft_extend_layout``, ``gather_spec_extras``
-without hidden states). ``replay_tree``
-is SGLang's wrapper with the result flattened for the recording and rebuilt after each replay;
-the recording, the plan and the relaunch are SGLang's (``_signature``, ``_record``, ``_Plan``).
+without hidden states). ``Replay`` is SGLang's wrapper with the result flattened for the
+recording and rebuilt after each replay; the recording, the plan and the relaunch are SGLang's
+(``_signature``, ``_record``, ``_Plan``).
 ``SGLANG_DIFFUSION_TRITON_FAST_LAUNCH=0`` (SGLang's kill switch) turns it off, as for
 ``triton_replay_launch``.
 """
