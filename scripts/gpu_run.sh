@@ -9,7 +9,8 @@
 #   TESTS=0 BENCHES=e2e E2E_ARGS="--configs standalone-t4-p16" bash scripts/gpu_run.sh
 #   bash scripts/gpu_run.sh tests/test_gpu_e2e.py          # only these tests
 # BENCHES (default: all but profile): e2e startup dp_meta eagle_tail tree_compact greedy_row_argmax replay_launch relay_stash draft_topk small_copy draft_vocab_topk ngram_full_mask draft_input events decode_loop pageable_h2d profile
-#   e2e:         python -m sglang_hostsync_plugin.e2e $E2E_ARGS (real servers) -> $OUT/e2e/; with
+#   e2e:         python -m sglang_hostsync_plugin.e2e $E2E_ARGS (real servers) -> $OUT/e2e/, stopped after
+#                E2E_TIMEOUT seconds if set (it then reports the rounds that finished); with
 #                PYSPY_CONFIGS="standalone-t4-p16 ..." (and PYSPY=path/to/py-spy) each config's schedulers
 #                are sampled by py-spy beside it -> $OUT/pyspy/ (report: benchmarks/pyspy_schedulers.py report)
 #   startup:     benchmarks/bench_startup.py $STARTUP_ARGS (launch-to-ready, cold/warm csrc cache) -> $OUT/startup/
@@ -46,7 +47,9 @@ for b in ${BENCHES:-dp_meta eagle_tail tree_compact greedy_row_argmax replay_lau
            python3 benchmarks/pyspy_schedulers.py record --e2e-txt "$OUT/e2e.txt" --config "$c" --out "$OUT/pyspy" \
              --py-spy "${PYSPY:-py-spy}" > "$OUT/pyspy_$c.log" 2>&1 & spies="$spies $!"
          done
-         python3 -m sglang_hostsync_plugin.e2e --out "$OUT/e2e" ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e.txt"
+         # E2E_TIMEOUT (s): the e2e itself gets the SIGTERM (a timeout around this script stops only bash)
+         # and reports the rounds that finished.
+         timeout -s TERM "${E2E_TIMEOUT:-0}" python3 -m sglang_hostsync_plugin.e2e --out "$OUT/e2e" ${E2E_ARGS:-} 2>&1 | tee "$OUT/e2e.txt"
          [ "${PIPESTATUS[0]}" = 0 ] || rc=1
          [ -z "$spies" ] || { sleep 2; kill $spies 2>/dev/null; }
          export HOSTSYNC_E2E_DIR="$OUT/e2e" ;;

@@ -421,3 +421,53 @@ def test_whole_run_against_fake_servers(tmp_path, monkeypatch, capsys):
     merged = run.merge([str(out)], str(tmp_path / "merged"))
     assert merged["cells"] == result["cells"] and (tmp_path / "merged" / "e2e.md").exists()
     assert time.perf_counter() - t0 < 300
+
+
+def test_a_killed_run_stops_its_servers_and_reports_the_rounds_that_finished(tmp_path):
+    """A timeout's SIGTERM mid-run (the H200's device calls end that way): every server stops, and
+    e2e.json and e2e.md hold the rounds that finished, marked as interrupted. Before, the report was
+    written only at the very end, and the servers' shutdowns, one after another, outlasted the limit."""
+    from helpers import clean_env
+
+    out, port = tmp_path / "run", 38600 + os.getpid() % 300
+    argv = [sys.executable, "-m", "sglang_hostsync_plugin.e2e", "--server-module", "fake_sglang_server",
+            "--configs", "standalone-t4-p16", "--arms", "stock,plugin", "--concurrency", "1", "--rounds", "200",
+            "--requests", "2", "--max-new-tokens", "16", "--identity-tokens", "8", "--port", str(port), "--out", str(out)]
+    env = clean_env(PYTHONPATH=os.pathsep.join([TESTS, REPO]))
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if " c1 r2 " in line:
+            break
+    proc.send_signal(15)
+    t0 = time.perf_counter()
+    rest, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, "".join(seen) + rest
+    assert time.perf_counter() - t0 < 30
+    result = json.load(open(out / "e2e.json"))
+    assert "signal 15" in result["interrupted"] and result["truncated"]
+    rounds = {r["round"] for r in result["rows"]}
+    assert {0, 1} <= rounds and max(rounds) < 199
+    assert {c["arm"] for c in result["cells"]} == {"stock", "plugin"}
+    assert "(interrupted (signal 15): the rounds that finished)" in (out / "e2e.md").read_text()
+    for k in range(2):  # both servers are gone
+        assert not client.health(f"http://127.0.0.1:{port + k}", timeout=0.5)
+
+
+def test_each_finished_round_is_saved_and_a_budget_stop_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+    saved = []
+    real = run.save
+    monkeypatch.setattr(run, "save", lambda result, out_dir: saved.append(len(result["rows"])) or real(result, out_dir))
+    out = tmp_path / "run"
+    argv = ["--server-module", "fake_sglang_server", "--configs", "standalone-t4-p16", "--arms", "stock,plugin",
+            "--concurrency", "1", "--rounds", "3", "--requests", "1", "--max-new-tokens", "16",
+            "--identity-tokens", "8", "--port", str(38900 + os.getpid() % 90), "--out", str(out)]
+    assert run.main(argv) == 0
+    assert saved[:4] == [0, 2, 4, 6]  # after the identity pass, then after every round
+    assert "stopped" not in json.load(open(out / "e2e.json"))["meta"]
+    budget = tmp_path / "budget"
+    assert run.main([*argv[:-1], str(budget), "--time-budget", "0"]) == 0
+    assert json.load(open(budget / "e2e.json"))["meta"]["stopped"] == "time budget spent"
+    assert "(time budget spent: the rounds that finished)" in (budget / "e2e.md").read_text()

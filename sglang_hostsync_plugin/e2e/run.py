@@ -22,6 +22,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from ..slots.audit import parse_trace
@@ -203,6 +204,24 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def save(result: dict, out_dir: str) -> None:
+    """e2e.json as it stands (written whole, then renamed: a kill mid-write leaves the last one)."""
+    path = os.path.join(out_dir, "e2e.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def stop_all(servers) -> None:
+    """Stop every server at once: one after another, their shutdowns (up to 40 s each) added up
+    past a caller's time limit before the report was written."""
+    threads = [threading.Thread(target=srv.stop) for srv in servers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 class Budget:
     def __init__(self, seconds: float | None):
         self.deadline = None if seconds is None else time.perf_counter() + seconds
@@ -262,6 +281,7 @@ def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, res
                 result["identity"][f"{config.name}/{name}"] = verdict
                 say(f"{config.name}/{name}: greedy identical to stock: {verdict['identical']}"
                     + ("" if verdict["identical"] else f" ({verdict['first_mismatch']})"))
+        save(result, out_dir)
         free = gpu_free_gib()
         result["gpu_free_gib_after_warmup"][config.name] = free
         if free is not None and free < LOW_FREE_GIB:
@@ -274,6 +294,7 @@ def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, res
             for rnd in range(args.rounds):
                 if budget.spent():
                     result["truncated"] = True
+                    result["meta"]["stopped"] = "time budget spent"
                     say(f"{config.name}: time budget spent, stopping before c{conc} round {rnd}")
                     break
                 for arm in (order if rnd % 2 == 0 else order[::-1]):
@@ -291,6 +312,7 @@ def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, res
                         + (f", {len(load.errors)} errors" if load.errors else ""))
                     if load.errors and live[arm.name].exited_within(5.0):
                         _died(live.pop(arm.name), f"{config.name}/{arm.name}", f"c{conc} round {rnd}")
+                save(result, out_dir)  # every finished round survives a kill
         for name, srv in list(live.items()):  # the trace is written in batches: a last request flushes it
             try:
                 client.generate(srv.base, prompt_pool[0], 32)
@@ -298,8 +320,7 @@ def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, res
                 _died(srv, f"{config.name}/{name}", f"the final request ({exc})")
             srv.info["slot_checks"] = srv.slot_checks()
     finally:
-        for srv in servers.values():
-            srv.stop()
+        stop_all(servers.values())
 
 
 def _died(srv: Server, key: str, when: str) -> None:
@@ -347,7 +368,8 @@ def attach_audit(result: dict, launch_by_cell: dict[tuple, str]) -> dict[tuple, 
 
 
 def _header(metas: list[dict]) -> str:
-    runs = "\n".join(f"- {m['date']}: `{m['command']}`" for m in metas)
+    runs = "\n".join(f"- {m['date']}: `{m['command']}`" + (f" ({m['stopped']}: the rounds that finished)" if m.get("stopped") else "")
+                     for m in metas)
     return (f"# hostsync e2e\n\n{runs}\n\n"
             f"Rounds {', '.join(str(m['rounds']) for m in metas)}; {metas[0]['max_new_tokens']} new tokens per request; "
             "the arms of a configuration start together on one GPU (ready times include that contention) and "
@@ -427,24 +449,28 @@ def main(argv: list[str] | None = None) -> int:
                  "rounds": args.rounds, "max_new_tokens": args.max_new_tokens, "options": vars(args)},
         "servers": {}, "identity": {}, "rows": [], "gpu_free_gib_after_warmup": {},
     }
-    json_path = os.path.join(out_dir, "e2e.json")
     budget = Budget(args.time_budget)
-    # SIGTERM (a timeout) unwinds like Ctrl-C, so every server is stopped.
+    # SIGTERM (a timeout) unwinds like Ctrl-C: every server is stopped and what ran is reported.
     signal.signal(signal.SIGTERM, _interrupt)
-    for config in configs:
-        if budget.spent():
-            result["truncated"] = True
-            say(f"time budget spent: {config.name} not run")
-            continue
-        run_config(config, arms, opts, args, out_dir, models, args.port, pool, result, budget)
-        with open(json_path, "w") as f:  # after every configuration: partial results survive a timeout
-            json.dump(result, f, indent=1)
+    try:
+        for config in configs:
+            if budget.spent():
+                result["truncated"] = True
+                result["meta"]["stopped"] = "time budget spent"
+                say(f"time budget spent: {config.name} not run")
+                continue
+            run_config(config, arms, opts, args, out_dir, models, args.port, pool, result, budget)
+            save(result, out_dir)
+    except KeyboardInterrupt as exc:
+        result["truncated"] = result["interrupted"] = result["meta"]["stopped"] = f"interrupted ({exc or 'Ctrl-C'})"
+        say(f"{result['interrupted']}: reporting the rounds that finished")
     traces = {(ln.config, ln.arm): ln.trace for ln in launches(configs, arms, opts, out_dir, models, args.port) if ln.trace}
     windows = attach_audit(result, traces)
     md = report(result, out_dir, windows)
-    with open(json_path, "w") as f:
-        json.dump(result, f, indent=1)
+    save(result, out_dir)
     print(md)
+    if result.get("interrupted"):
+        return 130
     failed = [k for k, s in result["servers"].items() if s.get("ready_s") is None or s.get("died")]
     different = [k for k, v in result["identity"].items() if not v["identical"]]
     if failed or different:
