@@ -446,7 +446,7 @@ def test_a_killed_run_stops_its_servers_and_reports_the_rounds_that_finished(tmp
     assert proc.returncode == 130, "".join(seen) + rest
     assert time.perf_counter() - t0 < 30
     result = json.load(open(out / "e2e.json"))
-    assert "signal 15" in result["interrupted"] and result["truncated"]
+    assert result["meta"]["stopped"] == "interrupted (signal 15)"
     rounds = {r["round"] for r in result["rows"]}
     assert {0, 1} <= rounds and max(rounds) < 199
     assert {c["arm"] for c in result["cells"]} == {"stock", "plugin"}

@@ -137,6 +137,31 @@ def test_another_device_and_the_plan_cap(fake_record, monkeypatch):
     assert len(r.plans) == 1 and len(calls) == 3
 
 
+def test_a_recording_that_breaks_never_reaches_the_serving_loop(monkeypatch):
+    """SGLang's recording failing after the wrapper ran returns the wrapper's result and keeps the
+    signature on SGLang's path for good; the wrapper's own error still propagates, as in stock."""
+    def broken(fn, args, kwargs, inputs):
+        fn(*args, **kwargs)
+        raise RuntimeError("recording API moved")
+
+    monkeypatch.setattr(fast_launch, "_record", broken)
+    calls = []
+    r = skr.Replay(lambda a: calls.append(1) or (a + 1, None))
+    a = torch.zeros(2)
+    out = r(a)
+    assert torch.equal(out[0], torch.ones(2)) and out[1] is None and len(calls) == 1
+    (plan, _), = r.plans.values()
+    assert plan is fast_launch._NORMAL
+    r(a)
+    assert len(calls) == 2  # SGLang's wrapper, not the broken recording
+
+    def failing(a):
+        raise ValueError("bad operand")
+
+    with pytest.raises(ValueError, match="bad operand"):
+        skr.Replay(failing)(a)
+
+
 def test_another_thread_recording_stores_nothing(monkeypatch):
     monkeypatch.setattr(fast_launch, "_record", lambda fn, args, kwargs, inputs: (fn(*args, **kwargs), None))
     r = skr.Replay(lambda a: (a + 1, None))

@@ -293,7 +293,6 @@ def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, res
             n = max(args.requests, 2 * conc)
             for rnd in range(args.rounds):
                 if budget.spent():
-                    result["truncated"] = True
                     result["meta"]["stopped"] = "time budget spent"
                     say(f"{config.name}: time budget spent, stopping before c{conc} round {rnd}")
                     break
@@ -452,24 +451,25 @@ def main(argv: list[str] | None = None) -> int:
     budget = Budget(args.time_budget)
     # SIGTERM (a timeout) unwinds like Ctrl-C: every server is stopped and what ran is reported.
     signal.signal(signal.SIGTERM, _interrupt)
+    interrupted = False
     try:
         for config in configs:
             if budget.spent():
-                result["truncated"] = True
                 result["meta"]["stopped"] = "time budget spent"
                 say(f"time budget spent: {config.name} not run")
                 continue
             run_config(config, arms, opts, args, out_dir, models, args.port, pool, result, budget)
             save(result, out_dir)
     except KeyboardInterrupt as exc:
-        result["truncated"] = result["interrupted"] = result["meta"]["stopped"] = f"interrupted ({exc or 'Ctrl-C'})"
-        say(f"{result['interrupted']}: reporting the rounds that finished")
+        interrupted = True
+        result["meta"]["stopped"] = f"interrupted ({exc or 'Ctrl-C'})"  # the one record of a cut run
+        say(f"{result['meta']['stopped']}: reporting the rounds that finished")
     traces = {(ln.config, ln.arm): ln.trace for ln in launches(configs, arms, opts, out_dir, models, args.port) if ln.trace}
     windows = attach_audit(result, traces)
     md = report(result, out_dir, windows)
     save(result, out_dir)
     print(md)
-    if result.get("interrupted"):
+    if interrupted:
         return 130
     failed = [k for k, s in result["servers"].items() if s.get("ready_s") is None or s.get("died")]
     different = [k for k, v in result["identity"].items() if not v["identical"]]

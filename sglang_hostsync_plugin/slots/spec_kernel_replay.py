@@ -98,7 +98,12 @@ class Replay:
             # A non-tensor in the result makes SGLang's _plan keep the normal path.
             return (out,) if template is _RAW else tuple(leaves)
 
-        _, plan = fast_launch._record(flat, args, kwargs, inputs)
+        try:
+            _, plan = fast_launch._record(flat, args, kwargs, inputs)
+        except Exception:
+            if not box:  # SGLang's wrapper itself raised: as in stock
+                raise
+            plan = fast_launch._NORMAL  # the recording broke after the wrapper ran: keep SGLang's path
         out, template = box[0]
         if plan is not None:  # None: another thread was recording; record this key next time
             self.plans[key] = (fast_launch._NORMAL if template is _RAW else plan, template)

@@ -51,6 +51,7 @@ def case(name: str, rng, bs: int, variant: str = "", device="cuda"):
         return (), {"req_pool_indices": _rows(rng, bs, device), "req_to_token": _req_to_token(device),
                     "start_offset": _seq_lens(rng, bs, device, DRAFT), "batch_size": bs,
                     "draft_token_num": DRAFT, "device": device}
+    # Not replayed (SGLang's recording refuses it); benchmarks/results/2026-12-04-h200-c/unit/'s probe uses it.
     if name == "prepare_verify_commit_outputs":  # variant "fused": the draft-extend inputs too
         lens, index = _accepts(rng, bs, DRAFT, device)
         predict = torch.randint(0, 128256, (bs * DRAFT,), device=device, generator=g, dtype=torch.int64)
