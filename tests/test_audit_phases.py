@@ -128,6 +128,13 @@ def test_e2e_pools_phases_per_cell_and_prints_the_table():
     text = "\n".join(stats.attribution_tables([cell]))
     assert "| phase | audit c1 |" in text and "| verify | 300 (50) |" in text
     assert "| **step window (GPU idle)** | 1000 (50) |" in text
+    # Ranked: GPU-idle time first, then host time (the phases of no idle time by their host time).
+    ranked = [{"phase": p, "host_us_per_step": h, "gpu_idle_us_per_step": i, "share_of_gpu_idle": 0.0}
+              for p, h, i in (("a", 10.0, 0.0), ("b", 30.0, 0.0), ("c", 5.0, 4.0), ("d", 30.0, 0.0))]
+    for phases in (ranked, ranked[::-1]):
+        c = dict(cell, audit={"attribution": dict(pooled, phases=phases)})
+        rows = [ln.split(" |")[0][2:] for ln in stats.attribution_tables([c]) if ln.startswith("| ") and "(" in ln]
+        assert rows[:4] == ["c", "b", "d", "a"]
     # Host work: the window without process_batch_result (where an ahead host waits for the GPU).
     assert stats.pool_audit([steps])["host_work_us_per_step"] == pytest.approx(1000.0)  # no result phase
     waiting = [audit.TraceStep(k, float(k), float(k) + 0.5, True, 900.0, (), 0.0,

@@ -4,7 +4,9 @@ server on localhost, the statistics, the identity check, the report, and a whole
 run against fake servers (tests/fake_sglang_server.py)."""
 
 import argparse
+import importlib.util
 import json
+import lzma
 import re
 import math
 import os
@@ -19,7 +21,7 @@ import pytest
 from helpers import REPO
 from sglang_hostsync_plugin.e2e import client, matrix, run, stats
 from sglang_hostsync_plugin.e2e.png import bar_chart, line_plot
-from sglang_hostsync_plugin.slots.audit import TraceStep, format_trace_line, parse_trace
+from sglang_hostsync_plugin.slots.audit import ENV_TRACE, TraceStep, format_trace_line, parse_trace
 
 TESTS = os.path.join(REPO, "tests")
 
@@ -234,6 +236,12 @@ def test_audit_figures_count_decode_pairs_only():
     assert [b["lead_ms_median"] for b in ramp["buckets"]] == [pytest.approx(1.5), pytest.approx(0.5), None, None]
     # The prefill (step 4) finished at 0.110, step 5 launched at 0.110: the host starts level.
     assert ramp["starts"] == 1 and ramp["start_lead_ms_median"] == pytest.approx(0.0)
+    # Late launches: the miss 2->3 is 1 ms late; decode time between the pairs' finishes 10+7+16 ms
+    # (0->1, 1->2, 2->3; 5->6 has no finish for 6).
+    assert fig["late_ms"] == pytest.approx(1.0) and fig["decode_span_ms"] == pytest.approx(33.0)
+    assert fig["late_share"] == pytest.approx(1 / 33)
+    # Pooled over two windows: 0-3 hold the same three pairs, 5-6 none with both finishes.
+    assert pooled["late_ms"] == pytest.approx(1.0) and pooled["decode_span_ms"] == pytest.approx(33.0)
 
 
 def test_ramp_table_separates_the_catch_up_after_a_prefill_from_steady_state():
@@ -251,13 +259,16 @@ def test_ramp_table_separates_the_catch_up_after_a_prefill_from_steady_state():
     assert fig["ramp"]["start_lead_ms_median"] == pytest.approx(-4.0)
     rows = [{"config": "c", "concurrency": 1, "arm": "plugin", "audit": stats.pool_audit([steps])}]
     lines = stats.ramp_lines(rows)
-    assert "| config | conc | arm | start lead ms | 1 | 2-3 | 4-10 | 11+ | run-ahead after 10 steps |" in lines
-    assert "| c | 1 | plugin | -4.0 | 1/1 (-1.0) | 2/2 (-1.0) | 0/7 (+2.0) | 1/3 (+2.0) | 0.667 |" in lines
+    assert ("| config | conc | arm | start lead ms | 1 | 2-3 | 4-10 | 11+ | run-ahead after 10 steps "
+            "| late launches |") in lines
+    # Four misses 1 ms late each; the decode pairs span step 1's finish (0.019) to step 14's (0.152).
+    assert rows[0]["audit"]["late_share"] == pytest.approx(4 / 133)
+    assert "| c | 1 | plugin | -4.0 | 1/1 (-1.0) | 2/2 (-1.0) | 0/7 (+2.0) | 1/3 (+2.0) | 0.667 | 3.01% |" in lines
     # A cell from an e2e.json written before the leads were kept (--merge) still renders.
     old = {"buckets": [{"from": lo, "to": hi, "pairs": 1, "misses": 0} for lo, hi in stats.RAMP_BUCKETS],
            "run_ahead_after_ramp": 1.0}
     lines = stats.ramp_lines([{"config": "c", "concurrency": 1, "arm": "old", "audit": {"ramp": old}}])
-    assert "| c | 1 | old | - | 0/1 (-) | 0/1 (-) | 0/1 (-) | 0/1 (-) | 1.000 |" in lines
+    assert "| c | 1 | old | - | 0/1 (-) | 0/1 (-) | 0/1 (-) | 0/1 (-) | 1.000 | - |" in lines
     assert stats.ramp_lines([{"config": "c", "concurrency": 1, "arm": "stock", "audit": None}]) == []
 
 
@@ -420,6 +431,18 @@ def test_whole_run_against_fake_servers(tmp_path, monkeypatch, capsys):
     assert "- standalone-t4-p16/plugin: draft_extend_glue_graph check: 10 checks, 0 mismatches" in md
     merged = run.merge([str(out)], str(tmp_path / "merged"))
     assert merged["cells"] == result["cells"] and (tmp_path / "merged" / "e2e.md").exists()
+    # benchmarks/e2e_rereport.py: the same cells again from e2e.json and the traces (one of them xz'd,
+    # as the results folders keep them).
+    trace = out / os.path.basename(servers["standalone-t4-p16/plugin"]["command"].split(ENV_TRACE + "=")[1].split()[0])
+    with open(trace, "rb") as f, lzma.open(str(trace) + ".xz", "wb") as g:
+        g.write(f.read())
+    trace.unlink()
+    spec = importlib.util.spec_from_file_location("e2e_rereport", os.path.join(REPO, "benchmarks", "e2e_rereport.py"))
+    rereport = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rereport)
+    md_again = rereport.rereport(str(out), str(tmp_path / "again"))
+    again = json.load(open(tmp_path / "again" / "e2e.json"))
+    assert again["cells"] == result["cells"] and md.endswith(md_again)
     assert time.perf_counter() - t0 < 300
 
 

@@ -72,6 +72,13 @@ def audit_figures(steps: list[TraceStep]) -> dict:
         if s.decode and s.step + 1 in by_step and by_step[s.step + 1].decode and not math.isnan(s.t_finish)
     ]
     leads = [lead for _, lead in lead_since]
+    # Between the GPU finishes of a decode pair: the decode time the misses' late launches are a share of.
+    spans = [
+        (by_step[s.step + 1].t_finish - s.t_finish) * 1e3
+        for s in steps
+        if s.decode and s.step + 1 in by_step and by_step[s.step + 1].decode
+        and not math.isnan(s.t_finish) and not math.isnan(by_step[s.step + 1].t_finish)
+    ]
     start_leads = [
         (s.t_finish - by_step[s.step + 1].t_launch) * 1e3
         for s in steps
@@ -88,11 +95,19 @@ def audit_figures(steps: list[TraceStep]) -> dict:
         "launch_lead_ms_p10": percentile(leads, 10.0),
         "lead_pairs": len(leads),
         "host_us_per_step_median": median([s.host_us for s in steps if s.decode]),
+        **late_launch(sum(-lead for lead in leads if lead < 0), sum(spans)),
         "leads_ms": leads,
         "lead_since": lead_since,
         "start_leads_ms": start_leads,
         "ramp": ramp_table(lead_since, start_leads),
     }
+
+
+def late_launch(late_ms: float, span_ms: float) -> dict:
+    """The misses' lateness (GPU finish of step N to the launch of N+1, summed) as a share of the decode
+    time between the pairs' GPU finishes: an upper bound of the GPU idle the misses cost (the GPU may
+    start N+1's first kernels before its launch completes)."""
+    return {"late_ms": late_ms, "decode_span_ms": span_ms, "late_share": late_ms / span_ms if span_ms > 0 else None}
 
 
 RESULT_PHASE = "result"  # process_batch_result: where the host waits for the GPU when it is ahead
@@ -127,6 +142,7 @@ def pool_audit(windows: list[list[TraceStep]]) -> dict:
         "launch_lead_ms_p10": percentile(leads, 10.0),
         "lead_pairs": len(leads),
         "host_us_per_step_median": median([s.host_us for w in windows for s in w if s.decode]),
+        **late_launch(sum(f["late_ms"] for f in figures), sum(f["decode_span_ms"] for f in figures)),
         "attribution": attribution,
         "host_work_us_per_step": host_work_us(attribution),
         "ramp": ramp_table([p for f in figures for p in f["lead_since"]],
@@ -234,8 +250,10 @@ def attribution_tables(cell_rows: list[dict]) -> list[str]:
     for config, cs in by_config.items():
         heads = [f"{c['arm']} c{c['concurrency']}" for c in cs]
         tables = [{r["phase"]: r for r in c["audit"]["attribution"]["phases"]} for c in cs]
+        # Ranked by GPU-idle time, then host time (ties broken by name: the same order every run).
         order = sorted({p for t in tables for p in t},
-                       key=lambda p: -max(t.get(p, {}).get("gpu_idle_us_per_step", 0.0) for t in tables))
+                       key=lambda p: (-max(t.get(p, {}).get("gpu_idle_us_per_step", 0.0) for t in tables),
+                                      -max(t.get(p, {}).get("host_us_per_step", 0.0) for t in tables), p))
         lines += ["", f"Host µs per decode step by phase, {config} (in parentheses: while the GPU was idle):", "",
                   "| phase | " + " | ".join(heads) + " |", "| --- |" + " --- |" * len(heads)]
         for phase in order:
@@ -290,16 +308,20 @@ def ramp_lines(cell_rows: list[dict]) -> list[str]:
         return []
     heads = [f"{lo}" if hi == lo else (f"{lo}-{hi}" if hi else f"{lo}+") for lo, hi in RAMP_BUCKETS]
     lines = ["", "Run-ahead misses by decode steps after a prefill (misses / decode pairs, median lead ms); start "
-                 "lead: the prefill's GPU finish minus the first decode step's launch:", "",
-             "| config | conc | arm | start lead ms | " + " | ".join(heads) + f" | run-ahead after {RAMP} steps |",
-             "| --- | --- | --- | --- | " + " | ".join("---" for _ in heads) + " | --- |"]
+                 "lead: the prefill's GPU finish minus the first decode step's launch; late launches: the misses' "
+                 "lateness summed, % of the decode time, an upper bound of the GPU idle they cost (loose where most "
+                 "pairs miss: the GPU starts a step's first graphs before its launch completes):", "",
+             "| config | conc | arm | start lead ms | " + " | ".join(heads) + f" | run-ahead after {RAMP} steps "
+             "| late launches |",
+             "| --- | --- | --- | --- | " + " | ".join("---" for _ in heads) + " | --- | --- |"]
     for c in sorted(audited, key=lambda c: (c["config"], c["concurrency"], c["arm"])):
         ramp = c["audit"]["ramp"]  # .get: an e2e.json from before these fields (--merge)
         cells_ = " | ".join(f"{b['misses']}/{b['pairs']} ({fmt(b.get('lead_ms_median'), '+.1f')})"
                             for b in ramp["buckets"])
         lines.append(f"| {c['config']} | {c['concurrency']} | {c['arm']} | "
                      f"{fmt(ramp.get('start_lead_ms_median'), '+.1f')} | {cells_} | "
-                     f"{fmt(ramp['run_ahead_after_ramp'], '.3f')} |")
+                     f"{fmt(ramp['run_ahead_after_ramp'], '.3f')} | "
+                     f"{fmt(c['audit'].get('late_share'), '.2%')} |")
     return lines
 
 
