@@ -143,6 +143,11 @@ def test_e2e_pools_phases_per_cell_and_prints_the_table():
     audited = stats.pool_audit([waiting])
     assert audited["attribution"]["window_us_per_step"] == pytest.approx(3000.0)
     assert audited["host_work_us_per_step"] == pytest.approx(500.0)
+    assert audited["simulated_acceptance_us_per_step"] == 0  # no simulate phase ran
+    simulated = [audit.TraceStep(k, float(k), float(k) + 0.5, True, 900.0, (), 0.0,
+                                 {"verify": (300.0, 0.0), "simulate": (180.0, 0.0), "other": (520.0, 0.0)})
+                 for k in range(2)]
+    assert stats.pool_audit([simulated])["simulated_acceptance_us_per_step"] == pytest.approx(180.0)
     assert stats.pool_audit([[audit.TraceStep(0, 0.0, 0.5, True, 900.0, ())]])["host_work_us_per_step"] is None
     row = {"config": "c", "concurrency": 1, "arm": "plugin", "tok_s_user_median": 1.0, "tok_s_user_p10": 1.0,
            "ratio_tok_s_user": 1.0, "tok_s_total_median": 1.0, "accept_length": 3.0, "audit": audited}
@@ -432,3 +437,32 @@ def test_e2e_compares_the_plugin_arms_phase_by_phase_beyond_their_host_speed():
     assert stats.phase_ab_lines([a]) == [] and stats.phase_ab_lines([stock_code, a]) == []
     assert "Phases of" in stats.markdown([dict(c, tok_s_user_median=1.0, tok_s_user_p10=1.0, ratio_tok_s_user=1.0,
                                                tok_s_total_median=1.0, accept_length=3.0) for c in (a, b)], {}, {})
+
+
+def test_the_simulate_phase_times_sglangs_simulated_acceptance_where_eagle_sample_looks_it_up():
+    """Through the real HookRegistry: ``eagle_sample`` imports ``generate_simulated_accept_index``
+    from ``spec_utils`` at each call; the audit's timer is what it gets, and it returns SGLang's result."""
+    from helpers import LOAD_AND_STARTUP_CHECK, out, run_python
+
+    proc = run_python(LOAD_AND_STARTUP_CHECK + """
+import json, torch
+from sglang_hostsync_plugin.slots import audit_phases as ph
+ph.arm(thread_id=None)
+clock = ph.clock()
+def as_eagle_sample_calls():
+    from sglang.srt.speculative.spec_utils import generate_simulated_accept_index
+    accept = torch.tensor([[4, -1, -1, -1], [8, -1, -1, -1]], dtype=torch.int32)
+    predict, correct = torch.zeros(8, dtype=torch.int32), torch.zeros(2, dtype=torch.int32)
+    return generate_simulated_accept_index(accept, predict, correct, None, None, 2, 3, simulate_acc_len=4.0,
+                                           simulate_acc_method="match-expected", simulate_acc_token_mode="fixed")
+got = as_eagle_sample_calls()
+segs = clock.take()
+ph.disarm()
+print("RESULT" + json.dumps({"err": err, "phases": sorted({p for p, _, _ in segs}), "got": got.tolist()}))
+""", SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", SGLANG_HOSTSYNC_SLOTS="audit", TRITON_INTERPRET="1")
+    assert proc.returncode == 0, out(proc)
+    import json
+
+    res = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert res["err"] is None and res["phases"] == ["simulate"], res
+    assert res["got"] == [[4, 5, 6, 7], [8, 9, 10, 11]], res  # SGLang's CPU path: accept every draft

@@ -111,16 +111,22 @@ def late_launch(late_ms: float, span_ms: float) -> dict:
 
 
 RESULT_PHASE = "result"  # process_batch_result: where the host waits for the GPU when it is ahead
+SIMULATE_PHASE = "simulate"  # SGLang's simulated acceptance: benchmark-only host work, in every arm
+
+
+def phase_us(attribution: dict, phase: str) -> float | None:
+    """Host µs per attributed step of one phase (0 when it never ran); None without attributed steps."""
+    if not attribution or not attribution.get("attributed_steps"):
+        return None
+    return sum(r["host_us_per_step"] for r in attribution["phases"] if r["phase"] == phase)
 
 
 def host_work_us(attribution: dict) -> float | None:
     """Host µs per attributed step without ``process_batch_result``, which holds the wait for the
     GPU when the host is ahead (and ~0.1 ms of real work): the host's own time per step, the figure
     to compare between arms when their pace differs. None without attributed steps."""
-    if not attribution or not attribution.get("attributed_steps"):
-        return None
-    result = sum(r["host_us_per_step"] for r in attribution["phases"] if r["phase"] == RESULT_PHASE)
-    return attribution["window_us_per_step"] - result
+    result = phase_us(attribution, RESULT_PHASE)
+    return None if result is None else attribution["window_us_per_step"] - result
 
 
 def pool_audit(windows: list[list[TraceStep]]) -> dict:
@@ -145,6 +151,8 @@ def pool_audit(windows: list[list[TraceStep]]) -> dict:
         **late_launch(sum(f["late_ms"] for f in figures), sum(f["decode_span_ms"] for f in figures)),
         "attribution": attribution,
         "host_work_us_per_step": host_work_us(attribution),
+        # Part of that work real serving does not do (SGLANG_SIMULATE_ACC_LEN's acceptance draw).
+        "simulated_acceptance_us_per_step": phase_us(attribution, SIMULATE_PHASE),
         "ramp": ramp_table([p for f in figures for p in f["lead_since"]],
                            [v for f in figures for v in f["start_leads_ms"]]),
     }

@@ -67,6 +67,9 @@ PHASES: tuple[tuple[str, str], ...] = (
     ("graph_load", f"{DECODE_RUNNER}.load_batch"),
     ("graph_execute", f"{DECODE_RUNNER}.execute"),
     ("draft_extend", "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_decode"),
+    # SGLang's SGLANG_SIMULATE_ACC_LEN acceptance (benchmarks only: real serving never calls it); its
+    # length draw samples on the CPU, about 180 µs a step on the H200, timed apart from verify.
+    ("simulate", "sglang.srt.speculative.spec_utils.generate_simulated_accept_index"),
 )
 # Inside the phases above (issue 16: which part of verify / draft extend / run_batch): the
 # targets of slot ``audit_fine``, which doubles the timed calls per step.
