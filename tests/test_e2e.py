@@ -319,6 +319,27 @@ def test_cells_pool_rounds_and_divide_by_stock():
     assert "| c/plugin | failed |" in md and "NO: prompt 0, token 3" in md
 
 
+def test_host_work_is_divided_by_the_stock_code_arms_of_the_same_cell():
+    def phased(result_us, sim_us, other_us):
+        return [TraceStep(k, k * 0.01, k * 0.01 + 0.012, True, 900.0, (), 0.0,
+                          {"result": (result_us, 0.0), "simulate": (sim_us, 0.0), "other": (other_us, 0.0)})
+                for k in range(3)]
+    rows = [load_row("c", 1, arm, 0, [100, 100], 200) for arm in ("stock", "audit", "plugin")]
+    windows = {("c", 1, "audit"): [phased(100.0, 200.0, 1800.0)],  # work 2000 µs, of which 200 simulated
+               ("c", 1, "plugin"): [phased(1000.0, 200.0, 800.0)]}  # work 1000 µs
+    cells = {c["arm"]: c for c in stats.cells(rows, windows)}
+    assert cells["plugin"]["host_work_ratio_to_stock_code"] == pytest.approx(0.5)
+    assert cells["plugin"]["host_work_ratio_to_stock_code_unsimulated"] == pytest.approx(800 / 1800)
+    assert "host_work_ratio_to_stock_code" not in cells["audit"] and "host_work_ratio_to_stock_code" not in cells["stock"]
+    md = stats.markdown(list(cells.values()), {}, {})
+    assert "| host µs/step: CPU (work, x stock code's) |" in md
+    assert re.search(r"\| c \| 1 \| plugin \| .* \| [0-9]+ \(1000, 0\.500x\) \|", md), md
+    assert re.search(r"\| c \| 1 \| audit \| .* \| [0-9]+ \(2000\) \|", md), md
+    # Without a stock-code arm in the run: no ratio.
+    alone = {c["arm"]: c for c in stats.cells(rows[::2], {("c", 1, "plugin"): windows[("c", 1, "plugin")]})}
+    assert "host_work_ratio_to_stock_code" not in alone["plugin"]
+
+
 def read_png(path):
     data = open(path, "rb").read()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"

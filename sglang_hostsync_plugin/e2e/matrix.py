@@ -94,7 +94,8 @@ class Arm:
 
 
 STOCK = Arm("stock")
-ARMS = {a.name: a for a in (STOCK, Arm("audit", "audit"), Arm("plugin", "default,audit"),
+STOCK_CODE = Arm("audit", "audit")  # stock SGLang's code measured by the audit: the host-work reference
+ARMS = {a.name: a for a in (STOCK, STOCK_CODE, Arm("plugin", "default,audit"),
                              Arm("plugin-noaudit", "default"))}
 DEFAULT_ARMS = ("stock", "audit", "plugin")
 

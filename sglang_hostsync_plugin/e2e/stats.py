@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from ..slots.audit import RAMP_STEPS, TraceStep, run_ahead_fraction
 from ..slots.audit_phases import pool_phases
 from .client import Result
+from .matrix import STOCK_CODE
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -228,6 +229,7 @@ def cells(rows: list[dict], windows: dict[tuple, list[list[TraceStep]]] | None =
             "audit": pool_audit(windows[(config, conc, arm)]) if windows and (config, conc, arm) in windows else None,
         })
     stock = {(c["config"], c["concurrency"]): c for c in out if c["arm"] == "stock"}
+    stock_code = {(c["config"], c["concurrency"]): c for c in out if c["arm"] == STOCK_CODE_ARM and c["audit"]}
     for c in out:
         ref = stock.get((c["config"], c["concurrency"]))
         c["ratio_tok_s_user"] = _ratio(c["tok_s_user_median"], ref["tok_s_user_median"] if ref else None)
@@ -237,6 +239,24 @@ def cells(rows: list[dict], windows: dict[tuple, list[list[TraceStep]]] | None =
         mine, theirs = c["tok_s_user_by_round"], ref["tok_s_user_by_round"] if ref and ref is not c else {}
         c["ratio_by_round"] = [r for k in sorted(mine.keys() & theirs.keys())
                                if (r := _ratio(mine[k], theirs[k])) is not None]
+        c.update(host_work_ratios(c, stock_code.get((c["config"], c["concurrency"]))))
+    return out
+
+
+STOCK_CODE_ARM = STOCK_CODE.name
+
+
+def host_work_ratios(c: dict, ref: dict | None) -> dict:
+    """A cell's host work over the stock-code arm's of its configuration and concurrency (issue 16's
+    target), also without SGLang's simulated acceptance (benchmark-only, in both); {} without them."""
+    if ref is None or ref is c or not c["audit"]:
+        return {}
+    mine, theirs = c["audit"], ref["audit"]
+    work, ref_work = mine.get("host_work_us_per_step"), theirs.get("host_work_us_per_step")
+    sim, ref_sim = mine.get("simulated_acceptance_us_per_step"), theirs.get("simulated_acceptance_us_per_step")
+    out = {"host_work_ratio_to_stock_code": _ratio(work, ref_work)}
+    if None not in (work, ref_work, sim, ref_sim):
+        out["host_work_ratio_to_stock_code_unsimulated"] = _ratio(work - sim, ref_work - ref_sim)
     return out
 
 
@@ -336,7 +356,7 @@ def ramp_lines(cell_rows: list[dict]) -> list[str]:
 def markdown(cell_rows: list[dict], servers: dict[str, dict], identity: dict[str, dict]) -> str:
     """The report: one table of cells, one of servers (ready time, identity)."""
     lines = [
-        "| config | conc | arm | tok/s/user median (p10) | ratio (by round) | total tok/s | accept len | syncs/step | run-ahead (worst round) | lead ms median (p10) | host µs/step: CPU (work) |",
+        "| config | conc | arm | tok/s/user median (p10) | ratio (by round) | total tok/s | accept len | syncs/step | run-ahead (worst round) | lead ms median (p10) | host µs/step: CPU (work, x stock code's) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for c in sorted(cell_rows, key=lambda c: (c["config"], c["concurrency"], c["arm"] != "stock", c["arm"])):
@@ -348,7 +368,9 @@ def markdown(cell_rows: list[dict], servers: dict[str, dict], identity: dict[str
             f"{fmt(a.get('syncs_per_step'))} | {fmt(a.get('run_ahead_fraction'), '.3f')} "
             f"({fmt(a.get('run_ahead_fraction_min_round'), '.3f')}) | {fmt(a.get('launch_lead_ms_median'))} "
             f"({fmt(a.get('launch_lead_ms_p10'))}) | {fmt(a.get('host_us_per_step_median'), '.0f')} "
-            f"({fmt(a.get('host_work_us_per_step'), '.0f')}) |"
+            f"({fmt(a.get('host_work_us_per_step'), '.0f')}"
+            + (f", {fmt(c['host_work_ratio_to_stock_code'], '.3f')}x" if c.get("host_work_ratio_to_stock_code") else "")
+            + ") |"
         )
     lines += ["", "| server | ready s | first request s | greedy identical to stock | logprobs compared | distinct output tokens |",
               "| --- | --- | --- | --- | --- | --- |"]
