@@ -17,7 +17,7 @@ from ..switches import env_value, flag_precheck
 ORIGIN = "sglang#45450"
 PRESET = "dspark_mega"
 # The slots that cut EAGLE-family host work between graphs (issue 16), one A/B handle:
-# ``SGLANG_HOSTSYNC_SLOTS=default,eagle_host`` (H200, topk 4 page 16 c1: 1.114x stock, one run).
+# ``SGLANG_HOSTSYNC_SLOTS=default,eagle_host`` (its real-server figures: README, docs/results.md).
 HOST_PRESET = "eagle_host"
 
 Inert = Callable[[ServingFacts], "str | None"]
