@@ -92,3 +92,21 @@ def cuda_call(call, strict: bool = True):
         return call()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def install_eagle_host_with_audit(slot: str) -> list[tuple[str, str]]:
+    """Install `default,eagle_host,audit,audit_fine` for a STANDALONE topk 4 page 16 triton server
+    with a recording register (no HookRegistry): (path, hook qualname) in install order. Asserts
+    that ``slot`` would apply and that no slot failed."""
+    from sglang_hostsync_plugin import installer, plan as plans, registry
+    from sglang_hostsync_plugin.slot import ServingFacts, Status
+
+    facts = ServingFacts(speculative_algorithm="STANDALONE", topk=4, page_size=16,
+                         attention_backends=("triton", "triton"))
+    plan = plans.resolve({"SGLANG_HOSTSYNC_SLOTS": "default,eagle_host,audit,audit_fine"}, facts=facts)
+    assert plan.verdict(slot).status is Status.WOULD_APPLY
+    assert not [v for v in plan.verdicts if v.status is Status.FAILED]
+    order = []
+    installer.install(installer.InstallState(), plan, registry.catalogue(),
+                      lambda path, hook, kind: order.append((path, hook.__qualname__)))
+    return order

@@ -171,15 +171,7 @@ def test_pins_target_and_preset(monkeypatch):
 
 
 def test_installs_with_the_preset_and_the_audit():
-    from sglang_hostsync_plugin import installer, plan as plans, registry
-    from sglang_hostsync_plugin.slot import ServingFacts, Status
+    from helpers import install_eagle_host_with_audit
 
-    facts = ServingFacts(speculative_algorithm="STANDALONE", topk=4, page_size=16,
-                         attention_backends=("triton", "triton"))
-    plan = plans.resolve({"SGLANG_HOSTSYNC_SLOTS": "default,eagle_host,audit,audit_fine"}, facts=facts)
-    assert plan.verdict(slc.NAME).status is Status.WOULD_APPLY
-    assert not [v for v in plan.verdicts if v.status is Status.FAILED]
-    order = []
-    installer.install(installer.InstallState(), plan, registry.catalogue(),
-                      lambda path, hook, kind: order.append((path, hook.__qualname__)))
+    order = install_eagle_host_with_audit(slc.NAME)
     assert [path for path, _ in order].count(slc.TARGET) == 1

@@ -203,17 +203,9 @@ def test_inert_rules():
 
 
 def test_installs_beside_the_audits_observer():
-    from sglang_hostsync_plugin import installer, plan as plans, registry
-    from sglang_hostsync_plugin.slot import Status
+    from helpers import install_eagle_host_with_audit
 
-    facts = ServingFacts(speculative_algorithm="STANDALONE", topk=4, page_size=16,
-                         attention_backends=("triton", "triton"))
-    plan = plans.resolve({"SGLANG_HOSTSYNC_SLOTS": "default,eagle_host,audit,audit_fine"}, facts=facts)
-    assert plan.verdict(skr.NAME).status is Status.WOULD_APPLY
-    assert not [v for v in plan.verdicts if v.status is Status.FAILED]
-    paths = []
-    installer.install(installer.InstallState(), plan, registry.catalogue(),
-                      lambda path, hook, kind: paths.append(path))
+    paths = [path for path, _ in install_eagle_host_with_audit(skr.NAME)]
     for t in skr.SLOT.targets:
         assert paths.count(t.path) == 1, t.path  # one hook per function: the audit's timer shares it
 
