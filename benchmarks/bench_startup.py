@@ -5,8 +5,9 @@ Each run is one e2e benchmark pass (``python -m sglang_hostsync_plugin.e2e``, ar
 stock and plugin-noaudit (the default slots) started together, one short window) with ``TORCH_EXTENSIONS_DIR``
 pointing at a fresh directory for run 1 and the same, now filled, directory after.
 It prints the ready times (launch to the first 200 on /health), their difference,
-and from the plugin server's log how often the csrc build was started and whether
-it finished before the server said it was ready.
+and from the plugin server's log how often the csrc build was started, whether it
+finished before the server said it was ready, and which kernels took over from
+their Triton path after ready (a build still running then does not hold the start).
 
     python benchmarks/bench_startup.py --out startup --runs 2 [--server-arg=...]
 """
@@ -27,6 +28,8 @@ CONFIG = "standalone-t4-p16"
 ARM = "plugin-noaudit"
 BUILD_STARTED = "hostsync: building csrc"
 BUILD_DONE = re.compile(r"hostsync prebuild: csrc/(\w+)\.cu (ready|FAILED)")
+# Under auto a kernel still building at ready takes over later (csrc.load_for_slot).
+SWITCHED = re.compile(r"hostsync: (\w+): csrc/(\w+)\.cu loaded .* serves from now on")
 READY = "The server is fired up and ready to roll!"
 
 
@@ -38,11 +41,13 @@ def log_facts(path: str) -> dict:
     started = [i for i, line in enumerate(lines) if BUILD_STARTED in line]
     done = [(i, m.group(1), m.group(2)) for i, line in enumerate(lines) if (m := BUILD_DONE.search(line))]
     loaded = [line.split("hostsync: ", 1)[1] for line in lines if "hostsync: " in line and "prepared in" in line]
+    switched = [(i, m.group(2)) for i, line in enumerate(lines) if (m := SWITCHED.search(line))]
     return {
         "build_started": len(started),
         "build_results": [f"{name} {what}" for _, name, what in done],
         "build_done_before_ready": bool(done) and ready_at is not None and all(i < ready_at for i, _, _ in done),
         "prepared": loaded,
+        "switched_after_ready": [name for i, name in switched if ready_at is not None and i > ready_at],
         "ready_logged": ready_at is not None,
     }
 
@@ -76,13 +81,13 @@ def main(argv=None) -> int:
     with open(os.path.join(args.out, "startup.json"), "w") as f:
         json.dump(rows, f, indent=2)
     print("\n| run | extension cache | stock ready s | plugin ready s | plugin - stock s | csrc builds started "
-          "| build results | built before ready |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| build results | built before ready | csrc took over after ready |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         fmt = lambda v: "failed" if v is None else f"{v:.1f}"  # noqa: E731
         print(f"| {r['run']} | {r['cache']} | {fmt(r['stock_ready_s'])} | {fmt(r['plugin_ready_s'])} | "
               f"{fmt(r['plugin_minus_stock_s'])} | {r['build_started']} | {', '.join(r['build_results']) or '-'} | "
-              f"{'yes' if r['build_done_before_ready'] else 'no'} |")
+              f"{'yes' if r['build_done_before_ready'] else 'no'} | {', '.join(r['switched_after_ready']) or '-'} |")
     return 0 if all(r["rc"] == 0 for r in rows) else 1
 
 

@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 from .config import HostsyncConfigError
@@ -25,6 +26,9 @@ NVCC_FLAGS = ("-O3", "-Werror", "all-warnings")
 
 
 KERNELS = ("eagle_tail", "h2d_stage")
+# Under ``auto`` a slot's prepare waits this long for its kernel; past it the
+# fallback serves and the kernel takes over once loaded (a cold extension cache).
+AUTO_WAIT_S = 1.0
 
 
 def source_path(name: str) -> str:
@@ -89,8 +93,8 @@ def start_prebuild(names: tuple[str, ...]) -> subprocess.Popen | None:
     _prebuild = subprocess.Popen([sys.executable, "-m", "sglang_hostsync_plugin", "prebuild", *names],
                                  stdin=subprocess.DEVNULL)
     logger.info("hostsync: building csrc %s in the background, or loading it from torch's extension cache "
-                "(pid %d); schedulers wait for it before ready",
-                ", ".join(f"{n}.cu" for n in names), _prebuild.pid)
+                "(pid %d); schedulers load it after their init (a slot under auto waits at most %.0f s)",
+                ", ".join(f"{n}.cu" for n in names), _prebuild.pid, AUTO_WAIT_S)
     return _prebuild
 
 
@@ -118,18 +122,68 @@ def prebuild(names: tuple[str, ...] = KERNELS) -> int:
     return rc
 
 
-def load_for_slot(slot: str, name: str, explicit: bool) -> str:
-    """``load(name)`` for a slot's ``prepare``; when the kernel was only chosen by
-    ``auto``, a failure is a warning and the caller falls back (returns the reason)."""
+_loading: dict[str, threading.Thread] = {}
+
+
+def load_for_slot(slot: str, name: str, explicit: bool, on_loaded=None) -> str:
+    """``load(name)`` for a slot's ``prepare``. Explicit (``cuda``): blocks, a failure
+    raises. Chosen by ``auto``: a failure is a warning and the caller keeps its
+    fallback (returns the reason); with ``on_loaded`` the load runs on a thread,
+    waited on for at most ``AUTO_WAIT_S``, and ``on_loaded()`` runs once it is loaded."""
     t0 = time.perf_counter()
-    try:
-        load(name)
-    except Exception as exc:
-        if explicit:
-            raise
-        logger.warning("hostsync: %s: csrc/%s.cu unavailable (%s); using the fallback path", slot, name, exc)
-        return f"fallback: {exc}"
+    if explicit or on_loaded is None:
+        try:
+            load(name)
+        except Exception as exc:
+            if explicit:
+                raise
+            logger.warning("hostsync: %s: csrc/%s.cu unavailable (%s); using the fallback path", slot, name, exc)
+            return f"fallback: {exc}"
+        return f"csrc/{name}.cu loaded in {time.perf_counter() - t0:.1f} s"
+
+    lock = threading.Lock()
+    state: dict = {"done": False, "late": False, "error": None}
+
+    def background() -> None:
+        try:
+            load(name)
+        except Exception as exc:
+            with lock:
+                state["done"], state["error"], late = True, exc, state["late"]
+            if late:
+                logger.warning("hostsync: %s: csrc/%s.cu unavailable (%s); the fallback path stays",
+                               slot, name, exc)
+            return
+        on_loaded()
+        with lock:
+            state["done"], late = True, state["late"]
+        if late:
+            logger.info("hostsync: %s: csrc/%s.cu loaded %.1f s after prepare began; it serves from now on",
+                        slot, name, time.perf_counter() - t0)
+
+    thread = threading.Thread(target=background, name=f"hostsync-load-{name}", daemon=True)
+    _loading[name] = thread
+    thread.start()
+    thread.join(AUTO_WAIT_S)
+    with lock:
+        state["late"] = not state["done"]
+    if state["late"]:
+        return (f"csrc/{name}.cu still building after {AUTO_WAIT_S:.1f} s (the launcher's prebuild); "
+                "the fallback serves until it is loaded")
+    if state["error"] is not None:
+        logger.warning("hostsync: %s: csrc/%s.cu unavailable (%s); using the fallback path",
+                       slot, name, state["error"])
+        return f"fallback: {state['error']}"
     return f"csrc/{name}.cu loaded in {time.perf_counter() - t0:.1f} s"
+
+
+def wait_loaded(name: str, timeout: float | None = None) -> bool:
+    """Wait for a background ``load_for_slot`` of ``name``; True when none is running."""
+    thread = _loading.get(name)
+    if thread is None:
+        return True
+    thread.join(timeout)
+    return not thread.is_alive()
 
 
 def choose_impl(env_var: str, fallback: str, env) -> tuple[str, str]:

@@ -40,6 +40,8 @@ class Runtime:
         self.plan: Plan | None = None
         self.reported = False
         self.facts_applied = False
+        self.setup_s: float | None = None  # activate(): plan (checks import the targets) + hook registration
+        self.plan_inherited = False
 
 
 _runtime: Runtime | None = None
@@ -137,12 +139,14 @@ def activate(error: Exception | None = None) -> Runtime:
     """Install the selected slots in this process; with ``error``, only the gates
     that will raise it at startup."""
     global _runtime
+    t0 = time.perf_counter()
     rt = Runtime()
     _runtime = rt
     try:
         if error is not None:
             raise error
         inherited = plans.inherited()
+        rt.plan_inherited = inherited is not None
         rt.plan = inherited or plans.resolve()
     except (config.HostsyncConfigError, registry.SlotRegistryError) as exc:
         rt.error = exc
@@ -158,6 +162,7 @@ def activate(error: Exception | None = None) -> Runtime:
             logger.error("%s", rt.error)
     register_launcher_gate()
     _hook_registry_register(SCHEDULER_INIT, _scheduler_gate, "around")
+    rt.setup_s = time.perf_counter() - t0
     return rt
 
 
@@ -206,6 +211,9 @@ def startup_check(rt: Runtime) -> None:
                 f"{config.ENV_SLOTS}={spec!r}, strict={rt.plan.strict if rt.plan else '?'}",
             )
         )
+        if rt.setup_s is not None:
+            logger.info("hostsync: set up in %.2f s in this process (%s, hooks registered)", rt.setup_s,
+                        "the launcher's plan" if rt.plan_inherited else "plan resolved: targets imported and checked")
     failed = rt.state.failed()
     if failed and rt.plan is not None and rt.plan.strict:
         raise HostsyncStartupError(

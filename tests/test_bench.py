@@ -248,3 +248,30 @@ def test_ramp_pace_lists_each_prefill_with_its_start_lead_and_catch_up(tmp_path,
     assert pace.main([str(trace), "--steps", "3"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out == ["prefill      0 at      0.00 s  start   -4.0 ms | 5.0/5.0/-2.0 5.0/5.0/+0.0 5.0/5.0/+2.0"]
+
+
+def test_startup_log_facts_tell_a_takeover_after_ready_from_a_load_before(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_startup", os.path.join(REPO, "benchmarks", "bench_startup.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    head = [
+        "[2026-12-04 08:36:01] hostsync: building csrc eagle_tail.cu in the background, or loading it (pid 7)",
+        "[2026-12-04 08:37:10 TP0] hostsync: eagle_fixed_shape_tail prepared in 1.0 s: csrc/eagle_tail.cu still "
+        "building after 1.0 s (the launcher's prebuild); the fallback serves until it is loaded",
+        "[2026-12-04 08:37:12] The server is fired up and ready to roll!",
+    ]
+    tail = [
+        "hostsync prebuild: csrc/eagle_tail.cu ready (52.4 s)",
+        "[2026-12-04 08:37:13 TP0] hostsync: eagle_fixed_shape_tail: csrc/eagle_tail.cu loaded 3.1 s after "
+        "prepare began; it serves from now on",
+    ]
+    cold = tmp_path / "cold.log"
+    cold.write_text("\n".join(head + tail) + "\n")
+    facts = bench.log_facts(str(cold))
+    assert facts["build_started"] == 1 and facts["build_results"] == ["eagle_tail ready"]
+    assert not facts["build_done_before_ready"] and facts["switched_after_ready"] == ["eagle_tail"]
+    assert facts["prepared"][0].startswith("eagle_fixed_shape_tail prepared in 1.0 s: csrc/eagle_tail.cu still")
+    warm = tmp_path / "warm.log"
+    warm.write_text("\n".join([head[0], tail[0], head[1].replace("still building", "loaded in 0.1 s, not"), head[2]]))
+    facts = bench.log_facts(str(warm))
+    assert facts["build_done_before_ready"] and facts["switched_after_ready"] == []

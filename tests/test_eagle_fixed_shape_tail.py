@@ -2,12 +2,14 @@
 duplicate_prefix_tail_to_draft_branches, Triton kernel under TRITON_INTERPRET."""
 
 import random
+import threading
 
 import pytest
 
 from hostsync_drivers.eagle_tail import changed, make_case, pools_equal, run_both
 from sglang_hostsync_plugin import csrc
 from sglang_hostsync_plugin.config import HostsyncConfigError
+from sglang_hostsync_plugin.slot import ServingFacts
 from sglang_hostsync_plugin.slots import eagle_fixed_shape_tail as eft
 
 
@@ -89,3 +91,113 @@ def test_csrc_source_ships_with_the_package():
 def test_bad_impl_env_refuses_the_slot(monkeypatch):
     monkeypatch.setenv(eft.ENV_IMPL, "fast")
     assert eft.SLOT.precheck().startswith("bad configuration: SGLANG_HOSTSYNC_EAGLE_TAIL_IMPL='fast'")
+
+
+class _Build:
+    """Stands in for ``csrc.load``: blocks until released (a build still running),
+    then loads or fails; a 60 s timer releases it so a blocked test fails, never hangs."""
+
+    def __init__(self, fail: bool = False):
+        self.released = threading.Event()
+        self.by_timer = threading.Event()
+        self.fail = fail
+        self.threads: list[str] = []
+        self.timer = threading.Timer(60, lambda: (self.by_timer.set(), self.released.set()))
+        self.timer.start()
+
+    def __call__(self, name, verbose=False):
+        self.threads.append(threading.current_thread().name)
+        self.released.wait()
+        if self.fail:
+            raise RuntimeError("nvcc error: stand-in")
+        return object()
+
+
+@pytest.fixture
+def tail_prepare(monkeypatch):
+    """prepare() under ``auto`` choosing csrc, with the kernel calls recorded: the csrc
+    one stands in with Triton (no CUDA here), so the pool stays checkable against stock."""
+    calls = []
+    monkeypatch.setattr(csrc, "AUTO_WAIT_S", 0.05)
+    monkeypatch.setattr(eft, "choose_impl", lambda env=None: ("cuda", "auto: csrc where it builds"))
+    triton_fn = eft.tail_slots_triton
+    monkeypatch.setattr(eft, "tail_slots_cuda", lambda *a: (calls.append("cuda"), triton_fn(*a))[1])
+    monkeypatch.setattr(eft, "tail_slots_triton", lambda *a: (calls.append("triton"), triton_fn(*a))[1])
+    monkeypatch.setattr(eft, "_impl", None)
+    facts = ServingFacts(speculative_algorithm="STANDALONE", topk=4, page_size=16)
+    yield facts, calls
+    csrc.wait_loaded("eagle_tail", 70)
+
+
+def _one_step_bit_identical(seed):
+    rng = random.Random(seed)
+    size, args = make_case(rng, 3, 4, 16)
+    stock, plugin = run_both(size, args, 4, 16, hook_call, seed=seed)
+    assert pools_equal(stock, plugin)
+
+
+def test_an_auto_kernel_still_building_never_holds_the_start(tail_prepare, monkeypatch, caplog):
+    facts, calls = tail_prepare
+    build = _Build()
+    monkeypatch.setattr(csrc, "load", build)
+    with caplog.at_level("INFO", logger="sglang.srt.plugins.hostsync"):
+        note = eft.prepare(facts)
+        assert not build.released.is_set(), "prepare returned only once the build was done"
+        assert "still building" in note and eft._impl == "triton"
+        assert build.threads == ["hostsync-load-eagle_tail"]  # never the scheduler's thread
+        _one_step_bit_identical(1)
+        build.released.set()
+        assert csrc.wait_loaded("eagle_tail", 10)
+        assert eft._impl == "cuda"
+        _one_step_bit_identical(2)
+    build.timer.cancel()
+    assert not build.by_timer.is_set()
+    assert calls == ["triton", "cuda"]
+    assert "csrc/eagle_tail.cu loaded" in caplog.text and "serves from now on" in caplog.text
+
+
+def test_an_auto_kernel_failing_late_leaves_triton_serving(tail_prepare, monkeypatch, caplog):
+    facts, calls = tail_prepare
+    build = _Build(fail=True)
+    monkeypatch.setattr(csrc, "load", build)
+    with caplog.at_level("INFO", logger="sglang.srt.plugins.hostsync"):
+        assert "still building" in eft.prepare(facts)
+        build.released.set()
+        assert csrc.wait_loaded("eagle_tail", 10)
+        _one_step_bit_identical(3)
+    build.timer.cancel()
+    assert eft._impl == "triton" and calls == ["triton"]
+    assert "nvcc error: stand-in" in caplog.text and "the fallback path stays" in caplog.text
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_an_auto_kernel_ready_in_time_decides_at_prepare(tail_prepare, monkeypatch, fail):
+    facts, calls = tail_prepare
+    monkeypatch.setattr(csrc, "AUTO_WAIT_S", 30.0)
+    build = _Build(fail=fail)
+    build.released.set()
+    monkeypatch.setattr(csrc, "load", build)
+    note = eft.prepare(facts)
+    build.timer.cancel()
+    if fail:
+        assert note == "fallback: nvcc error: stand-in" and eft._impl == "triton"
+    else:
+        assert note.startswith("csrc/eagle_tail.cu loaded in") and eft._impl == "cuda"
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_an_explicit_cuda_kernel_is_loaded_before_ready(tail_prepare, monkeypatch, fail):
+    facts, calls = tail_prepare
+    monkeypatch.setattr(eft, "choose_impl", lambda env=None: ("cuda", f"{eft.ENV_IMPL}=cuda"))
+    build = _Build(fail=fail)
+    monkeypatch.setattr(csrc, "load", build)
+    threading.Timer(0.3, build.released.set).start()
+    if fail:
+        with pytest.raises(RuntimeError, match="nvcc error"):
+            eft.prepare(facts)
+    else:
+        assert eft.prepare(facts).startswith("csrc/eagle_tail.cu loaded in")
+        assert eft._impl == "cuda"
+    build.timer.cancel()
+    assert build.released.is_set() and not build.by_timer.is_set()
+    assert build.threads == [threading.current_thread().name]

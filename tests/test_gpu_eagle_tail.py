@@ -89,3 +89,50 @@ def test_csrc_compiles_warning_free(tmp_path):
     assert proc.returncode == 0 and "BUILT" in proc.stdout, log[-6000:]
     # nvcc ran with "-Werror all-warnings"; also no host-compiler diagnostic printed.
     assert not re.search(r"warning(:| #)", log, re.IGNORECASE), log[-6000:]
+
+
+def test_gpu_auto_serves_with_triton_while_csrc_builds_then_switches(tmp_path):
+    """A cold extension cache in a fresh process, as a first server start: the launcher's
+    prebuild runs, prepare returns within AUTO_WAIT_S on Triton, the pool stays
+    bit-identical to stock before, during and after the switch to the csrc kernel."""
+    code = textwrap.dedent("""
+        import logging, random, time
+        logging.basicConfig(level=logging.INFO)
+        from hostsync_drivers.eagle_tail import make_case, pools_equal, run_both
+        from sglang_hostsync_plugin import csrc
+        from sglang_hostsync_plugin.slot import ServingFacts
+        from sglang_hostsync_plugin.slots import eagle_fixed_shape_tail as eft
+
+        def step(seed):
+            rng = random.Random(seed)
+            size, args = make_case(rng, 8, 4, 16, device="cuda")
+            stock, plugin = run_both(size, args, 4, 16, lambda pool, *a: eft.duplicate_prefix_tail(None, pool, *a),
+                                     device="cuda", seed=seed)
+            assert pools_equal(stock, plugin), seed
+
+        assert eft.choose_impl()[0] == "cuda"
+        prebuild = csrc.start_prebuild(("eagle_tail",))
+        t0 = time.perf_counter()
+        note = eft.prepare(ServingFacts(speculative_algorithm="STANDALONE", topk=4, page_size=16))
+        print(f"PREPARE {time.perf_counter() - t0:.2f} s: {note}", flush=True)
+        assert "still building" in note and eft._impl == "triton", note
+        seed, seen = 0, []
+        while eft._impl != "cuda" and seed < 100000:
+            seen.append(eft._impl)
+            step(seed)
+            seed += 1
+            time.sleep(0.01)
+        assert csrc.wait_loaded("eagle_tail", 600) and eft._impl == "cuda"
+        for extra in range(20):
+            step(seed + extra)
+        assert prebuild.wait(600) == 0
+        print(f"SWITCHED after {seed} Triton steps, {time.perf_counter() - t0:.1f} s", flush=True)
+    """)
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(tmp_path),
+               PYTHONPATH=os.pathsep.join(filter(None, (tests_dir, os.environ.get("PYTHONPATH")))))
+    env.pop("SGLANG_HOSTSYNC_EAGLE_TAIL_IMPL", None)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900)
+    print(proc.stdout + "\n".join(line for line in proc.stderr.splitlines() if "hostsync" in line))
+    assert proc.returncode == 0 and "SWITCHED" in proc.stdout, (proc.stdout + proc.stderr)[-6000:]
+    assert "serves from now on" in proc.stderr

@@ -4,6 +4,7 @@ Every test that applies hooks runs in a fresh interpreter (HookRegistry patches
 are process-global and rebind module globals)."""
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -124,6 +125,8 @@ def test_enabled_applies_verifies_and_logs_status_block():
     log = proc.stderr
     assert "hostsync: sglang 0.5.23, SGLANG_HOSTSYNC_SLOTS='default', strict=True" in log, out(proc)
     assert "dspark_dp_meta               applied" in log, out(proc)
+    assert re.search(r"hostsync: set up in \d+\.\d\d s in this process \(plan resolved: targets imported and checked, "
+                     r"hooks registered\)", log), out(proc)
 
 
 def test_opt_in_slots_apply_and_run_through_the_hook_registry():

@@ -12,7 +12,9 @@ fixed-shape kernel and hands them to the pool's own ``move_kv_cache``:
 
 Two implementations: Triton (below) and CUDA C++ (``csrc/eagle_tail.cu``, built on
 first use). ``SGLANG_HOSTSYNC_EAGLE_TAIL_IMPL`` = ``auto`` (default: the faster one
-measured on the H200 where it can be built, else the other) / ``triton`` / ``cuda``.
+measured on the H200 where it can be built, else the other; while the csrc module is
+still building at ready, Triton serves until it loads) / ``triton`` / ``cuda`` (loaded
+before ready).
 """
 
 from __future__ import annotations
@@ -115,8 +117,14 @@ def kernels(facts) -> tuple[str, ...]:
     return ("eagle_tail",) if _path_used(facts) and choose_impl(facts.env)[0] == "cuda" else ()
 
 
+def _use_cuda() -> None:
+    global _impl
+    _impl = "cuda"
+
+
 def prepare(facts) -> str:
-    """Pick the kernel and load it now, so no request waits for a build."""
+    """Pick the kernel and load it before ready. Under ``auto`` the wait is at most
+    ``csrc.AUTO_WAIT_S``: Triton (bit-identical) serves until the csrc module is loaded."""
     global _impl
     if not _path_used(facts):
         return ""
@@ -124,10 +132,10 @@ def prepare(facts) -> str:
     logger.info("hostsync: %s uses the %s kernel (%s)", NAME, _impl, why)
     if _impl != "cuda":
         return "triton kernel"
-    note = csrc.load_for_slot(NAME, "eagle_tail", explicit=why == f"{ENV_IMPL}=cuda")
-    if note.startswith("fallback"):
-        _impl = "triton"
-    return note
+    if why == f"{ENV_IMPL}=cuda":
+        return csrc.load_for_slot(NAME, "eagle_tail", explicit=True)
+    _impl = "triton"
+    return csrc.load_for_slot(NAME, "eagle_tail", explicit=False, on_loaded=_use_cuda)
 
 
 def duplicate_prefix_tail(original, token_to_kv_pool, rows, prefix_base, last_page, num_new_pages, topk, page_size):
