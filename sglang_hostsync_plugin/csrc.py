@@ -7,7 +7,6 @@ Build output goes to torch's extension cache (``TORCH_EXTENSIONS_DIR``).
 
 from __future__ import annotations
 
-import functools
 import importlib.resources
 import logging
 import os
@@ -62,9 +61,29 @@ def unavailable_reason() -> str | None:
     return None
 
 
-@functools.cache
+_modules: dict = {}
+_locks: dict[str, threading.Lock] = {}
+
+
+def loaded(name: str) -> bool:
+    """Whether ``csrc/<name>.cu`` is loaded in this process (never waits)."""
+    return name in _modules
+
+
 def load(name: str, verbose: bool = False):
-    """Build (once per process; cached on disk by torch) and import ``csrc/<name>.cu``."""
+    """Build (once per process; cached on disk by torch) and import ``csrc/<name>.cu``.
+    Thread-safe: a second caller waits for the first's load instead of loading twice."""
+    module = _modules.get(name)
+    if module is not None:
+        return module
+    with _locks.setdefault(name, threading.Lock()):
+        module = _modules.get(name)
+        if module is None:
+            module = _modules[name] = _build(name, verbose)
+    return module
+
+
+def _build(name: str, verbose: bool):
     reason = unavailable_reason()
     if reason:
         raise RuntimeError(f"cannot build csrc/{name}.cu: {reason}")
@@ -122,14 +141,16 @@ def prebuild(names: tuple[str, ...] = KERNELS) -> int:
     return rc
 
 
-_loading: dict[str, threading.Thread] = {}
+_loading: dict[str, list[threading.Thread]] = {}
 
 
-def load_for_slot(slot: str, name: str, explicit: bool, on_loaded=None) -> str:
+def load_for_slot(slot: str, name: str, explicit: bool, on_loaded=None, on_failed=None,
+                  wait: float | None = None) -> str:
     """``load(name)`` for a slot's ``prepare``. Explicit (``cuda``): blocks, a failure
     raises. Chosen by ``auto``: a failure is a warning and the caller keeps its
     fallback (returns the reason); with ``on_loaded`` the load runs on a thread,
-    waited on for at most ``AUTO_WAIT_S``, and ``on_loaded()`` runs once it is loaded."""
+    waited on for at most ``wait`` (default ``AUTO_WAIT_S``), and ``on_loaded()`` runs once
+    it is loaded (``on_failed()`` once if it fails)."""
     t0 = time.perf_counter()
     if explicit or on_loaded is None:
         try:
@@ -153,6 +174,8 @@ def load_for_slot(slot: str, name: str, explicit: bool, on_loaded=None) -> str:
             if late:
                 logger.warning("hostsync: %s: csrc/%s.cu unavailable (%s); the fallback path stays",
                                slot, name, exc)
+                if on_failed is not None:
+                    on_failed()
             return
         on_loaded()
         with lock:
@@ -162,28 +185,29 @@ def load_for_slot(slot: str, name: str, explicit: bool, on_loaded=None) -> str:
                         slot, name, time.perf_counter() - t0)
 
     thread = threading.Thread(target=background, name=f"hostsync-load-{name}", daemon=True)
-    _loading[name] = thread
+    _loading.setdefault(name, []).append(thread)
     thread.start()
-    thread.join(AUTO_WAIT_S)
+    thread.join(AUTO_WAIT_S if wait is None else wait)
     with lock:
         state["late"] = not state["done"]
     if state["late"]:
-        return (f"csrc/{name}.cu still building after {AUTO_WAIT_S:.1f} s (the launcher's prebuild); "
-                "the fallback serves until it is loaded")
+        return (f"csrc/{name}.cu still building after {time.perf_counter() - t0:.1f} s (the launcher's "
+                "prebuild); the fallback serves until it is loaded")
     if state["error"] is not None:
         logger.warning("hostsync: %s: csrc/%s.cu unavailable (%s); using the fallback path",
                        slot, name, state["error"])
+        if on_failed is not None:
+            on_failed()
         return f"fallback: {state['error']}"
     return f"csrc/{name}.cu loaded in {time.perf_counter() - t0:.1f} s"
 
 
 def wait_loaded(name: str, timeout: float | None = None) -> bool:
-    """Wait for a background ``load_for_slot`` of ``name``; True when none is running."""
-    thread = _loading.get(name)
-    if thread is None:
-        return True
-    thread.join(timeout)
-    return not thread.is_alive()
+    """Wait for the background ``load_for_slot`` calls of ``name``; True when none is running."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    for thread in list(_loading.get(name, ())):
+        thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+    return not any(thread.is_alive() for thread in _loading.get(name, ()))
 
 
 def choose_impl(env_var: str, fallback: str, env) -> tuple[str, str]:

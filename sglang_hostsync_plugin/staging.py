@@ -11,7 +11,8 @@ device tensor, under the same event.
 
 On CUDA the copies and the event record are issued either by ``csrc/h2d_stage.cu``
 (one C++ call) or by torch from Python. ``SGLANG_HOSTSYNC_STAGING_IMPL`` =
-``auto`` (default: csrc where it builds, else Python) / ``python`` / ``cuda``.
+``auto`` (default: csrc where it builds, else Python; while the csrc module is still
+loading, Python until it is loaded) / ``python`` / ``cuda`` (loaded before ready).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from . import csrc
 logger = logging.getLogger("sglang.srt.plugins.hostsync")
 
 ENV_IMPL = "SGLANG_HOSTSYNC_STAGING_IMPL"
+KERNEL = "h2d_stage"
 _impl: str | None = None
 
 
@@ -42,22 +44,39 @@ def staging_impl(env=None) -> str:
 
 def staging_kernels(used: bool, env) -> tuple[str, ...]:
     """The csrc kernel the stagers load, when their path is ``used`` (Slot.kernels)."""
-    return ("h2d_stage",) if used and staging_impl(env) == "cuda" else ()
+    return (KERNEL,) if used and staging_impl(env) == "cuda" else ()
+
+
+def _use_cuda() -> None:
+    global _impl
+    _impl = "cuda"
+
+
+def _use_python() -> None:
+    global _impl
+    _impl = "python"
+
+
+def _explicit() -> bool:
+    return os.environ.get(ENV_IMPL, "auto").strip().lower() == "cuda"
 
 
 def prepare_staging(slot: str, used: bool) -> str:
-    """Load the stagers' kernel before the server is ready (Slot.prepare); under
-    ``auto`` a kernel that does not build makes the stagers issue copies from Python."""
+    """Load the stagers' kernel (Slot.prepare). Explicit ``cuda``: before ready. Under
+    ``auto`` the wait is at most ``csrc.AUTO_WAIT_S``: the stagers issue their copies from
+    Python until the module is loaded, then from csrc; a kernel that does not build leaves
+    them on Python."""
     global _impl
     if not used:
         return ""
     if staging_impl() != "cuda":
         return f"staging from {_impl}"
-    explicit = os.environ.get(ENV_IMPL, "auto").strip().lower() == "cuda"
-    note = csrc.load_for_slot(slot, "h2d_stage", explicit)
-    if note.startswith("fallback"):
-        _impl = "python"
-    return note
+    if _explicit():
+        return csrc.load_for_slot(slot, KERNEL, explicit=True)
+    if csrc.loaded(KERNEL):
+        return f"csrc/{KERNEL}.cu loaded"
+    _impl = "python"
+    return csrc.load_for_slot(slot, KERNEL, explicit=False, on_loaded=_use_cuda, on_failed=_use_python)
 
 
 def check_staging_impl() -> None:
@@ -80,6 +99,8 @@ class TwoSlotStager:
         self.fresh_device = fresh_device
         self.scalar = scalar
         self.impl = impl  # None: staging_impl() at the first CUDA allocation
+        # auto chose csrc while its module was still loading: Python copies until it is loaded
+        self._csrc_pending = False
         self.width: int | None = None
         self.device: torch.device | None = None
         self.host = self.host_np = self.dev = None
@@ -119,13 +140,13 @@ class TwoSlotStager:
                     event.record()  # creates the handle csrc records on
             if self.impl is None:
                 self.impl = staging_impl()
+                if self.impl == "cuda" and not _explicit() and not csrc.loaded(KERNEL):
+                    # Made before the slot's prepare (or without it): load without waiting here.
+                    self.impl, self._csrc_pending = "python", True
+                    csrc.load_for_slot("staging", KERNEL, explicit=False, on_loaded=_use_cuda,
+                                       on_failed=_use_python, wait=0)
             if self.impl == "cuda":
-                self._stage_op = csrc.load("h2d_stage").stage
-                self._handles = tuple(event.cuda_event for event in self.events)
-                self._host_ptrs = (self.host[0].data_ptr(), self.host[1].data_ptr())
-                self._nbytes = self.host[0].numel() * self.host.element_size()
-                if self.scalar:
-                    self._scalar_ptrs = (self.scalar_host[0].data_ptr(), self.scalar_host[1].data_ptr())
+                self._use_csrc()
         self.recorded = [False, False]
         self.width, self.device, self.slot = width, device, 0
         # Views made once: a step creates no tensor objects.
@@ -137,6 +158,14 @@ class TwoSlotStager:
             self.dev_slots = (self.dev[0], self.dev[1])
             self.dev_rows = tuple(tuple(self.dev[s, r] for r in range(self.rows)) for s in (0, 1))
         self.allocations += 1
+
+    def _use_csrc(self) -> None:
+        self._stage_op = csrc.load(KERNEL).stage
+        self._handles = tuple(event.cuda_event for event in self.events)
+        self._host_ptrs = (self.host[0].data_ptr(), self.host[1].data_ptr())
+        self._nbytes = self.host[0].numel() * self.host.element_size()
+        if self.scalar:
+            self._scalar_ptrs = (self.scalar_host[0].data_ptr(), self.scalar_host[1].data_ptr())
 
     def _wait_for_slot(self, slot: int) -> None:
         event = self.events[slot]
@@ -198,6 +227,10 @@ class TwoSlotStager:
         else:
             dev = self.dev_slots[slot]
             rows_out = self.dev_rows[slot]
+        if self._csrc_pending and _impl == "cuda" and csrc.loaded(KERNEL):
+            # Both paths record the slot's event after its copy: a switch between stages is ordered.
+            self.impl, self._csrc_pending = "cuda", False
+            self._use_csrc()
         if self._stage_op is not None:
             if scalar_into is None:
                 self._stage_op(self.device.index, dev.data_ptr(), self._host_ptrs[slot], self._nbytes, 0, 0, 0,

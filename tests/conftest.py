@@ -48,6 +48,7 @@ def staging_impl(request, monkeypatch):
     if request.param == "cuda" and csrc.unavailable_reason():
         pytest.skip(f"csrc: {csrc.unavailable_reason()}")
     monkeypatch.setattr(staging, "_impl", request.param)
+    monkeypatch.setenv(staging.ENV_IMPL, request.param)  # asked for: csrc loaded at the first allocation
     return request.param
 
 

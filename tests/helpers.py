@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+import threading
 import textwrap
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -110,3 +111,23 @@ def install_eagle_host_with_audit(slot: str) -> list[tuple[str, str]]:
     installer.install(installer.InstallState(), plan, registry.catalogue(),
                       lambda path, hook, kind: order.append((path, hook.__qualname__)))
     return order
+
+
+class BlockingBuild:
+    """Stands in for ``csrc.load`` (or ``csrc._build``): blocks until released (a build still running),
+    then loads or fails; a 60 s timer releases it so a blocked test fails, never hangs."""
+
+    def __init__(self, fail: bool = False):
+        self.released = threading.Event()
+        self.by_timer = threading.Event()
+        self.fail = fail
+        self.threads: list[str] = []
+        self.timer = threading.Timer(60, lambda: (self.by_timer.set(), self.released.set()))
+        self.timer.start()
+
+    def __call__(self, name, verbose=False):
+        self.threads.append(threading.current_thread().name)
+        self.released.wait()
+        if self.fail:
+            raise RuntimeError("nvcc error: stand-in")
+        return object()

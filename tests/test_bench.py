@@ -275,3 +275,37 @@ def test_startup_log_facts_tell_a_takeover_after_ready_from_a_load_before(tmp_pa
     warm.write_text("\n".join([head[0], tail[0], head[1].replace("still building", "loaded in 0.1 s, not"), head[2]]))
     facts = bench.log_facts(str(warm))
     assert facts["build_done_before_ready"] and facts["switched_after_ready"] == []
+
+
+def test_plugin_load_report_takes_each_arm_against_no_plugin():
+    spec = importlib.util.spec_from_file_location("bench_plugin_load", os.path.join(REPO, "benchmarks", "bench_plugin_load.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    env = bench._env(bench.NO_PLUGIN)
+    assert env["SGLANG_PLUGINS"] == "no-such-plugin" and "SGLANG_ENABLE_HOSTSYNC_PLUGIN" not in env
+    assert "SGLANG_PLUGINS" not in bench._env(bench.DISABLED)
+    env = bench._env("default,eagle_host", plan="{}")
+    assert env["SGLANG_HOSTSYNC_SLOTS"] == "default,eagle_host" and env["SGLANG_HOSTSYNC_PLAN"] == "{}"
+
+    def launcher(total, load, setup=None):
+        return {"import launch_server": 3.0, "load_plugins": load, "import http_server": 1.0, "total": total,
+                "setup_s": setup}
+
+    def scheduler(total):
+        return {"import scheduler": 5.0, "load_plugins": 0.1, "total": total}
+
+    arms = [bench.NO_PLUGIN, bench.DISABLED, "default"]
+    samples = {("launcher", bench.NO_PLUGIN): [launcher(6.0, 0.0), launcher(6.4, 0.0), launcher(9.0, 0.0)],
+               ("launcher", bench.DISABLED): [launcher(6.5, 2.0)],
+               ("launcher", "default"): [launcher(7.0, 2.5, 2.2), launcher(7.4, 2.7, 2.4)],
+               ("scheduler", bench.NO_PLUGIN): [scheduler(6.0)],
+               ("scheduler", bench.DISABLED): [scheduler(6.3)],
+               ("scheduler", "default"): [scheduler(6.5)]}
+    lines = bench.report(samples, arms)
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in lines if line.startswith("| ") and not line.startswith("| arm") and not line.startswith("| ---")}
+    # launcher medians: no plugin 6.4, default 7.2 (+0.80), its set-up 2.30; then the scheduler table
+    launcher_rows = lines[:lines.index("### scheduler")]
+    default_launcher = next(line for line in launcher_rows if line.startswith("| default |"))
+    assert [c.strip() for c in default_launcher.split("|")[2:-1]] == ["3.00", "2.60", "1.00", "7.20", "+0.80", "2.30"]
+    assert rows["default"][-2:] == ["+0.50", "-"]  # the scheduler table's row (read last)

@@ -1,6 +1,7 @@
 """dspark_dp_meta: bit-identical to SGLang 0.5.23's fill on the real DraftBlockProposer."""
 
 import random
+import threading
 
 import pytest
 import torch
@@ -11,6 +12,8 @@ from sglang_hostsync_plugin import csrc, staging
 from sglang_hostsync_plugin.config import HostsyncConfigError
 from sglang_hostsync_plugin.slots import dspark_dp_meta, target_dp_meta
 from sglang_hostsync_plugin.staging import TwoSlotStager
+
+from helpers import BlockingBuild
 
 DEVICE = "cpu"
 
@@ -131,3 +134,86 @@ def test_staging_impl_choice_and_the_slots_precheck(monkeypatch):
 def test_csrc_staging_source_ships_with_the_package():
     with open(csrc.source_path("h2d_stage.cu")) as f:
         assert "cudaEventRecord" in f.read()
+
+
+@pytest.fixture
+def staging_auto(monkeypatch):
+    """The stagers under ``auto`` where csrc builds: the build stands in (``csrc._build``)."""
+    monkeypatch.setattr(csrc, "unavailable_reason", lambda: None)
+    monkeypatch.setattr(csrc, "AUTO_WAIT_S", 0.05)
+    monkeypatch.setattr(csrc, "_modules", {})
+    monkeypatch.setattr(staging, "_impl", None)
+    monkeypatch.delenv(staging.ENV_IMPL, raising=False)
+    yield
+    csrc.wait_loaded(staging.KERNEL, 70)
+
+
+def test_staging_kernel_still_building_never_holds_the_start(staging_auto, monkeypatch, caplog):
+    build = BlockingBuild()
+    monkeypatch.setattr(csrc, "_build", build)
+    with caplog.at_level("INFO", logger="sglang.srt.plugins.hostsync"):
+        note = staging.prepare_staging("target_dp_meta", True)
+        assert not build.released.is_set() and "still building" in note
+        assert staging._impl == "python" and not csrc.loaded(staging.KERNEL)
+        assert staging.staging_impl() == "python"  # a stager made now stages from Python
+        build.released.set()
+        assert csrc.wait_loaded(staging.KERNEL, 10)
+    build.timer.cancel()
+    assert not build.by_timer.is_set() and build.threads == ["hostsync-load-h2d_stage"]
+    assert staging._impl == "cuda" and csrc.loaded(staging.KERNEL)
+    assert "serves from now on" in caplog.text
+    # The second DP-meta slot's prepare finds it loaded: no second load.
+    assert staging.prepare_staging("dspark_dp_meta", True) == "csrc/h2d_stage.cu loaded"
+    assert build.threads == ["hostsync-load-h2d_stage"]
+
+
+def test_staging_kernel_failing_late_leaves_python(staging_auto, monkeypatch, caplog):
+    build = BlockingBuild(fail=True)
+    monkeypatch.setattr(csrc, "_build", build)
+    with caplog.at_level("INFO", logger="sglang.srt.plugins.hostsync"):
+        assert "still building" in staging.prepare_staging("target_dp_meta", True)
+        build.released.set()
+        assert csrc.wait_loaded(staging.KERNEL, 10)
+    build.timer.cancel()
+    assert staging._impl == "python" and not csrc.loaded(staging.KERNEL)
+    assert "nvcc error: stand-in" in caplog.text and "the fallback path stays" in caplog.text
+
+
+def test_staging_kernel_asked_for_is_loaded_before_ready(staging_auto, monkeypatch):
+    monkeypatch.setenv(staging.ENV_IMPL, "cuda")
+    build = BlockingBuild()
+    monkeypatch.setattr(csrc, "_build", build)
+    threading.Timer(0.3, build.released.set).start()
+    assert staging.prepare_staging("target_dp_meta", True).startswith("csrc/h2d_stage.cu loaded in")
+    build.timer.cancel()
+    assert build.released.is_set() and not build.by_timer.is_set()
+    assert build.threads == [threading.current_thread().name] and staging._impl == "cuda"
+
+
+def test_csrc_load_is_one_load_per_kernel_across_threads(staging_auto, monkeypatch):
+    build = BlockingBuild()
+    monkeypatch.setattr(csrc, "_build", build)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(csrc.load(staging.KERNEL))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    build.released.set()
+    for t in threads:
+        t.join(10)
+    build.timer.cancel()
+    assert len(build.threads) == 1 and len(results) == 3 and len({id(r) for r in results}) == 1
+
+
+def test_staging_kernel_failing_within_the_wait_leaves_python(staging_auto, monkeypatch):
+    monkeypatch.setattr(csrc, "AUTO_WAIT_S", 30.0)
+    build = BlockingBuild(fail=True)
+    build.released.set()
+    monkeypatch.setattr(csrc, "_build", build)
+    staging._impl = "cuda"  # chosen earlier (a stager's first allocation)
+    assert staging.prepare_staging("target_dp_meta", True) == "fallback: nvcc error: stand-in"
+    build.timer.cancel()
+    assert staging._impl == "python"
+    failed = []
+    assert csrc.load_for_slot("staging", staging.KERNEL, False, on_loaded=lambda: None,
+                              on_failed=lambda: failed.append(1), wait=30).startswith("fallback")
+    assert failed == [1]  # once, whether the failure came within the wait or after it

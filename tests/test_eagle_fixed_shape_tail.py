@@ -12,6 +12,8 @@ from sglang_hostsync_plugin.config import HostsyncConfigError
 from sglang_hostsync_plugin.slot import ServingFacts
 from sglang_hostsync_plugin.slots import eagle_fixed_shape_tail as eft
 
+from helpers import BlockingBuild
+
 
 def triton_call(pool, rows, base, last, pages, topk, page_size):
     tgt, src = eft.tail_slots_triton(rows, base, last, pages, topk, page_size)
@@ -93,26 +95,6 @@ def test_bad_impl_env_refuses_the_slot(monkeypatch):
     assert eft.SLOT.precheck().startswith("bad configuration: SGLANG_HOSTSYNC_EAGLE_TAIL_IMPL='fast'")
 
 
-class _Build:
-    """Stands in for ``csrc.load``: blocks until released (a build still running),
-    then loads or fails; a 60 s timer releases it so a blocked test fails, never hangs."""
-
-    def __init__(self, fail: bool = False):
-        self.released = threading.Event()
-        self.by_timer = threading.Event()
-        self.fail = fail
-        self.threads: list[str] = []
-        self.timer = threading.Timer(60, lambda: (self.by_timer.set(), self.released.set()))
-        self.timer.start()
-
-    def __call__(self, name, verbose=False):
-        self.threads.append(threading.current_thread().name)
-        self.released.wait()
-        if self.fail:
-            raise RuntimeError("nvcc error: stand-in")
-        return object()
-
-
 @pytest.fixture
 def tail_prepare(monkeypatch):
     """prepare() under ``auto`` choosing csrc, with the kernel calls recorded: the csrc
@@ -138,7 +120,7 @@ def _one_step_bit_identical(seed):
 
 def test_an_auto_kernel_still_building_never_holds_the_start(tail_prepare, monkeypatch, caplog):
     facts, calls = tail_prepare
-    build = _Build()
+    build = BlockingBuild()
     monkeypatch.setattr(csrc, "load", build)
     with caplog.at_level("INFO", logger="sglang.srt.plugins.hostsync"):
         note = eft.prepare(facts)
@@ -158,7 +140,7 @@ def test_an_auto_kernel_still_building_never_holds_the_start(tail_prepare, monke
 
 def test_an_auto_kernel_failing_late_leaves_triton_serving(tail_prepare, monkeypatch, caplog):
     facts, calls = tail_prepare
-    build = _Build(fail=True)
+    build = BlockingBuild(fail=True)
     monkeypatch.setattr(csrc, "load", build)
     with caplog.at_level("INFO", logger="sglang.srt.plugins.hostsync"):
         assert "still building" in eft.prepare(facts)
@@ -174,7 +156,7 @@ def test_an_auto_kernel_failing_late_leaves_triton_serving(tail_prepare, monkeyp
 def test_an_auto_kernel_ready_in_time_decides_at_prepare(tail_prepare, monkeypatch, fail):
     facts, calls = tail_prepare
     monkeypatch.setattr(csrc, "AUTO_WAIT_S", 30.0)
-    build = _Build(fail=fail)
+    build = BlockingBuild(fail=fail)
     build.released.set()
     monkeypatch.setattr(csrc, "load", build)
     note = eft.prepare(facts)
@@ -189,7 +171,7 @@ def test_an_auto_kernel_ready_in_time_decides_at_prepare(tail_prepare, monkeypat
 def test_an_explicit_cuda_kernel_is_loaded_before_ready(tail_prepare, monkeypatch, fail):
     facts, calls = tail_prepare
     monkeypatch.setattr(eft, "choose_impl", lambda env=None: ("cuda", f"{eft.ENV_IMPL}=cuda"))
-    build = _Build(fail=fail)
+    build = BlockingBuild(fail=fail)
     monkeypatch.setattr(csrc, "load", build)
     threading.Timer(0.3, build.released.set).start()
     if fail:

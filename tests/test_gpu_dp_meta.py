@@ -3,7 +3,11 @@ with the stager's copies issued from Python and from csrc.
 
 Skipped without CUDA (CI); run on the H200 by scripts/gpu_run.sh."""
 
+import os
 import random
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -98,3 +102,50 @@ def test_gpu_war_stress_detects_hazard_without_the_wait(staging_impl):
     mismatches, _ = _war_stress(NoWaitStager, staging_impl)
     print(f"WAR stress ({staging_impl}) without event guard: mismatches={mismatches}")
     assert mismatches > 0, "the stress test cannot see the hazard it guards against"
+
+
+def test_gpu_auto_stages_from_python_while_csrc_builds_then_switches(tmp_path):
+    """A cold extension cache in a fresh process: a stager made before the slot's prepare
+    stages from Python (starting the load itself), prepare returns within AUTO_WAIT_S, and
+    every stage reads back exactly its rows and scalar before, during and after the switch."""
+    code = textwrap.dedent("""
+        import logging, random, time
+        logging.basicConfig(level=logging.INFO)
+        import torch
+        from sglang_hostsync_plugin import csrc, staging
+        from sglang_hostsync_plugin.staging import TwoSlotStager
+
+        rng = random.Random(0)
+        stager = TwoSlotStager(rows=2, scalar=True)
+        dst = torch.zeros(1, dtype=torch.int32, device="cuda")
+
+        def stage():
+            rows = [[rng.randrange(1 << 40) for _ in range(7)] for _ in range(2)]
+            value = rng.randrange(1 << 30)
+            out = stager.stage("cuda", *rows, scalar_into=dst, scalar_value=value)
+            assert [r.tolist() for r in out] == rows and dst.item() == value
+
+        prebuild = csrc.start_prebuild(("h2d_stage",))
+        stage()  # the first allocation: auto chose csrc, not loaded yet
+        assert stager.impl == "python" and stager._csrc_pending
+        t0 = time.perf_counter()
+        note = staging.prepare_staging("target_dp_meta", True)
+        print(f"PREPARE {time.perf_counter() - t0:.2f} s: {note}", flush=True)
+        assert "still building" in note, note
+        n = 1
+        while stager._stage_op is None and n < 100000:
+            stage()
+            n += 1
+            time.sleep(0.01)
+        assert csrc.wait_loaded("h2d_stage", 600) and stager.impl == "cuda" and staging._impl == "cuda"
+        for _ in range(200):
+            stage()
+        assert prebuild.wait(600) == 0
+        print(f"SWITCHED after {n} Python stages, {time.perf_counter() - t0:.1f} s", flush=True)
+    """)
+    env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(tmp_path))
+    env.pop("SGLANG_HOSTSYNC_STAGING_IMPL", None)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900)
+    print(proc.stdout + "\n".join(line for line in proc.stderr.splitlines() if "hostsync" in line))
+    assert proc.returncode == 0 and "SWITCHED" in proc.stdout, (proc.stdout + proc.stderr)[-6000:]
+    assert "serves from now on" in proc.stderr
