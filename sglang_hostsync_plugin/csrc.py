@@ -105,7 +105,8 @@ _prebuild: subprocess.Popen | None = None
 def start_prebuild(names: tuple[str, ...]) -> subprocess.Popen | None:
     """Start building ``names`` in a background process (once per process), so the
     build overlaps model loading; ``load`` in a scheduler then waits on torch's build
-    lock or loads from its cache. Returns the process, or None when nothing to do."""
+    lock (on a thread, under ``auto``: ``load_for_slot``) or loads from its cache.
+    Returns the process, or None when nothing to do."""
     global _prebuild
     if not names or _prebuild is not None:
         return None
