@@ -182,8 +182,8 @@ def load_for_slot(slot: str, name: str, explicit: bool, on_loaded=None, on_faile
         with lock:
             state["done"], late = True, state["late"]
         if late:
-            logger.info("hostsync: %s: csrc/%s.cu loaded %.1f s after prepare began; it serves from now on",
-                        slot, name, time.perf_counter() - t0)
+            logger.info("hostsync: %s: csrc/%s.cu loaded %.1f s after its load began (background thread); "
+                        "it serves from now on", slot, name, time.perf_counter() - t0)
 
     thread = threading.Thread(target=background, name=f"hostsync-load-{name}", daemon=True)
     _loading.setdefault(name, []).append(thread)

@@ -263,7 +263,7 @@ def test_startup_log_facts_tell_a_takeover_after_ready_from_a_load_before(tmp_pa
     tail = [
         "hostsync prebuild: csrc/eagle_tail.cu ready (52.4 s)",
         "[2026-12-04 08:37:13 TP0] hostsync: eagle_fixed_shape_tail: csrc/eagle_tail.cu loaded 3.1 s after "
-        "prepare began; it serves from now on",
+        "its load began (background thread); it serves from now on",
     ]
     cold = tmp_path / "cold.log"
     cold.write_text("\n".join(head + tail) + "\n")
