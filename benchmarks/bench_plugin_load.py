@@ -44,7 +44,7 @@ t3 = time.perf_counter()
 out = {"import launch_server": t1 - t0, "load_plugins": t2 - t1, "import http_server": t3 - t2,
        "modules": len(sys.modules), "http_server_error": err}
 if os.environ.get("SGLANG_ENABLE_HOSTSYNC_PLUGIN") == "1":
-    from sglang_hostsync_plugin import plan as plans, runtime
+    from sglang_hostsync_plugin import runtime
     rt = runtime.current()
     out["setup_s"] = rt.setup_s
     out["plan"] = rt.plan.to_json() if rt.plan is not None else None

@@ -28,7 +28,7 @@ CONFIG = "standalone-t4-p16"
 ARM = "plugin-noaudit"
 BUILD_STARTED = "hostsync: building csrc"
 BUILD_DONE = re.compile(r"hostsync prebuild: csrc/(\w+)\.cu (ready|FAILED)")
-# Under auto a kernel still building at ready takes over later (csrc.load_for_slot).
+# Under auto a kernel still building at ready takes over later (csrc.load_in_background).
 SWITCHED = re.compile(r"hostsync: (\w+): csrc/(\w+)\.cu loaded .* serves from now on")
 READY = "The server is fired up and ready to roll!"
 

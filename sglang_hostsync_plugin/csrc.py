@@ -105,7 +105,7 @@ _prebuild: subprocess.Popen | None = None
 def start_prebuild(names: tuple[str, ...]) -> subprocess.Popen | None:
     """Start building ``names`` in a background process (once per process), so the
     build overlaps model loading; ``load`` in a scheduler then waits on torch's build
-    lock (on a thread, under ``auto``: ``load_for_slot``) or loads from its cache.
+    lock (on a thread, under ``auto``: ``load_in_background``) or loads from its cache.
     Returns the process, or None when nothing to do."""
     global _prebuild
     if not names or _prebuild is not None:
@@ -145,24 +145,18 @@ def prebuild(names: tuple[str, ...] = KERNELS) -> int:
 _loading: dict[str, list[threading.Thread]] = {}
 
 
-def load_for_slot(slot: str, name: str, explicit: bool, on_loaded=None, on_failed=None,
-                  wait: float | None = None) -> str:
-    """``load(name)`` for a slot's ``prepare``. Explicit (``cuda``): blocks, a failure
-    raises. Chosen by ``auto``: a failure is a warning and the caller keeps its
-    fallback (returns the reason); with ``on_loaded`` the load runs on a thread,
-    waited on for at most ``wait`` (default ``AUTO_WAIT_S``), and ``on_loaded()`` runs once
-    it is loaded (``on_failed()`` once if it fails)."""
+def load_before_ready(name: str) -> str:
+    """``load(name)`` in a slot's ``prepare`` when ``cuda`` was asked for: blocks; a failure raises."""
     t0 = time.perf_counter()
-    if explicit or on_loaded is None:
-        try:
-            load(name)
-        except Exception as exc:
-            if explicit:
-                raise
-            logger.warning("hostsync: %s: csrc/%s.cu unavailable (%s); using the fallback path", slot, name, exc)
-            return f"fallback: {exc}"
-        return f"csrc/{name}.cu loaded in {time.perf_counter() - t0:.1f} s"
+    load(name)
+    return f"csrc/{name}.cu loaded in {time.perf_counter() - t0:.1f} s"
 
+
+def load_in_background(slot: str, name: str, on_loaded, on_failed=None, wait: float | None = None) -> str:
+    """``load(name)`` on a thread, when ``auto`` chose csrc: waited on for at most ``wait``
+    (default ``AUTO_WAIT_S``) while the caller's fallback serves. ``on_loaded()`` runs once it
+    is loaded; a failure is a warning and ``on_failed()``. Returns a note for the log."""
+    t0 = time.perf_counter()
     lock = threading.Lock()
     state: dict = {"done": False, "late": False, "error": None}
 
@@ -170,13 +164,11 @@ def load_for_slot(slot: str, name: str, explicit: bool, on_loaded=None, on_faile
         try:
             load(name)
         except Exception as exc:
+            logger.warning("hostsync: %s: csrc/%s.cu unavailable (%s); using the fallback path", slot, name, exc)
+            if on_failed is not None:
+                on_failed()
             with lock:
-                state["done"], state["error"], late = True, exc, state["late"]
-            if late:
-                logger.warning("hostsync: %s: csrc/%s.cu unavailable (%s); the fallback path stays",
-                               slot, name, exc)
-                if on_failed is not None:
-                    on_failed()
+                state["done"], state["error"] = True, exc
             return
         on_loaded()
         with lock:
@@ -195,27 +187,37 @@ def load_for_slot(slot: str, name: str, explicit: bool, on_loaded=None, on_faile
         return (f"csrc/{name}.cu still building after {time.perf_counter() - t0:.1f} s (the launcher's "
                 "prebuild); the fallback serves until it is loaded")
     if state["error"] is not None:
-        logger.warning("hostsync: %s: csrc/%s.cu unavailable (%s); using the fallback path",
-                       slot, name, state["error"])
-        if on_failed is not None:
-            on_failed()
         return f"fallback: {state['error']}"
     return f"csrc/{name}.cu loaded in {time.perf_counter() - t0:.1f} s"
 
 
+def loading(name: str) -> bool:
+    """Whether a background load of ``name`` is still running (never waits)."""
+    return any(thread.is_alive() for thread in _loading.get(name, ()))
+
+
 def wait_loaded(name: str, timeout: float | None = None) -> bool:
-    """Wait for the background ``load_for_slot`` calls of ``name``; True when none is running."""
+    """Wait for the background ``load_in_background`` calls of ``name``; True when none is running."""
     deadline = None if timeout is None else time.monotonic() + timeout
     for thread in list(_loading.get(name, ())):
         thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-    return not any(thread.is_alive() for thread in _loading.get(name, ()))
+    return not loading(name)
+
+
+def asked_for_cuda(env_var: str, env=None) -> bool:
+    """Whether ``env_var`` asks for the csrc kernel explicitly (``cuda``, not ``auto``)."""
+    return _wanted(env_var, os.environ if env is None else env) == "cuda"
+
+
+def _wanted(env_var: str, env) -> str:
+    return env.get(env_var, "auto").strip().lower() or "auto"
 
 
 def choose_impl(env_var: str, fallback: str, env) -> tuple[str, str]:
     """(implementation, why) from ``env_var`` = ``auto`` | ``<fallback>`` | ``cuda``:
     ``auto`` takes the csrc one (``cuda``) where it can be built, else ``fallback``."""
     choices = ("auto", fallback, "cuda")
-    wanted = env.get(env_var, "auto").strip().lower() or "auto"
+    wanted = _wanted(env_var, env)
     if wanted not in choices:
         raise HostsyncConfigError(f"{env_var}={wanted!r}: use one of {', '.join(choices)}")
     if wanted == fallback:

@@ -183,7 +183,7 @@ class Slot:
     # building them in the background (``csrc.start_prebuild``) while the model loads.
     kernels: Callable[[ServingFacts], tuple[str, ...]] | None = None
     # Runs in each scheduler process after its init, before the server reports
-    # ready (loads those kernels, or starts loading them: csrc.load_for_slot); returns a note for the log.
+    # ready (loads those kernels, or starts loading them: csrc.load_in_background); returns a note for the log.
     prepare: Callable[[ServingFacts], str] | None = None
 
 

@@ -57,10 +57,6 @@ def _use_python() -> None:
     _impl = "python"
 
 
-def _explicit() -> bool:
-    return os.environ.get(ENV_IMPL, "auto").strip().lower() == "cuda"
-
-
 def prepare_staging(slot: str, used: bool) -> str:
     """Load the stagers' kernel (Slot.prepare). Explicit ``cuda``: before ready. Under
     ``auto`` the wait is at most ``csrc.AUTO_WAIT_S``: the stagers issue their copies from
@@ -71,12 +67,12 @@ def prepare_staging(slot: str, used: bool) -> str:
         return ""
     if staging_impl() != "cuda":
         return f"staging from {_impl}"
-    if _explicit():
-        return csrc.load_for_slot(slot, KERNEL, explicit=True)
+    if csrc.asked_for_cuda(ENV_IMPL):
+        return csrc.load_before_ready(KERNEL)
     if csrc.loaded(KERNEL):
         return f"csrc/{KERNEL}.cu loaded"
     _impl = "python"
-    return csrc.load_for_slot(slot, KERNEL, explicit=False, on_loaded=_use_cuda, on_failed=_use_python)
+    return csrc.load_in_background(slot, KERNEL, on_loaded=_use_cuda, on_failed=_use_python)
 
 
 def check_staging_impl() -> None:
@@ -140,11 +136,12 @@ class TwoSlotStager:
                     event.record()  # creates the handle csrc records on
             if self.impl is None:
                 self.impl = staging_impl()
-                if self.impl == "cuda" and not _explicit() and not csrc.loaded(KERNEL):
+                if self.impl == "cuda" and not csrc.asked_for_cuda(ENV_IMPL) and not csrc.loaded(KERNEL):
                     # Made before the slot's prepare (or without it): load without waiting here.
                     self.impl, self._csrc_pending = "python", True
-                    csrc.load_for_slot("staging", KERNEL, explicit=False, on_loaded=_use_cuda,
-                                       on_failed=_use_python, wait=0)
+                    if not csrc.loading(KERNEL):
+                        csrc.load_in_background("staging", KERNEL, on_loaded=_use_cuda, on_failed=_use_python,
+                                                wait=0)
             if self.impl == "cuda":
                 self._use_csrc()
         self.recorded = [False, False]

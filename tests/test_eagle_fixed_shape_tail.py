@@ -106,6 +106,7 @@ def tail_prepare(monkeypatch):
     monkeypatch.setattr(eft, "tail_slots_cuda", lambda *a: (calls.append("cuda"), triton_fn(*a))[1])
     monkeypatch.setattr(eft, "tail_slots_triton", lambda *a: (calls.append("triton"), triton_fn(*a))[1])
     monkeypatch.setattr(eft, "_impl", None)
+    monkeypatch.delenv(eft.ENV_IMPL, raising=False)
     facts = ServingFacts(speculative_algorithm="STANDALONE", topk=4, page_size=16)
     yield facts, calls
     csrc.wait_loaded("eagle_tail", 70)
@@ -149,7 +150,7 @@ def test_an_auto_kernel_failing_late_leaves_triton_serving(tail_prepare, monkeyp
         _one_step_bit_identical(3)
     build.timer.cancel()
     assert eft._impl == "triton" and calls == ["triton"]
-    assert "nvcc error: stand-in" in caplog.text and "the fallback path stays" in caplog.text
+    assert "nvcc error: stand-in" in caplog.text and "using the fallback path" in caplog.text
 
 
 @pytest.mark.parametrize("fail", [False, True])
@@ -171,6 +172,7 @@ def test_an_auto_kernel_ready_in_time_decides_at_prepare(tail_prepare, monkeypat
 def test_an_explicit_cuda_kernel_is_loaded_before_ready(tail_prepare, monkeypatch, fail):
     facts, calls = tail_prepare
     monkeypatch.setattr(eft, "choose_impl", lambda env=None: ("cuda", f"{eft.ENV_IMPL}=cuda"))
+    monkeypatch.setenv(eft.ENV_IMPL, "cuda")
     build = BlockingBuild(fail=fail)
     monkeypatch.setattr(csrc, "load", build)
     threading.Timer(0.3, build.released.set).start()

@@ -229,7 +229,7 @@ def cells(rows: list[dict], windows: dict[tuple, list[list[TraceStep]]] | None =
             "audit": pool_audit(windows[(config, conc, arm)]) if windows and (config, conc, arm) in windows else None,
         })
     stock = {(c["config"], c["concurrency"]): c for c in out if c["arm"] == "stock"}
-    stock_code = {(c["config"], c["concurrency"]): c for c in out if c["arm"] == STOCK_CODE_ARM and c["audit"]}
+    stock_code = {(c["config"], c["concurrency"]): c for c in out if c["arm"] == STOCK_CODE.name and c["audit"]}
     for c in out:
         ref = stock.get((c["config"], c["concurrency"]))
         c["ratio_tok_s_user"] = _ratio(c["tok_s_user_median"], ref["tok_s_user_median"] if ref else None)
@@ -241,9 +241,6 @@ def cells(rows: list[dict], windows: dict[tuple, list[list[TraceStep]]] | None =
                                if (r := _ratio(mine[k], theirs[k])) is not None]
         c.update(host_work_ratios(c, stock_code.get((c["config"], c["concurrency"]))))
     return out
-
-
-STOCK_CODE_ARM = STOCK_CODE.name
 
 
 def host_work_ratios(c: dict, ref: dict | None) -> dict:
@@ -369,7 +366,7 @@ def markdown(cell_rows: list[dict], servers: dict[str, dict], identity: dict[str
             f"({fmt(a.get('run_ahead_fraction_min_round'), '.3f')}) | {fmt(a.get('launch_lead_ms_median'))} "
             f"({fmt(a.get('launch_lead_ms_p10'))}) | {fmt(a.get('host_us_per_step_median'), '.0f')} "
             f"({fmt(a.get('host_work_us_per_step'), '.0f')}"
-            + (f", {fmt(c['host_work_ratio_to_stock_code'], '.3f')}x" if c.get("host_work_ratio_to_stock_code") else "")
+            + (f", {fmt(c['host_work_ratio_to_stock_code'], '.3f')}x" if c.get("host_work_ratio_to_stock_code") is not None else "")
             + ") |"
         )
     lines += ["", "| server | ready s | first request s | greedy identical to stock | logprobs compared | distinct output tokens |",

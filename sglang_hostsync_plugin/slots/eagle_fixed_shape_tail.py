@@ -132,10 +132,10 @@ def prepare(facts) -> str:
     logger.info("hostsync: %s uses the %s kernel (%s)", NAME, _impl, why)
     if _impl != "cuda":
         return "triton kernel"
-    if why == f"{ENV_IMPL}=cuda":
-        return csrc.load_for_slot(NAME, "eagle_tail", explicit=True)
+    if csrc.asked_for_cuda(ENV_IMPL):
+        return csrc.load_before_ready("eagle_tail")
     _impl = "triton"
-    return csrc.load_for_slot(NAME, "eagle_tail", explicit=False, on_loaded=_use_cuda)
+    return csrc.load_in_background(NAME, "eagle_tail", on_loaded=_use_cuda)
 
 
 def duplicate_prefix_tail(original, token_to_kv_pool, rows, prefix_base, last_page, num_new_pages, topk, page_size):
