@@ -8,13 +8,14 @@
 #   bash scripts/gpu_run.sh                                # every benchmark below, then the GPU tests
 #   TESTS=0 BENCHES=e2e E2E_ARGS="--configs standalone-t4-p16" bash scripts/gpu_run.sh
 #   bash scripts/gpu_run.sh tests/test_gpu_e2e.py          # only these tests
-# BENCHES (default: all but profile and plugin_load): e2e startup dp_meta eagle_tail tree_compact greedy_row_argmax replay_launch relay_stash draft_topk small_copy draft_vocab_topk ngram_full_mask draft_input events decode_loop pageable_h2d profile plugin_load
+# BENCHES (default: all but profile, plugin_load and result_readback): e2e startup dp_meta eagle_tail tree_compact greedy_row_argmax replay_launch relay_stash draft_topk small_copy draft_vocab_topk ngram_full_mask draft_input events decode_loop pageable_h2d profile plugin_load result_readback
 #   e2e:         python -m sglang_hostsync_plugin.e2e $E2E_ARGS (real servers) -> $OUT/e2e/, stopped after
 #                E2E_TIMEOUT seconds if set (it then reports the rounds that finished); with
 #                PYSPY_CONFIGS="standalone-t4-p16 ..." (and PYSPY=path/to/py-spy) each config's schedulers
 #                are sampled by py-spy beside it -> $OUT/pyspy/ (report: benchmarks/pyspy_schedulers.py report)
 #   startup:     benchmarks/bench_startup.py $STARTUP_ARGS (launch-to-ready, cold/warm csrc cache) -> $OUT/startup/
 #   plugin_load: benchmarks/bench_plugin_load.py (the plugin's import and set-up cost per launcher / scheduler start; no GPU work)
+#   result_readback: benchmarks/bench_result_readback.py (SGLang's per-tensor result D2H vs one packed D2H; why no packed-readback slot)
 #   decode_loop: benchmarks/bench_decode_loop.py with every owned slot (--opt-in pinned_d2h_ring)
 #   profile:     benchmarks/profile_step_kernels.py $PROFILE_ARGS (GPU time per step, graph vs eager; real servers) -> $OUT/profile/
 # TESTS=1 (default) then runs tests/test_gpu_*.py (the CPU suite is CI's); the real-server

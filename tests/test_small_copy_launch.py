@@ -109,6 +109,32 @@ def test_the_key_holds_what_the_checks_and_the_specialization_read(cpu_slot):
     assert slc.key_of(base[0], [base[1][0], torch.ones(2, requires_grad=True)]) != key
 
 
+def test_checked_addresses_are_remembered_per_signature_and_an_overlap_is_still_refused(cpu_slot, monkeypatch):
+    checked = []
+    real = slc.overlaps
+    monkeypatch.setattr(slc, "overlaps", lambda *a: checked.append(1) or real(*a))
+    a, b = torch.zeros(16, dtype=torch.int64), torch.zeros(16, dtype=torch.int64)
+    dsts = [a[0:4], b[0:2]]
+    srcs = [torch.arange(4), torch.arange(2) + 7]
+    assert slc.small_copy_hook(cpu_slot.original, dsts, srcs) is True and len(checked) == 1  # captured
+    assert slc.small_copy_hook(cpu_slot.original, dsts, srcs) is True and len(checked) == 1  # remembered
+    moved = [torch.arange(4) + 1, torch.arange(2) + 2]
+    assert slc.small_copy_hook(cpu_slot.original, dsts, moved) is True and len(checked) == 2
+    onto = [torch.arange(4) + 3, a[0:2]]  # the same signature, a source inside the first destination
+    assert slc.key_of(dsts, onto) == slc.key_of(dsts, srcs)
+    before = [d.clone() for d in dsts]
+    assert cpu_slot.stock(dsts, onto) is False
+    assert slc.small_copy_hook(cpu_slot.original, dsts, onto) is False and len(checked) == 3
+    assert slc.small_copy_hook(cpu_slot.original, dsts, onto) is False and len(checked) == 4  # never remembered
+    assert all(torch.equal(d, x) for d, x in zip(dsts, before))
+    assert len(slc._state.plans[slc.key_of(dsts, srcs)].clear) == 2
+    monkeypatch.setattr(slc, "MAX_CLEAR", 2)  # full: new addresses are checked on every call
+    again = [torch.arange(4) + 5, torch.arange(2) + 6]
+    assert slc.small_copy_hook(cpu_slot.original, dsts, again) is True and len(checked) == 5
+    assert slc.small_copy_hook(cpu_slot.original, dsts, again) is True and len(checked) == 6
+    assert slc.small_copy_hook(cpu_slot.original, dsts, srcs) is True and len(checked) == 6
+
+
 def test_a_capture_that_disagrees_keeps_sglangs_function(cpu_slot, caplog):
     dsts, srcs = drv.runner_case(random.Random(4), 2, 4, "cpu", torch.Generator().manual_seed(4))
     said = []

@@ -42,6 +42,7 @@ OWNED = (
     ("draft_vocab_topk", "draft_vocab_topk", False),
     ("triton_replay_launch", "triton_replay_launch", False),
     ("spec_kernel_replay", "spec_kernel_replay", False),
+    ("mamba_verdict_once", "mamba_verdict_once", False),
 )
 
 
