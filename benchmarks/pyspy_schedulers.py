@@ -14,7 +14,12 @@ e2e's ``t_start`` / ``t_end``, the same monotonic clock), the scheduler thread's
 (py-spy leaves out idle ones) ranked by self time per source line and by inclusive time per
 function, in % of the arm's samples.
 
-    python benchmarks/pyspy_schedulers.py report OUT/pyspy --e2e-json OUT/e2e/e2e.json [--concurrency 1] [--top 40]
+    python benchmarks/pyspy_schedulers.py report OUT/pyspy --e2e-json OUT/e2e/e2e.json [--concurrency 1] [--top 40] \
+        [--callers mambaish_config --depth 3]
+
+``--callers`` (repeatable) adds, per arm, the working samples through a frame containing the
+substring, grouped by that frame and its callers, in µs per decode step (how the
+``mambaish_config`` walk inside the verify commit was found, 2026-12-04).
 """
 
 from __future__ import annotations
@@ -116,9 +121,11 @@ def _short(path: str) -> str:
     return path
 
 
-def load(path: str, thread: str | None):
-    """(samples, self by line, inclusive by function) of ``thread``, else the main thread (the
-    scheduler loop), else the busiest one."""
+def load(path: str, thread: str | None, callers: tuple[str, ...] = (), depth: int = 3):
+    """(samples, self by line, inclusive by function, waits, caller chains) of ``thread``, else the
+    main thread (the scheduler loop), else the busiest one. Caller chains: for each substring in
+    ``callers``, the working (not waiting) samples through the outermost frame that contains it,
+    keyed by that frame's function and up to ``depth`` of its callers (with their lines)."""
     per_thread = collections.defaultdict(list)
     for raw in open(path, errors="replace"):
         stack, _, count = raw.replace("\0", "").rstrip("\n").rpartition(" ")
@@ -127,16 +134,23 @@ def load(path: str, thread: str | None):
         frames = stack.split(";")
         per_thread[frames[0]].append((frames[1:], int(count)))
     if not per_thread:
-        return 0, {}, {}, {}
+        return 0, {}, {}, {}, {}
     main = [t for t in per_thread if t.endswith(": MainThread")]  # the scheduler loop's thread
     name = thread if thread in per_thread else (main or [max(per_thread, key=lambda t: sum(c for _, c in per_thread[t]))])[0]
     total, self_line, incl, waits = 0, collections.Counter(), collections.Counter(), collections.Counter()
+    chains = collections.Counter()
     for frames, count in per_thread[name]:
         total += count
         joined = ";".join(frames)
         wait = next((w for w, hit in WAITS if hit(joined)), None)
         if wait:
             waits[wait] += count
+        for pattern in callers if not wait else ():
+            at = next((i for i, f in enumerate(frames) if pattern in f), None)
+            if at is not None:
+                chain = " <- ".join([_short_frame(frames[at], line=False),
+                                     *(_short_frame(f) for f in reversed(frames[max(0, at - depth): at]))])
+                chains[(pattern, chain)] += count
         parsed = [FRAME.match(f) for f in frames]
         names = [(m["fn"], _short(m["file"]), m["line"]) if m else (f, "", "") for f, m in zip(frames, parsed)]
         if names:
@@ -144,7 +158,14 @@ def load(path: str, thread: str | None):
             self_line[f"{file}:{line} ({fn})"] += count
         for key in {f"{file} {fn}" for fn, file, _ in names}:
             incl[key] += count
-    return total, self_line, incl, waits
+    return total, self_line, incl, waits, chains
+
+
+def _short_frame(frame: str, line: bool = True) -> str:
+    m = FRAME.match(frame)
+    if not m:
+        return frame
+    return f"{m['fn']} ({_short(m['file'])}:{m['line']})" if line else f"{m['fn']} ({_short(m['file'])})"
 
 
 # Where the scheduler thread waits rather than works (SGLang 0.5.23 EAGLE v2): the result
@@ -185,7 +206,7 @@ def report(ns) -> int:
             m = re.match(r"(\d+\.\d+)-(\d+\.\d+)\.txt$", f)
             if m and any(a <= float(m[1]) and float(m[2]) <= b for a, b, _ in spans):
                 files.append(os.path.join(folder, f))
-        runs[name] = (*merge(load(f, None) for f in files), len(files))
+        runs[name] = (*merge(load(f, None, tuple(ns.callers), ns.depth) for f in files), len(files))
         steps[name] = sorted(st for _, _, st in spans)[len(spans) // 2] if spans else float("nan")
     names = list(runs)
     print("\n## Scheduler thread inside the timed windows: waiting and working\n")
@@ -195,7 +216,7 @@ def report(ns) -> int:
         total, waits = runs[n][0], runs[n][3]
         work = 1 - sum(waits.values()) / max(total, 1)
         cells = " | ".join(f"{100 * waits[w] / max(total, 1):.1f}%" for w, _ in WAITS)
-        print(f"| {n} | {total} ({runs[n][4]}) | {steps[n]:.0f} | {cells} | {100 * work:.1f}% | {work * steps[n]:.0f} |")
+        print(f"| {n} | {total} ({runs[n][5]}) | {steps[n]:.0f} | {cells} | {100 * work:.1f}% | {work * steps[n]:.0f} |")
     for title, idx in (("self time by source line", 1), ("inclusive time by function", 2)):
         print(f"\n## Scheduler thread inside the timed windows: {title} (% of the arm's busy samples)\n")
         print("| " + " | ".join(["where", *names]) + " |")
@@ -207,17 +228,27 @@ def report(ns) -> int:
         for key, _ in sorted(keys.items(), key=lambda kv: (-kv[1], kv[0]))[: ns.top]:
             cells = [f"{100 * runs[n][idx][key] / max(runs[n][0], 1):.1f}" for n in names]
             print(f"| `{key}` | " + " | ".join(cells) + " |")
+    for pattern in ns.callers:
+        print(f"\n## Working samples through `{pattern}`, by its frame and {ns.depth} callers (µs per decode step)\n")
+        for n in names:
+            total, chains = runs[n][0], runs[n][4]
+            mine = sorted(((c, k[1]) for k, c in chains.items() if k[0] == pattern), key=lambda x: (-x[0], x[1]))
+            print(f"- {n}: {sum(c for c, _ in mine) / max(total, 1) * steps[n]:.1f} in all")
+            for c, chain in mine[: ns.top]:
+                print(f"  - {c / max(total, 1) * steps[n]:.1f}: `{chain}`")
     return 0
 
 
 def merge(parts):
     total, self_line, incl, waits = 0, collections.Counter(), collections.Counter(), collections.Counter()
-    for t, s, i, w in parts:
+    chains = collections.Counter()
+    for t, s, i, w, c in parts:
         total += t
         self_line.update(s)
         incl.update(i)
         waits.update(w)
-    return total, self_line, incl, waits
+        chains.update(c)
+    return total, self_line, incl, waits, chains
 
 
 def main():
@@ -236,6 +267,9 @@ def main():
     p.add_argument("--e2e-json", required=True)
     p.add_argument("--concurrency", type=int)
     p.add_argument("--top", type=int, default=40)
+    p.add_argument("--callers", action="append", default=[], metavar="SUBSTRING",
+                   help="also list the working samples through the first frame containing this, by caller chain; repeatable")
+    p.add_argument("--depth", type=int, default=3, help="callers shown per chain (--callers)")
     ns = ap.parse_args()
     return record(ns) if ns.cmd == "record" else report(ns)
 

@@ -215,13 +215,40 @@ def test_pyspy_report_keeps_the_timed_windows_and_splits_waits_from_work(tmp_pat
     rows = [{"config": "cfg", "arm": "slots:x", "concurrency": 1, "t_start": 9.5, "t_end": 12.5,
              "load": {"accept_length": 3.0, "tok_s_user_median": 375.0}}]
     (tmp_path / "e2e.json").write_text(json.dumps({"rows": rows}))
-    ns = type("NS", (), dict(folder=str(tmp_path), e2e_json=str(tmp_path / "e2e.json"), concurrency=1, top=5))()
+    ns = type("NS", (), dict(folder=str(tmp_path), e2e_json=str(tmp_path / "e2e.json"), concurrency=1, top=5,
+                             callers=[], depth=3))()
     assert ps.report(ns) == 0
     out = capsys.readouterr().out
     # 200 main-thread samples in the two chunks inside the window; a step is 3 / 375 s = 8000 µs;
     # host work = (130 run_batch) / 200 = 65% -> 5200 µs per step.
     assert "| cfg/slots:x | 200 (2) | 8000 | 30.0% | 0.0% | 5.0% | 65.0% | 5200 |" in out
     assert "| `eagle_utils.py:9 (prepare)` | 65.0 |" in out and "x.py" not in out and "w.py" not in out
+
+
+def test_pyspy_report_lists_the_working_samples_through_a_frame_by_caller(tmp_path, capsys):
+    ps = _pyspy()
+    loop = "thread (7): MainThread;run (scheduler.py:1)"
+    walk = "mambaish_config (configs/hybrid_arch.py:{})"
+    lines = [f"{loop};verify (eagle_worker_common.py:736);commit (spec_utils.py:1025);{walk.format(147)} 30",
+             f"{loop};verify (eagle_worker_common.py:736);commit (spec_utils.py:1025);{walk.format(149)};getattr (c.py:5) 20",
+             f"{loop};prepare (forward_batch_info.py:1853);{walk.format(147)} 10",
+             f"{loop};wait (x.py:1);mambaish_config (configs/hybrid_arch.py:147);Event.synchronize (torch/cuda/streams.py:254) 40",
+             f"{loop};other (y.py:2) 100"]
+    arm_dir = tmp_path / "cfg__stock"
+    arm_dir.mkdir()
+    (arm_dir / "10.000-11.000.txt").write_text("\n".join(lines) + "\n")
+    (tmp_path / "arms.tsv").write_text("cfg\tstock\t1\tcfg__stock\n")
+    rows = [{"config": "cfg", "arm": "stock", "concurrency": 1, "t_start": 9.0, "t_end": 12.0,
+             "load": {"accept_length": 2.0, "tok_s_user_median": 250.0}}]  # 8000 µs per step
+    (tmp_path / "e2e.json").write_text(json.dumps({"rows": rows}))
+    ns = type("NS", (), dict(folder=str(tmp_path), e2e_json=str(tmp_path / "e2e.json"), concurrency=1, top=5,
+                             callers=["mambaish_config"], depth=1))()
+    assert ps.report(ns) == 0
+    out = capsys.readouterr().out.split("## Working samples through `mambaish_config`", 1)[1]
+    # 200 samples; the waiting one (40) is left out: 60 working samples through the walk = 2400 µs.
+    assert "- cfg/stock: 2400.0 in all" in out
+    assert "  - 2000.0: `mambaish_config (configs/hybrid_arch.py) <- commit (spec_utils.py:1025)`" in out
+    assert "  - 400.0: `mambaish_config (configs/hybrid_arch.py) <- prepare (forward_batch_info.py:1853)`" in out
 
 
 def test_ramp_pace_lists_each_prefill_with_its_start_lead_and_catch_up(tmp_path, capsys):

@@ -165,3 +165,19 @@ print("RESULT" + json.dumps({"err": err, "status": rt.state.statuses["mamba_verd
     assert res["results"] == [None, None] and res["skipped"] == 2 and res["configs"] == 1, res
     assert res["same_name"], res
     assert "Multiple AROUND hooks" not in proc.stderr + proc.stdout
+
+
+def test_the_ngram_worker_binds_the_name_the_registry_rebinds():
+    """NGRAMWorker imports sgl_kernel, so it is read here, not imported: it takes the commit by name
+    from spec_utils (a module global, which SGLang's hook registry rebinds) and calls it per verify."""
+    import ast
+    import importlib.util
+
+    path = importlib.util.find_spec("sglang.srt.speculative.ngram_worker").origin
+    tree = ast.parse(open(path).read())
+    imported = [a.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                and node.module == "sglang.srt.speculative.spec_utils" for a in node.names]
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
+             and isinstance(node.func, ast.Name) and node.func.id == "commit_mamba_states_after_verify"]
+    assert "commit_mamba_states_after_verify" in imported and len(calls) == 1
+    assert isinstance(calls[0].args[0], ast.Attribute) and calls[0].args[0].attr == "target_worker"
