@@ -170,7 +170,15 @@ def load_in_background(slot: str, name: str, on_loaded, on_failed=None, wait: fl
             with lock:
                 state["done"], state["error"] = True, exc
             return
-        on_loaded()
+        try:
+            on_loaded()
+        except Exception as exc:  # noqa: BLE001 (the fallback keeps serving; nothing reaches the loop)
+            logger.warning("hostsync: %s: switching to csrc/%s.cu failed (%s); using the fallback path", slot, name, exc)
+            if on_failed is not None:
+                on_failed()
+            with lock:
+                state["done"], state["error"] = True, exc
+            return
         with lock:
             state["done"], late = True, state["late"]
         if late:

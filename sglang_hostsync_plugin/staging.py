@@ -57,6 +57,21 @@ def _use_python() -> None:
     _impl = "python"
 
 
+def initial_impl() -> tuple[str, bool]:
+    """(impl, pending) for a stager's first CUDA allocation. Pending: ``auto`` chose csrc and its
+    module is not loaded yet (a load is running, or is started here without waiting); the stager
+    issues Python copies and switches in ``stage`` once it is loaded."""
+    impl = staging_impl()
+    if impl == "cuda" and not csrc.asked_for_cuda(ENV_IMPL) and not csrc.loaded(KERNEL):
+        # Made before the slot's prepare (or without it).
+        if not csrc.loading(KERNEL):
+            csrc.load_in_background("staging", KERNEL, on_loaded=_use_cuda, on_failed=_use_python, wait=0)
+        return "python", True
+    if impl == "python" and csrc.loading(KERNEL):
+        return "python", True  # prepare's load is still running (it set Python meanwhile)
+    return impl, False
+
+
 def prepare_staging(slot: str, used: bool) -> str:
     """Load the stagers' kernel (Slot.prepare). Explicit ``cuda``: before ready. Under
     ``auto`` the wait is at most ``csrc.AUTO_WAIT_S``: the stagers issue their copies from
@@ -135,13 +150,7 @@ class TwoSlotStager:
                 for event in self.events:
                     event.record()  # creates the handle csrc records on
             if self.impl is None:
-                self.impl = staging_impl()
-                if self.impl == "cuda" and not csrc.asked_for_cuda(ENV_IMPL) and not csrc.loaded(KERNEL):
-                    # Made before the slot's prepare (or without it): load without waiting here.
-                    self.impl, self._csrc_pending = "python", True
-                    if not csrc.loading(KERNEL):
-                        csrc.load_in_background("staging", KERNEL, on_loaded=_use_cuda, on_failed=_use_python,
-                                                wait=0)
+                self.impl, self._csrc_pending = initial_impl()
             if self.impl == "cuda":
                 self._use_csrc()
         self.recorded = [False, False]

@@ -221,3 +221,54 @@ def test_staging_kernel_failing_within_the_wait_leaves_python(staging_auto, monk
     assert csrc.load_in_background("staging", staging.KERNEL, on_loaded=lambda: None,
                                    on_failed=lambda: failed.append(1), wait=30).startswith("fallback")
     assert failed == [1]  # once, whether the failure came within the wait or after it
+
+
+def test_a_stager_made_while_prepares_load_runs_is_pending_until_it_is_loaded(staging_auto, monkeypatch):
+    """A stager whose first allocation comes after prepare started the load but before it finished
+    stages from Python and is pending: it switches to csrc once the module is loaded."""
+    build = BlockingBuild()
+    monkeypatch.setattr(csrc, "_build", build)
+    assert "still building" in staging.prepare_staging("target_dp_meta", True)
+    assert staging.initial_impl() == ("python", True)
+    build.released.set()
+    assert csrc.wait_loaded(staging.KERNEL, 10)
+    build.timer.cancel()
+    assert staging._impl == "cuda" and staging.initial_impl() == ("cuda", False)
+    assert build.threads == ["hostsync-load-h2d_stage"]
+
+
+def test_a_stager_made_before_prepare_starts_one_load_without_waiting(staging_auto, monkeypatch):
+    build = BlockingBuild()
+    monkeypatch.setattr(csrc, "_build", build)
+    t0 = time.perf_counter()
+    assert staging.initial_impl() == ("python", True)
+    assert staging.initial_impl() == ("python", True)  # a second stager: no second load
+    assert time.perf_counter() - t0 < 5 and not csrc.loaded(staging.KERNEL)
+    assert "still building" in staging.prepare_staging("target_dp_meta", True)  # waits on the same build
+    build.released.set()
+    assert csrc.wait_loaded(staging.KERNEL, 10)
+    build.timer.cancel()
+    assert build.threads == ["hostsync-load-h2d_stage"] and staging.initial_impl() == ("cuda", False)
+
+
+def test_a_stager_made_after_a_failed_load_stays_on_python(staging_auto, monkeypatch):
+    build = BlockingBuild(fail=True)
+    monkeypatch.setattr(csrc, "_build", build)
+    assert "still building" in staging.prepare_staging("target_dp_meta", True)
+    build.released.set()
+    assert csrc.wait_loaded(staging.KERNEL, 10)
+    build.timer.cancel()
+    assert staging.initial_impl() == ("python", False)
+
+
+def test_a_switch_that_raises_leaves_the_fallback(staging_auto, monkeypatch, caplog):
+    monkeypatch.setattr(csrc, "_build", lambda name, verbose=False: object())
+    failed = []
+
+    def broken():
+        raise RuntimeError("switch broke")
+
+    with caplog.at_level("WARNING", logger="sglang.srt.plugins.hostsync"):
+        note = csrc.load_in_background("staging", staging.KERNEL, on_loaded=broken, on_failed=lambda: failed.append(1),
+                                       wait=10)
+    assert failed == [1] and note == "fallback: switch broke" and "switching to csrc/h2d_stage.cu failed" in caplog.text
