@@ -163,17 +163,9 @@ def load_in_background(slot: str, name: str, on_loaded, on_failed=None, wait: fl
     def background() -> None:
         try:
             load(name)
-        except Exception as exc:
-            logger.warning("hostsync: %s: csrc/%s.cu unavailable (%s); using the fallback path", slot, name, exc)
-            if on_failed is not None:
-                on_failed()
-            with lock:
-                state["done"], state["error"] = True, exc
-            return
-        try:
             on_loaded()
         except Exception as exc:  # noqa: BLE001 (the fallback keeps serving; nothing reaches the loop)
-            logger.warning("hostsync: %s: switching to csrc/%s.cu failed (%s); using the fallback path", slot, name, exc)
+            logger.warning("hostsync: %s: csrc/%s.cu unavailable (%s); using the fallback path", slot, name, exc)
             if on_failed is not None:
                 on_failed()
             with lock:
