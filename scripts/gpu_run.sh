@@ -12,7 +12,7 @@
 #   e2e:         python -m sglang_hostsync_plugin.e2e $E2E_ARGS (real servers) -> $OUT/e2e/, stopped after
 #                E2E_TIMEOUT seconds if set (it then reports the rounds that finished); with
 #                PYSPY_CONFIGS="standalone-t4-p16 ..." (and PYSPY=path/to/py-spy) each config's schedulers
-#                are sampled by py-spy beside it -> $OUT/pyspy/ (report: benchmarks/pyspy_schedulers.py report)
+#                are sampled by py-spy beside it (PYSPY_RATE samples/s, default 250) -> $OUT/pyspy/ (report: benchmarks/pyspy_schedulers.py report)
 #   startup:     benchmarks/bench_startup.py $STARTUP_ARGS (launch-to-ready, cold/warm csrc cache) -> $OUT/startup/
 #   plugin_load: benchmarks/bench_plugin_load.py (the plugin's import and set-up cost per launcher / scheduler start; no GPU work)
 #   result_readback: benchmarks/bench_result_readback.py (SGLang's per-tensor result D2H vs one packed D2H; why no packed-readback slot)
@@ -47,7 +47,7 @@ for b in ${BENCHES:-dp_meta eagle_tail tree_compact greedy_row_argmax replay_lau
     e2e) spies=""
          for c in ${PYSPY_CONFIGS:-}; do  # line-level scheduler profiles beside the e2e (benchmarks/pyspy_schedulers.py)
            python3 benchmarks/pyspy_schedulers.py record --e2e-txt "$OUT/e2e.txt" --config "$c" --out "$OUT/pyspy" \
-             --py-spy "${PYSPY:-py-spy}" > "$OUT/pyspy_$c.log" 2>&1 & spies="$spies $!"
+             --py-spy "${PYSPY:-py-spy}" --rate "${PYSPY_RATE:-250}" > "$OUT/pyspy_$c.log" 2>&1 & spies="$spies $!"
          done
          # E2E_TIMEOUT (s): the e2e itself gets the SIGTERM (a timeout around this script stops only bash)
          # and reports the rounds that finished.

@@ -178,7 +178,8 @@ def test_eagle_host_preset():
     assert names == {"metadata_glue_graph", "skip_glued_replay_view", "fill_fast_path", "draft_extend_glue_graph",
                      "draft_decode_glue_graph", "fused_tree_compact", "fused_draft_page_locs", "greedy_row_argmax",
                      "fused_relay_stash", "draft_extend_topk_graph", "small_copy_launch", "draft_vocab_topk",
-                     "triton_replay_launch", "spec_kernel_replay", "mamba_verdict_once"}
+                     "triton_replay_launch", "spec_kernel_replay", "mamba_verdict_once", "isolation_snapshot",
+                     "decode_lens_lazy_h2d"}
     triton = _plan("default,eagle_host", *EAGLE, "--speculative-eagle-topk", "4", "--page-size", "16",
                    "--attention-backend", "triton")
     assert all(triton.verdict(n).status is Status.WOULD_APPLY for n in names)

@@ -43,6 +43,8 @@ OWNED = (
     ("triton_replay_launch", "triton_replay_launch", False),
     ("spec_kernel_replay", "spec_kernel_replay", False),
     ("mamba_verdict_once", "mamba_verdict_once", False),
+    ("isolation_snapshot", "isolation_snapshot", False),
+    ("decode_lens_lazy_h2d", "decode_lens_lazy_h2d", False),
 )
 
 
