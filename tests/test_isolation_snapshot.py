@@ -250,3 +250,20 @@ print("RESULT" + json.dumps({"err": err, "status": rt.state.statuses["isolation_
     assert proc.returncode == 0, out(proc)
     res = json.loads(proc.stdout.split("RESULT", 1)[1])
     assert res == {"err": None, "status": "applied", "fast": True, "restored": True, "recorded": True}, res
+
+
+def test_the_benchmark_runs(tmp_path, capsys):
+    import importlib.util
+    import os
+
+    from helpers import REPO
+
+    spec = importlib.util.spec_from_file_location("bench_isolation_snapshot",
+                                                  os.path.join(REPO, "benchmarks", "bench_isolation_snapshot.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "b.json"
+    assert bench.main(["--calls", "20", "--repeats", "2", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert set(data["median_us"]) == {"stock", "isolation_snapshot"} and all(v > 0 for v in data["median_us"].values())
+    assert "isolation_snapshot / stock:" in capsys.readouterr().out
