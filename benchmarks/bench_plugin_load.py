@@ -3,8 +3,11 @@ stock vs enabled, in fresh interpreters (no GPU work; SGLang 0.5.23).
 
 Each sample is one new ``python`` that does what the process does first:
 
-- launcher: ``import sglang.launch_server`` (its module imports), ``load_plugins()``, then
-  the imports ``launch_server`` reaches next (``sglang.srt.entrypoints.http_server``);
+- launcher: ``import sglang.launch_server`` (its module imports), ``load_plugins()`` as SGLang's
+  launcher entry points call it (here through ``Engine``, which imports the engine module first),
+  ``prepare_server_args`` of a STANDALONE topk 4 page 16 server (where the plugin resolves its
+  plan for those arguments), then the imports ``launch_server`` reaches next
+  (``sglang.srt.entrypoints.http_server``);
 - scheduler: ``import sglang.srt.managers.scheduler``, then ``load_plugins()`` with the
   launcher's plan in the environment (as a spawned scheduler inherits it).
 
@@ -29,27 +32,39 @@ import time
 
 LAUNCHER = r"""
 import json, os, sys, time
+ARGV = json.loads(sys.argv[1])
 t0 = time.perf_counter()
 import sglang.launch_server
 t1 = time.perf_counter()
-from sglang.srt.plugins import load_plugins
-load_plugins()
+from sglang.srt.entrypoints import engine
+try:  # SGLang's embedded-Engine launcher: load_plugins() from engine.py, then ServerArgs refuses the keyword
+    engine.Engine(not_a_server_arg=1)
+except TypeError:
+    pass
 t2 = time.perf_counter()
+from sglang.srt.server_args import prepare_server_args
+prepare_server_args(ARGV)
+t3 = time.perf_counter()
 try:
     import sglang.srt.entrypoints.http_server
     err = None
 except Exception as exc:  # a CPU-only venv lacks some of the server's packages
     err = f"{type(exc).__name__}: {exc}"
-t3 = time.perf_counter()
-out = {"import launch_server": t1 - t0, "load_plugins": t2 - t1, "import http_server": t3 - t2,
-       "modules": len(sys.modules), "http_server_error": err}
+t4 = time.perf_counter()
+out = {"import launch_server": t1 - t0, "load_plugins": t2 - t1, "prepare_server_args": t3 - t2,
+       "import http_server": t4 - t3, "modules": len(sys.modules), "http_server_error": err,
+       "plan": os.environ.get("SGLANG_HOSTSYNC_PLAN")}
 if os.environ.get("SGLANG_ENABLE_HOSTSYNC_PLUGIN") == "1":
     from sglang_hostsync_plugin import runtime
-    rt = runtime.current()
-    out["setup_s"] = rt.setup_s
-    out["plan"] = rt.plan.to_json() if rt.plan is not None else None
+    rt = runtime.current()  # None where the launcher deferred the plan to the server args
+    out["setup_s"] = rt.setup_s if rt is not None else None
 print("RESULT " + json.dumps(out), flush=True)
 """
+
+# The server arguments the launcher samples prepare (the e2e's STANDALONE topk 4 page 16).
+ARGV = ["--model-path", "dummy", "--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "dummy",
+        "--speculative-eagle-topk", "4", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "8",
+        "--page-size", "16", "--attention-backend", "triton"]
 
 SCHEDULER = r"""
 import json, sys, time
@@ -87,9 +102,9 @@ def _env(arm: str, plan: str | None = None) -> dict:
     return env
 
 
-def sample(code: str, env: dict) -> dict:
+def sample(code: str, env: dict, *argv: str) -> dict:
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run([sys.executable, "-c", code, *argv], env=env, capture_output=True, text=True, timeout=600)
     wall = time.perf_counter() - t0
     line = next((line for line in proc.stdout.splitlines() if line.startswith("RESULT ")), None)
     if proc.returncode != 0 or line is None:
@@ -106,7 +121,7 @@ def median_table(rows: list[dict], stages: list[str]) -> dict:
 def report(samples: dict, arms: list[str]) -> list[str]:
     """Markdown lines: per process kind, each arm's median stages and total, and total - stock."""
     lines = []
-    for kind, stages in (("launcher", ["import launch_server", "load_plugins", "import http_server"]),
+    for kind, stages in (("launcher", ["import launch_server", "load_plugins", "prepare_server_args", "import http_server"]),
                          ("scheduler", ["import scheduler", "load_plugins"])):
         lines += [f"### {kind}", "",
                   "| arm | " + " | ".join(f"{s} s" for s in stages) + " | total s (interpreter included) | "
@@ -130,6 +145,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--time-budget", type=float, default=None, metavar="S",
                     help="start no new repeat after S seconds; report the repeats that finished")
+    ap.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                    help="appended to the launcher's server arguments (e.g. --server-arg=--device --server-arg=cpu)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     slot_arms = args.slots or ["default"]
@@ -142,7 +159,7 @@ def main(argv=None) -> int:
             break
         order = arms if rep % 2 == 0 else arms[::-1]
         for arm in order:
-            launcher = sample(LAUNCHER, _env(arm))
+            launcher = sample(LAUNCHER, _env(arm), json.dumps(ARGV + args.server_arg))
             samples[("launcher", arm)].append(launcher)
             samples[("scheduler", arm)].append(sample(SCHEDULER, _env(arm, launcher.get("plan"))))
             print(f"[{rep}] {arm}: launcher {launcher['total']:.2f} s, scheduler "

@@ -18,7 +18,8 @@ def register() -> None:
     """Called by SGLang's ``load_plugins()`` in the launcher and every process.
 
     Idempotent. While the plugin is disabled it registers only the CLI shim and the
-    launcher gate (which checks a plugin enabled after this call, and says so).
+    launcher gate (which checks a plugin enabled after this call, and says so); so does a
+    launcher (``runtime.defer``), whose schedulers run in processes of their own.
     """
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
@@ -34,7 +35,9 @@ def register() -> None:
         # A malformed switch must not start the server silently without the plugin.
         runtime.activate(error=exc)
         return
-    if enabled:
+    if enabled and runtime.launcher_defers():
+        runtime.defer()
+    elif enabled:
         runtime.activate()
     else:
         runtime.register_launcher_gate()

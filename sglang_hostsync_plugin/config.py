@@ -153,7 +153,8 @@ def parse_slot_spec(spec: str, catalogue: Mapping[str, Slot]) -> Selection:
         for other in slot.conflicts:
             if other in chosen:
                 raise HostsyncConfigError(
-                    f"{ENV_SLOTS}: slots {name!r} and {other!r} conflict; select one."
+                    f"{ENV_SLOTS}: slots {name!r} and {other!r} conflict; select one "
+                    f"(add '-{name}' or '-{other}' to {spec.strip()!r})."
                 )
     return Selection(spec=spec, names=tuple(n for n in order if n in chosen))
 

@@ -9,13 +9,19 @@ scheduler/TP process): it raises the recorded error, turns on the upstream
 switches for these server args, verifies the hooks, logs the status block and,
 after the scheduler has built its process groups, agrees on the slot set with
 every other rank.
+
+SGLang's launcher never runs a scheduler in its own process (it spawns them), so where
+``load_plugins()`` is called from a launcher entry point without an exported plan,
+``defer()`` registers only the launcher gate: the plan is resolved once the server args
+are known (``validate``), checking only the slots these args reach, and the slots' hooks
+are registered in the scheduler processes, which read that plan.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-
+import sys
 import time
 
 from . import config, csrc, installer, plan as plans, ranks, registry, report, switches
@@ -45,6 +51,12 @@ class Runtime:
 
 
 _runtime: Runtime | None = None
+_deferred = False  # load_plugins() ran in a launcher: the plan waits for the server args
+
+# The files of SGLang's launcher entry points that call load_plugins(): ``python -m
+# sglang.launch_server``, ``sglang serve`` and the embedded ``Engine``. Schedulers are
+# spawned (engine.py forces "spawn"), so none of these is on a scheduler's stack.
+LAUNCHER_FILES = ("sglang/launch_server.py", "sglang/cli/serve.py", "sglang/srt/entrypoints/engine.py")
 
 
 def current() -> Runtime | None:
@@ -60,6 +72,30 @@ def _hook_registry_register(path: str, hook, kind: str) -> None:
 def _log_warnings(plan: Plan) -> None:
     for warning in plan.warnings()[1 if plan.version_warning else 0:]:  # version: logged by its check
         logger.warning("hostsync: %s", warning)
+
+
+def called_from_launcher(frame=None) -> bool:
+    """Whether a frame of SGLang's launcher entry points is on this stack (from ``frame``
+    up; default: the caller's)."""
+    f = sys._getframe(1) if frame is None else frame
+    while f is not None:
+        if f.f_code.co_filename.replace(os.sep, "/").endswith(LAUNCHER_FILES):
+            return True
+        f = f.f_back
+    return False
+
+
+def launcher_defers() -> bool:
+    """In a launcher without an exported plan, nothing is hooked at load_plugins() time."""
+    return plans.inherited() is None and called_from_launcher()
+
+
+def defer() -> None:
+    """The launcher's part at load_plugins(): its gate only; ``validate`` resolves the plan
+    with the server args (``prepare_server_args`` or, for an embedded Engine, the gate)."""
+    global _deferred
+    _deferred = True
+    register_launcher_gate()
 
 
 def validate(server_args=None) -> Plan:
@@ -79,8 +115,11 @@ def validate(server_args=None) -> Plan:
         plan = rt.plan
     else:
         # With the server args known, slots inert for them are never checked (or imported).
+        t0 = time.perf_counter()
         plan = plans.resolve(facts=facts)
         _log_warnings(plan)
+        logger.info("hostsync: plan resolved in %.2f s in this process (%s: targets imported and checked)",
+                    time.perf_counter() - t0, "every slot" if facts is None else "the slots these server args reach")
     plan.check_startup()
     if server_args is not None:
         if rt is not None:
@@ -239,7 +278,8 @@ def launcher_gate(original, server_args, *args, **kwargs):
     # Enabled, not active here, and no plan exported for this environment: the switch
     # came after load_plugins() (the CLI flag path exports one in prepare_server_args).
     if rt is None and config.plugin_enabled() and plans.inherited() is None:
-        logger.warning(LATE_ENABLE, config.ENV_ENABLE)
+        if not _deferred:
+            logger.warning(LATE_ENABLE, config.ENV_ENABLE)
         validate(server_args)
     result = original(server_args, *args, **kwargs)
     if rt is not None:

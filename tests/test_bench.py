@@ -315,8 +315,8 @@ def test_plugin_load_report_takes_each_arm_against_no_plugin():
     assert env["SGLANG_HOSTSYNC_SLOTS"] == "default,eagle_host" and env["SGLANG_HOSTSYNC_PLAN"] == "{}"
 
     def launcher(total, load, setup=None):
-        return {"import launch_server": 3.0, "load_plugins": load, "import http_server": 1.0, "total": total,
-                "setup_s": setup}
+        return {"import launch_server": 3.0, "load_plugins": load, "prepare_server_args": 0.5, "import http_server": 1.0,
+                "total": total, "setup_s": setup}
 
     def scheduler(total):
         return {"import scheduler": 5.0, "load_plugins": 0.1, "total": total}
@@ -334,5 +334,5 @@ def test_plugin_load_report_takes_each_arm_against_no_plugin():
     # launcher medians: no plugin 6.4, default 7.2 (+0.80), its set-up 2.30; then the scheduler table
     launcher_rows = lines[:lines.index("### scheduler")]
     default_launcher = next(line for line in launcher_rows if line.startswith("| default |"))
-    assert [c.strip() for c in default_launcher.split("|")[2:-1]] == ["3.00", "2.60", "1.00", "7.20", "+0.80", "2.30"]
+    assert [c.strip() for c in default_launcher.split("|")[2:-1]] == ["3.00", "2.60", "0.50", "1.00", "7.20", "+0.80", "2.30"]
     assert rows["default"][-2:] == ["+0.50", "-"]  # the scheduler table's row (read last)

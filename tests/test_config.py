@@ -59,6 +59,20 @@ def test_conflict_names_both():
         parse_slot_spec("a,e", CAT)
 
 
+def test_conflict_says_how_to_resolve_it():
+    with pytest.raises(HostsyncConfigError, match=r"add '-(a|e)' or '-(e|a)' to 'a,e'"):
+        parse_slot_spec("a,e", CAT)
+
+
+def test_flashinfer_and_eagle_host_presets_need_the_glue_graph_removed():
+    # Both presets together always select the two conflicting switches (README, eagle_host).
+    cat = registry.catalogue()
+    with pytest.raises(HostsyncConfigError, match="'-metadata_glue_graph' or '-flashinfer_verify_host_plan'"):
+        parse_slot_spec("default,flashinfer,eagle_host", cat)
+    names = parse_slot_spec("default,flashinfer,eagle_host,-metadata_glue_graph", cat).names
+    assert "flashinfer_verify_host_plan" in names and "metadata_glue_graph" not in names
+
+
 def test_real_catalogue_default_and_kebab_case():
     cat = registry.catalogue()
     assert "dspark_dp_meta" in cat

@@ -219,6 +219,97 @@ def test_enabling_after_load_plugins_is_checked_and_said():
     assert err.startswith("HostsyncConfigError") and "'nope'" in err, out(bad)
 
 
+# --- the launcher defers: nothing hooked at load_plugins(), the plan resolved with the args ---
+
+# SGLang's embedded Engine: load_plugins() from engine.py, then ServerArgs(**kwargs) refuses
+# the unknown keyword before anything launches. Then the arguments reach the plugin either
+# through prepare_server_args (the CLI) or through the launcher gate (an Engine's args).
+LAUNCHER = """
+import json, logging, os, subprocess, sys
+logging.basicConfig(level=logging.INFO)  # an Engine configures SGLang's logger before the gate runs
+from sglang.srt.entrypoints import engine
+try:
+    engine.Engine(not_a_server_arg=1)
+except TypeError:
+    pass
+from sglang.srt.plugins.hook_registry import HookRegistry
+from sglang_hostsync_plugin import runtime
+hooked = sorted(HookRegistry._hooks)
+argv = ["--model-path", "dummy", "--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "dummy",
+        "--speculative-eagle-topk", "4", "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "8",
+        "--page-size", "16", "--attention-backend", "triton", "--device", "cpu"]
+err = None
+try:
+    if sys.argv[1] == "cli":
+        from sglang.srt.server_args import prepare_server_args
+        prepare_server_args(argv)
+    else:
+        from sglang.srt.server_args import ServerArgs
+        kw = {a[2:].replace("-", "_"): b for a, b in zip(argv[::2], argv[1::2])}
+        kw.update(speculative_eagle_topk=4, speculative_num_steps=3, speculative_num_draft_tokens=8, page_size=16)
+        engine._set_envs_and_config(ServerArgs(**kw))
+except Exception as exc:
+    err = f"{type(exc).__name__}: {exc}"
+child = subprocess.run([sys.executable, "-c", sys.argv[2]], capture_output=True, text=True, env=dict(os.environ)) if err is None else None
+print("RESULT" + json.dumps({"rt": runtime.current() is not None, "hooked": hooked, "err": err,
+    "exported": json.loads(os.environ["SGLANG_HOSTSYNC_PLAN"]) if "SGLANG_HOSTSYNC_PLAN" in os.environ else None,
+    "dspark_imported": "sglang.srt.speculative.dspark_components.dspark_worker_v2" in sys.modules,
+    "child": child.stdout.split("RESULT", 1)[-1] if child else None, "child_err": child.stderr[-3000:] if child else None}))
+"""
+
+
+@pytest.mark.parametrize("route", ["cli", "engine_gate"])
+def test_a_launcher_hooks_nothing_and_its_schedulers_read_its_plan(route):
+    proc = subprocess.run([sys.executable, "-c", LAUNCHER, route, CHILD], capture_output=True, text=True,
+                          env=clean_env(SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", SGLANG_HOSTSYNC_SLOTS="default,eagle_host"),
+                          cwd=REPO, timeout=600)
+    assert proc.returncode == 0, out(proc)
+    res = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert res["err"] is None, out(proc)
+    # At load_plugins() only the CLI shim and the launcher gate: no slot target imported or hooked.
+    assert not res["rt"] and res["hooked"] == ["sglang.srt.entrypoints.engine._set_envs_and_config",
+                                               "sglang.srt.server_args.ServerArgs.add_cli_args",
+                                               "sglang.srt.server_args.prepare_server_args"], res
+    assert "was set after load_plugins()" not in proc.stderr, out(proc)
+    assert "hostsync: plan resolved in" in proc.stderr and "the slots these server args reach" in proc.stderr, out(proc)
+    verdicts = {v["name"]: v for v in res["exported"]["verdicts"]}
+    assert verdicts["eagle_fixed_shape_tail"]["status"] == "would apply", verdicts["eagle_fixed_shape_tail"]
+    assert verdicts["dspark_dp_meta"]["status"] == "skipped" and not res["dspark_imported"]  # inert: never imported
+    # A process spawned from it (the scheduler) installs that plan: it applies the slots the plan lets apply.
+    child = json.loads(res["child"])
+    assert child["err"] is None and child["plan"] == res["exported"], res["child_err"]
+    assert child["status"]["eagle_fixed_shape_tail"] == ["applied", ""], child["status"]
+    assert child["status"]["isolation_snapshot"] == ["applied", ""], child["status"]
+    assert child["status"]["dspark_dp_meta"][0] == "skipped", child["status"]
+
+
+def test_a_launcher_with_bad_input_stops_when_the_args_come():
+    proc = subprocess.run([sys.executable, "-c", LAUNCHER, "cli", CHILD], capture_output=True, text=True,
+                          env=clean_env(SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", SGLANG_HOSTSYNC_SLOTS="default,nope"),
+                          cwd=REPO, timeout=600)
+    assert proc.returncode == 0, out(proc)
+    res = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert res["err"].startswith("HostsyncConfigError") and "'nope'" in res["err"], res
+    assert res["exported"] is None and res["child"] is None
+
+
+def test_the_launcher_is_told_by_sglangs_entry_point_files():
+    from sglang_hostsync_plugin import runtime
+
+    def frame_in(path):
+        code = compile("import sys\nf = sys._getframe()", path, "exec")
+        scope = {}
+        exec(code, scope)
+        return scope["f"]
+
+    for path in ("/x/site-packages/sglang/launch_server.py", "/x/site-packages/sglang/cli/serve.py",
+                 "/x/site-packages/sglang/srt/entrypoints/engine.py"):
+        assert runtime.called_from_launcher(frame_in(path)), path
+    for path in ("/x/site-packages/sglang/srt/managers/scheduler.py", "/x/my_launch_server.py", "<string>"):
+        assert not runtime.called_from_launcher(frame_in(path)), path
+    assert not runtime.called_from_launcher()  # pytest's own stack
+
+
 def test_a_dependent_of_a_badly_configured_slot_is_refused_for_input_not_drift():
     from sglang_hostsync_plugin import config
     from sglang_hostsync_plugin.checks import CANNOT_APPLY
