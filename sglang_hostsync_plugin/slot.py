@@ -240,3 +240,8 @@ def not_flashinfer(f: ServingFacts) -> str | None:
 def not_speculative(f: ServingFacts, wants: str, ok: bool) -> str | None:
     """The common inert reason of a slot for one speculative algorithm family."""
     return None if ok else f"inert because --speculative-algorithm is {f.speculative_algorithm or 'unset'}; {wants}"
+
+
+def not_eagle_or_ngram(f: ServingFacts, wants: str) -> str | None:
+    """``not_speculative`` for a slot of the EAGLE-family and NGRAM steps."""
+    return not_speculative(f, wants, bool(f.speculative_algorithm) and (f.is_eagle_family() or f.is_ngram()))

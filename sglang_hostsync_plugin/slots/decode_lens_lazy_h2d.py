@@ -21,7 +21,7 @@ edit relies on when it reads the device lengths.
 from __future__ import annotations
 
 from ..checks import pinned_sources
-from ..slot import Slot, SlotKind, config_precheck, not_speculative
+from ..slot import Slot, SlotKind, config_precheck, not_eagle_or_ngram
 from ..source_edit import PinnedEdit
 from .upstream_switches import HOST_PRESET
 
@@ -49,9 +49,8 @@ def _upstream() -> str | None:
 
 
 def inert(f) -> str | None:
-    ok = bool(f.speculative_algorithm) and (f.is_eagle_family() or f.is_ngram())
-    return not_speculative(f, "only EAGLE-family and NGRAM decode prep runs eagle_prepare_for_decode "
-                              "(DFlash and UNO prepare their own)", ok)
+    return not_eagle_or_ngram(f, "only EAGLE-family and NGRAM decode prep runs eagle_prepare_for_decode "
+                                 "(DFlash and UNO prepare their own)")
 
 
 SLOT = Slot(

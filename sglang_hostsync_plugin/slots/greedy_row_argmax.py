@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..slot import Slot, SlotKind, config_precheck, not_speculative
+from ..slot import Slot, SlotKind, config_precheck, not_eagle_or_ngram
 from ..source_edit import PinnedEdit
 from .edit_sites import DRAFT_EXTEND, DRAFT_EXTEND_SHA, DRAFT_EXTEND_SITE
 from .triton_replay_launch import replayed
@@ -101,8 +101,7 @@ DRAFT_EXTEND_ONCE = DRAFT_EXTEND_SITE.edit(NAME, (DRAFT_EXTEND_EDIT,), _bind)
 
 
 def inert(f) -> str | None:
-    ok = bool(f.speculative_algorithm) and (f.is_eagle_family() or f.is_ngram())
-    return not_speculative(f, "only EAGLE-family and NGRAM verify take the greedy argmax in eagle_sample", ok)
+    return not_eagle_or_ngram(f, "only EAGLE-family and NGRAM verify take the greedy argmax in eagle_sample")
 
 
 SLOT = Slot(

@@ -60,6 +60,7 @@ def fields_of(cls: type) -> Fields | None:
         plain = (dataclasses.is_dataclass(cls) and cls.__setattr__ is object.__setattr__
                  and cls.__getattribute__ is object.__getattribute__ and "__slots__" not in vars(cls))
         names = tuple(f.name for f in dataclasses.fields(cls)) if plain else ()
+        # itemgetter of one name returns the value, not a 1-tuple: such a class stays SGLang's.
         if len(names) < 2 or any(_data_descriptor(cls, n) for n in names):
             _by_class[cls] = None
         else:

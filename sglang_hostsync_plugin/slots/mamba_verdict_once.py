@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from sglang.srt.speculative import spec_utils
 
 from ..checks import pinned_sources
-from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck, not_speculative
+from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck, not_eagle_or_ngram
 from .upstream_switches import HOST_PRESET
 
 NAME = "mamba_verdict_once"
@@ -69,9 +69,8 @@ def commit_hook(original, *args, **kwargs):
 
 
 def inert(f) -> str | None:
-    ok = bool(f.speculative_algorithm) and (f.is_eagle_family() or f.is_ngram())
-    return not_speculative(f, "only EAGLE-family and NGRAM verify commit mamba states per step "
-                              "(DFlash and DSpark ask once at init)", ok)
+    return not_eagle_or_ngram(f, "only EAGLE-family and NGRAM verify commit mamba states per step "
+                                 "(DFlash and DSpark ask once at init)")
 
 
 SLOT = Slot(

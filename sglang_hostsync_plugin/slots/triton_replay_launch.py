@@ -27,7 +27,7 @@ import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from ..slot import Slot, SlotKind, config_precheck, not_speculative
+from ..slot import Slot, SlotKind, config_precheck, not_eagle_or_ngram
 from .upstream_switches import HOST_PRESET
 
 NAME = "triton_replay_launch"
@@ -93,8 +93,7 @@ def pinned_sources() -> str | None:
 
 
 def inert(f) -> str | None:
-    ok = bool(f.speculative_algorithm) and (f.is_eagle_family() or f.is_ngram())
-    return not_speculative(f, "the plugin's Triton kernels run only in EAGLE-family and NGRAM steps", ok)
+    return not_eagle_or_ngram(f, "the plugin's Triton kernels run only in EAGLE-family and NGRAM steps")
 
 
 def env_warning(env: Mapping[str, str]) -> str | None:
