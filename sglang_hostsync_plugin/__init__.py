@@ -19,25 +19,35 @@ def register() -> None:
 
     Idempotent. While the plugin is disabled it registers only the CLI shim and the
     launcher gate (which checks a plugin enabled after this call, and says so); so does a
-    launcher (``runtime.defer``), whose schedulers run in processes of their own.
+    launcher (``runtime.defer``), whose schedulers run in processes of their own. SGLang's
+    scheduler processes register the selected slots and the scheduler gate only (nothing
+    while disabled); its detokenizer and DP controller, which run no slot code, nothing.
     """
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from . import cli, config, runtime
 
-    if _registered(cli.ADD_CLI_ARGS, cli.add_cli_args_hook):
+    role = runtime.process_role()
+    if role in runtime.NO_SLOT_ROLES:
         return
-    HookRegistry.register(cli.ADD_CLI_ARGS, cli.add_cli_args_hook, HookType.AFTER)
-    HookRegistry.register(cli.PREPARE_SERVER_ARGS, cli.prepare_server_args_hook, HookType.AROUND)
+    scheduler = role == "scheduler"  # parses no arguments and launches nothing
+    if scheduler:
+        if _registered(runtime.SCHEDULER_INIT, runtime._scheduler_gate):
+            return
+    else:
+        if _registered(cli.ADD_CLI_ARGS, cli.add_cli_args_hook):
+            return
+        HookRegistry.register(cli.ADD_CLI_ARGS, cli.add_cli_args_hook, HookType.AFTER)
+        HookRegistry.register(cli.PREPARE_SERVER_ARGS, cli.prepare_server_args_hook, HookType.AROUND)
     try:
         enabled = config.plugin_enabled()
     except config.HostsyncConfigError as exc:
         # A malformed switch must not start the server silently without the plugin.
-        runtime.activate(error=exc)
+        runtime.activate(error=exc, launcher_gate=not scheduler)
         return
-    if enabled and runtime.launcher_defers():
+    if enabled and not scheduler and runtime.launcher_defers():
         runtime.defer()
     elif enabled:
-        runtime.activate()
-    else:
+        runtime.activate(launcher_gate=not scheduler)
+    elif not scheduler:
         runtime.register_launcher_gate()

@@ -14,7 +14,9 @@ SGLang's launcher never runs a scheduler in its own process (it spawns them), so
 ``load_plugins()`` is called from a launcher entry point without an exported plan,
 ``defer()`` registers only the launcher gate: the plan is resolved once the server args
 are known (``validate``), checking only the slots these args reach, and the slots' hooks
-are registered in the scheduler processes, which read that plan.
+are registered in the scheduler processes, which read that plan. SGLang's other processes are
+told by the function that called ``load_plugins()`` (``process_role``): a scheduler needs no CLI
+shim or launcher gate; the detokenizer and the DP controller run no slot code and hook nothing.
 """
 
 from __future__ import annotations
@@ -74,15 +76,43 @@ def _log_warnings(plan: Plan) -> None:
         logger.warning("hostsync: %s", warning)
 
 
+# SGLang's process functions that call load_plugins(), by (file, function). Schedulers run the
+# slots; the detokenizer and the DP controller (its schedulers are spawned) run no slot code.
+PROCESS_CALLERS = {
+    ("sglang/srt/managers/scheduler.py", "run_scheduler_process"): "scheduler",
+    ("sglang/srt/managers/detokenizer_manager.py", "run_detokenizer_process"): "detokenizer",
+    ("sglang/srt/managers/data_parallel_controller.py", "run_data_parallel_controller_process"): "dp_controller",
+}
+NO_SLOT_ROLES = ("detokenizer", "dp_controller")
+LOAD_PLUGINS_FILE = "sglang/srt/plugins/__init__.py"
+
+
+def _file(frame) -> str:
+    return frame.f_code.co_filename.replace(os.sep, "/")
+
+
 def called_from_launcher(frame=None) -> bool:
     """Whether a frame of SGLang's launcher entry points is on this stack (from ``frame``
     up; default: the caller's)."""
     f = sys._getframe(1) if frame is None else frame
     while f is not None:
-        if f.f_code.co_filename.replace(os.sep, "/").endswith(LAUNCHER_FILES):
+        if _file(f).endswith(LAUNCHER_FILES):
             return True
         f = f.f_back
     return False
+
+
+def process_role(frame=None) -> str | None:
+    """The role of the SGLang process function that called ``load_plugins()`` (``PROCESS_CALLERS``),
+    else None. Only the direct caller counts: a forked child keeps its parent's frames."""
+    f = sys._getframe(1) if frame is None else frame
+    while f is not None and not (f.f_code.co_name == "load_plugins" and _file(f).endswith(LOAD_PLUGINS_FILE)):
+        f = f.f_back
+    caller = f.f_back if f is not None else None
+    if caller is None:
+        return None
+    return next((role for (path, fn), role in PROCESS_CALLERS.items()
+                 if caller.f_code.co_name == fn and _file(caller).endswith(path)), None)
 
 
 def launcher_defers() -> bool:
@@ -174,9 +204,9 @@ def prepare_slots(rt: Runtime, server_args) -> None:
             logger.info("hostsync: %s prepared in %.1f s: %s", name, time.perf_counter() - t0, note)
 
 
-def activate(error: Exception | None = None) -> Runtime:
+def activate(error: Exception | None = None, launcher_gate: bool = True) -> Runtime:
     """Install the selected slots in this process; with ``error``, only the gates
-    that will raise it at startup."""
+    that will raise it at startup. A scheduler process needs no launcher gate."""
     global _runtime
     t0 = time.perf_counter()
     rt = Runtime()
@@ -199,7 +229,8 @@ def activate(error: Exception | None = None) -> Runtime:
             rt.error = HostsyncStartupError(f"hostsync: installing the slots failed: {type(exc).__name__}: {exc}")
             rt.state.active.clear()
             logger.error("%s", rt.error)
-    register_launcher_gate()
+    if launcher_gate:
+        register_launcher_gate()
     _hook_registry_register(SCHEDULER_INIT, _scheduler_gate, "around")
     rt.setup_s = time.perf_counter() - t0
     return rt

@@ -255,3 +255,14 @@ def test_a_failure_while_arming_passes_the_step_through(fresh_audit, monkeypatch
     monkeypatch.setattr(audit, "summary_every", lambda env=None: 1 / 0)
     assert run_step(lambda: "tokens") == "tokens" and run_step(lambda: "more") == "more"
     assert audit._broken and "the audit is off in this process" in caplog.text
+
+
+def test_each_rank_writes_its_own_trace_and_json(fresh_audit, monkeypatch, tmp_path):
+    assert audit.rank_path(None, 3) is None and audit.rank_path("/a/t.tsv", 0) == "/a/t.tsv"
+    assert audit.rank_path("/a/x.trace.tsv", 1) == "/a/x.trace.rank1.tsv"
+    assert audit.rank_path("/a/summary", 2) == "/a/summary.rank2"
+    path = tmp_path / "x.trace.tsv"
+    monkeypatch.setenv(audit.ENV_TRACE, str(path))
+    monkeypatch.setattr(audit, "_global_rank", lambda: 1)  # a second TP rank's scheduler
+    run_step(lambda: None)
+    assert not path.exists() and (tmp_path / "x.trace.rank1.tsv").read_text().startswith("#hostsync-audit-trace")

@@ -318,8 +318,8 @@ def test_plugin_load_report_takes_each_arm_against_no_plugin():
         return {"import launch_server": 3.0, "load_plugins": load, "prepare_server_args": 0.5, "import http_server": 1.0,
                 "total": total, "setup_s": setup}
 
-    def scheduler(total):
-        return {"import scheduler": 5.0, "load_plugins": 0.1, "total": total}
+    def scheduler(total, rss=None):
+        return {"import scheduler": 5.0, "load_plugins": 0.1, "total": total, "rss_mb": rss}
 
     arms = [bench.NO_PLUGIN, bench.DISABLED, "default"]
     samples = {("launcher", bench.NO_PLUGIN): [launcher(6.0, 0.0), launcher(6.4, 0.0), launcher(9.0, 0.0)],
@@ -327,12 +327,13 @@ def test_plugin_load_report_takes_each_arm_against_no_plugin():
                ("launcher", "default"): [launcher(7.0, 2.5, 2.2), launcher(7.4, 2.7, 2.4)],
                ("scheduler", bench.NO_PLUGIN): [scheduler(6.0)],
                ("scheduler", bench.DISABLED): [scheduler(6.3)],
-               ("scheduler", "default"): [scheduler(6.5)]}
+               ("scheduler", "default"): [scheduler(6.5, 900.0), scheduler(6.7, 1000.0)]}
     lines = bench.report(samples, arms)
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
             for line in lines if line.startswith("| ") and not line.startswith("| arm") and not line.startswith("| ---")}
     # launcher medians: no plugin 6.4, default 7.2 (+0.80), its set-up 2.30; then the scheduler table
     launcher_rows = lines[:lines.index("### scheduler")]
     default_launcher = next(line for line in launcher_rows if line.startswith("| default |"))
-    assert [c.strip() for c in default_launcher.split("|")[2:-1]] == ["3.00", "2.60", "0.50", "1.00", "7.20", "+0.80", "2.30"]
-    assert rows["default"][-2:] == ["+0.50", "-"]  # the scheduler table's row (read last)
+    assert [c.strip() for c in default_launcher.split("|")[2:-1]] == ["3.00", "2.60", "0.50", "1.00", "7.20", "+0.80", "-", "2.30"]
+    assert rows["default"][-3:] == ["+0.60", "950", "-"]  # the scheduler table's row (read last)
+    assert "### detokenizer" not in lines  # a kind without samples is left out

@@ -283,6 +283,110 @@ def test_a_launcher_hooks_nothing_and_its_schedulers_read_its_plan(route):
     assert child["status"]["dspark_dp_meta"][0] == "skipped", child["status"]
 
 
+# SGLang's scheduler / detokenizer / DP controller process function, run for real with the
+# launcher's plan in the environment; the first object it creates after load_plugins() is a probe
+# that reports what this process registered and exits (the scheduler's through the plugin's gate).
+PROCESS = """
+import json, os, sys
+role = os.environ["TEST_ROLE"]
+from sglang.srt.server_args import ServerArgs
+server_args = ServerArgs(model_path="dummy", device="cpu")
+
+def report(*args, **kwargs):
+    from sglang.srt.plugins.hook_registry import HookRegistry
+    from sglang_hostsync_plugin import runtime
+    rt = runtime.current()
+    print("RESULT" + json.dumps({"rt": rt is not None, "hooked": sorted(HookRegistry._hooks),
+        "applied": sorted(rt.state.applied()) if rt else [], "reported": bool(rt and rt.reported),
+        "engine_imported": "sglang.srt.entrypoints.engine" in sys.modules}), flush=True)
+    os._exit(0)
+
+class Probe:
+    __init__ = report
+
+if role == "scheduler":
+    from sglang.srt.managers import scheduler
+
+    class SchedulerProbe(scheduler.Scheduler):  # the hook targets resolve through it: the gate runs around it
+        __init__ = report
+
+    scheduler.Scheduler = SchedulerProbe
+    scheduler.run_scheduler_process(server_args, None, 0, 0, 0, None, None)
+elif role == "detokenizer":
+    from sglang.srt.managers import detokenizer_manager
+    detokenizer_manager.run_detokenizer_process(server_args, None, Probe)
+else:
+    from sglang.srt.managers import data_parallel_controller
+    data_parallel_controller.DataParallelController = Probe
+    data_parallel_controller.run_data_parallel_controller_process(server_args, None, None)
+"""
+
+
+def _process_of_a_launch(role, enabled):
+    env = clean_env(TEST_ROLE=role, SGLANG_HOSTSYNC_SLOTS="default,eagle_host")
+    if enabled:
+        env["SGLANG_ENABLE_HOSTSYNC_PLUGIN"] = "1"
+    launcher = subprocess.run([sys.executable, "-c", LAUNCHER, "cli", PROCESS], capture_output=True, text=True,
+                              env=env, cwd=REPO, timeout=600)
+    assert launcher.returncode == 0, out(launcher)
+    res = json.loads(launcher.stdout.split("RESULT", 1)[1])
+    assert res["err"] is None and (res["exported"] is not None) == enabled, out(launcher)
+    return json.loads(res["child"]), res["child_err"]
+
+
+@pytest.mark.parametrize("role", ["detokenizer", "dp_controller"])
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_detokenizer_and_the_dp_controller_register_nothing(role, enabled):
+    child, err = _process_of_a_launch(role, enabled)
+    # With the plan inherited or the plugin off: no hook, no slot target, not even the engine module.
+    assert child == {"rt": False, "hooked": [], "applied": [], "reported": False, "engine_imported": False}, (child, err)
+
+
+def test_a_scheduler_registers_its_slots_and_its_gate_only():
+    child, err = _process_of_a_launch("scheduler", True)
+    assert child["rt"] and child["reported"], (child, err)  # the gate ran its startup check around __init__
+    assert {"eagle_fixed_shape_tail", "isolation_snapshot"} <= set(child["applied"]), child
+    assert "sglang.srt.managers.scheduler.Scheduler.__init__" in child["hooked"], child
+    assert not {"sglang.srt.entrypoints.engine._set_envs_and_config", "sglang.srt.server_args.ServerArgs.add_cli_args",
+                "sglang.srt.server_args.prepare_server_args"} & set(child["hooked"]), child
+    child, err = _process_of_a_launch("scheduler", False)
+    assert child == {"rt": False, "hooked": [], "applied": [], "reported": False, "engine_imported": False}, (child, err)
+
+
+def test_a_process_is_told_by_the_caller_of_load_plugins():
+    from sglang_hostsync_plugin import runtime
+
+    def stack(*frames):
+        """Nested calls, outermost first: (file, function); the innermost returns its frame."""
+        inner = "import sys\ndef f():\n    return sys._getframe()\n"
+        scope = {}
+        exec(compile(inner, frames[-1][0], "exec"), scope)
+        fn = scope["f"]
+        fn.__code__ = fn.__code__.replace(co_name=frames[-1][1])
+        for path, name in reversed(frames[:-1]):
+            scope = {"callee": fn}
+            exec(compile("def f():\n    return callee()\n", path, "exec"), scope)
+            scope["f"].__code__ = scope["f"].__code__.replace(co_name=name)
+            fn = scope["f"]
+        return fn()
+
+    sgl = "/x/site-packages/sglang/srt/"
+    load = (sgl + "plugins/__init__.py", "load_plugins")
+    register = ("/x/sglang_hostsync_plugin/__init__.py", "register")
+    detok = (sgl + "managers/detokenizer_manager.py", "run_detokenizer_process")
+    dpc = (sgl + "managers/data_parallel_controller.py", "run_data_parallel_controller_process")
+    sched = (sgl + "managers/scheduler.py", "run_scheduler_process")
+    assert runtime.process_role(stack(detok, load, register)) == "detokenizer"
+    assert runtime.process_role(stack(dpc, load, register)) == "dp_controller"
+    assert runtime.process_role(stack(sched, load, register)) == "scheduler"
+    # A scheduler forked from the DP controller keeps its frames above its own caller.
+    assert runtime.process_role(stack(dpc, sched, load, register)) == "scheduler"
+    assert runtime.process_role(stack(sched, dpc, load, register)) == "dp_controller"
+    assert runtime.process_role(stack(detok, register)) is None  # not through load_plugins
+    assert runtime.process_role(stack((sgl + "managers/other.py", "run_detokenizer_process"), load, register)) is None
+    assert runtime.process_role() is None  # pytest's own stack
+
+
 def test_a_launcher_with_bad_input_stops_when_the_args_come():
     proc = subprocess.run([sys.executable, "-c", LAUNCHER, "cli", CHILD], capture_output=True, text=True,
                           env=clean_env(SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", SGLANG_HOSTSYNC_SLOTS="default,nope"),

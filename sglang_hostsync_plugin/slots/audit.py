@@ -37,7 +37,9 @@ is written there as JSON. With ``SGLANG_HOSTSYNC_AUDIT_TRACE=<path>``, one line 
 step is appended there (``TRACE_HEADER``; written in batches of ``TRACE_BATCH`` lines once
 each step's GPU finish is known, and at once after a step that followed an idle scheduler,
 so the lines of a finished load are on disk when the next request runs): the end-to-end benchmark cuts it into its measurement windows by
-host time (``time.perf_counter_ns``, the same monotonic clock in every process).
+host time (``time.perf_counter_ns``, the same monotonic clock in every process). In a server of
+several scheduler processes (TP, PP, DP ranks) rank 0 writes these paths and rank r
+``<root>.rank<r><ext>`` (``rank_path``).
 Host µs per step is the scheduler thread's CPU time between two step launches; a
 blocking sync that spins counts in it. Neither output ever raises into the serving
 loop: a write that fails is logged once and that output is switched off. Nor does the
@@ -622,12 +624,28 @@ def _is_decode(batch) -> bool:
     return True if mode is None else bool(mode.is_decode())
 
 
+def rank_path(path: str | None, rank: int) -> str | None:
+    """Rank 0 writes ``path``; rank r of a multi-process server ``<root>.rank<r><ext>``, so the
+    ranks' schedulers never write one file."""
+    if not path or rank == 0:
+        return path
+    root, ext = os.path.splitext(path)
+    return f"{root}.rank{rank}{ext}"
+
+
+def _global_rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
 def _arm(scheduler) -> None:
     global _audit, _meter, _every, _trace, _json
     _audit = SyncAudit()
     _every = summary_every()
-    _json = _Output(os.environ.get(ENV_JSON))
-    _trace = Trace(os.environ.get(ENV_TRACE))
+    rank = _global_rank()
+    _json = _Output(rank_path(os.environ.get(ENV_JSON), rank))
+    _trace = Trace(rank_path(os.environ.get(ENV_TRACE), rank))
     _audit.arm()
     state = _audit.state
     clock = phases.arm(state.thread_id, phases.enabled(os.environ))
