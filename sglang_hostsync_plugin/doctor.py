@@ -3,6 +3,9 @@ SGLang, no GPU needed. Exit 0 when every slot is consistent with it, 1 on drift,
 2 when the configuration itself is bad (unsupported SGLang, bad slot list, an env
 flag set against a selected slot, an unknown attention backend).
 
+It also says whether SGLang's scheduler, detokenizer and DP controller process functions still
+call ``load_plugins()`` themselves (how the plugin tells those processes apart; not drift).
+
 Given server arguments (``--speculative-algorithm``, ``--attention-backend``, ...),
 it also says which slots would be inert for them (not checked, as in the launcher), and which attention
 backend makes FutureMap do its per-step seq_lens D2H."""
@@ -131,9 +134,12 @@ def main(argv: list[str] | None = None) -> int:
     # Drift: any slot that fails against this SGLang (a bad env value of an unselected
     # slot is shown, but is no drift: it is never read).
     ok = not [v for v in plan.verdicts if v.status is Status.FAILED and (v.selected or not v.input_caused)]
+    from .runtime import process_roles_found
+
+    roles = process_roles_found()
     if args.json:
         print(report.doctor_json(rows, **common, ok=ok, seq_lens_d2h=seq_lens.as_dict() if seq_lens else None,
-                                 hints=hints))
+                                 hints=hints, process_roles=roles))
     else:
         header = (
             f"sglang-hostsync-plugin doctor: sglang {installed} "
@@ -147,5 +153,8 @@ def main(argv: list[str] | None = None) -> int:
             print(backends.format_report(seq_lens))
         for hint in hints:
             print(f"hint: {hint}")
+        missing = [role for role, here in roles.items() if not here]
+        print("process roles: " + ", ".join(f"{r} {'found' if here else 'NOT FOUND'}" for r, here in roles.items())
+              + ("" if not missing else " (those processes register hooks as any other process; no slot is affected)"))
         print("OK: every slot is consistent with the installed sglang" if ok else "DRIFT: see the status column")
     return 0 if ok else 1

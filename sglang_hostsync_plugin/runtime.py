@@ -50,10 +50,12 @@ class Runtime:
         self.facts_applied = False
         self.setup_s: float | None = None  # activate(): plan (checks import the targets) + hook registration
         self.plan_inherited = False
+        self.args = None  # the server args object the plan's facts were applied for
 
 
 _runtime: Runtime | None = None
 _deferred = False  # load_plugins() ran in a launcher: the plan waits for the server args
+_plan_args = None  # the server args object this process last resolved and exported a plan for
 
 # The files of SGLang's launcher entry points that call load_plugins(): ``python -m
 # sglang.launch_server``, ``sglang serve`` and the embedded ``Engine``. Schedulers are
@@ -115,6 +117,21 @@ def process_role(frame=None) -> str | None:
                  if caller.f_code.co_name == fn and _file(caller).endswith(path)), None)
 
 
+def process_roles_found() -> dict[str, bool]:
+    """Per role: whether the installed SGLang's process function still calls ``load_plugins()``
+    (where not, that process takes the path of any other: it registers what a scheduler would)."""
+    import importlib
+
+    found = {}
+    for (path, fn), role in PROCESS_CALLERS.items():
+        try:
+            func = getattr(importlib.import_module(path[:-len(".py")].replace("/", ".")), fn)
+            found[role] = "load_plugins" in func.__code__.co_names
+        except Exception:  # a moved module or function: that role is not recognised
+            found[role] = False
+    return found
+
+
 def launcher_defers() -> bool:
     """In a launcher without an exported plan, nothing is hooked at load_plugins() time."""
     return plans.inherited() is None and called_from_launcher()
@@ -134,6 +151,7 @@ def validate(server_args=None) -> Plan:
     With ``server_args``: skips the slots that would be inert (without checking their
     targets), turns on the remaining switches' env flags, exports the plan to the processes spawned from here and
     starts building the kernels they will load."""
+    global _plan_args
     rt = _runtime
     facts = ServingFacts.from_server_args(server_args, os.environ) if server_args is not None else None
     if rt is not None:
@@ -146,6 +164,7 @@ def validate(server_args=None) -> Plan:
     else:
         # With the server args known, slots inert for them are never checked (or imported).
         t0 = time.perf_counter()
+        switches.clear_own()
         plan = plans.resolve(facts=facts)
         _log_warnings(plan)
         logger.info("hostsync: plan resolved in %.2f s in this process (%s: targets imported and checked)",
@@ -161,6 +180,7 @@ def validate(server_args=None) -> Plan:
         if rt is None:
             _set_switch_flags(plan)
         plans.export(plan)
+        _plan_args = server_args
         csrc.start_prebuild(kernels_for(_will_apply(plan), facts))
     return plan
 
@@ -246,9 +266,21 @@ def register_launcher_gate() -> None:
 def apply_facts(rt: Runtime, server_args) -> None:
     """Skip the selected slots that are inert for these server args and turn on the
     remaining switches' flags in this process (once, before SGLang's workers read them)."""
-    if rt.facts_applied or rt.error is not None or rt.plan is None:
+    if rt.error is not None or rt.plan is None:
+        return
+    if rt.facts_applied:
+        # Another args object: a second Engine of a process that set the plugin up itself.
+        if server_args is not rt.args and rt.plan.facts is not None:
+            now = ServingFacts.from_server_args(server_args, os.environ)
+            if not now.matches(rt.plan.facts):
+                diff = ", ".join(f"{k}: {v!r} -> {now.record()[k]!r}" for k, v in rt.plan.facts.items()
+                                 if v != now.record().get(k))
+                raise HostsyncStartupError(
+                    f"hostsync: this process's plan was made for other server arguments ({diff}); a process "
+                    "that set the plugin up for one Engine starts an Engine with other arguments only in a new process")
         return
     rt.facts_applied = True
+    rt.args = server_args
     rt.plan = rt.plan.with_facts(registry.catalogue(), ServingFacts.from_server_args(server_args, os.environ))
     for v in rt.plan.verdicts:
         if v.selected and v.status in (Status.SKIPPED, Status.FAILED) and v.name in rt.state.active:
@@ -306,15 +338,18 @@ def launcher_gate(original, server_args, *args, **kwargs):
     rt = _runtime
     if rt is not None and rt.error is not None:
         raise rt.error
-    # Enabled, not active here, and no plan exported for this environment: the switch
-    # came after load_plugins() (the CLI flag path exports one in prepare_server_args).
-    if rt is None and config.plugin_enabled() and plans.inherited() is None:
+    # Enabled, not active here, and no plan exported for this environment, or this process exported
+    # one for other args (a second Engine): the switch came after load_plugins(), or an embedded
+    # Engine (the CLI flag path exports one in prepare_server_args for this very args object).
+    if rt is None and config.plugin_enabled() and (
+            plans.inherited() is None or (_plan_args is not None and server_args is not _plan_args)):
         if not _deferred:
             logger.warning(LATE_ENABLE, config.ENV_ENABLE)
         validate(server_args)
+    if rt is not None:
+        apply_facts(rt, server_args)  # before SGLang's set-up: it raises for args other than this plan's
     result = original(server_args, *args, **kwargs)
     if rt is not None:
-        apply_facts(rt, server_args)
         startup_check(rt)
         facts = ServingFacts.from_server_args(server_args, os.environ)
         plans.export(rt.plan)

@@ -7,6 +7,7 @@ Slots describe themselves; `installer` applies them, `registry` collects them,
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -125,6 +126,25 @@ class ServingFacts:
             kv_cache_dtype=str(view.kv_cache_dtype or "auto"),
             draft_window_size=view.speculative_draft_window_size,
         )
+
+    def record(self) -> dict:
+        """The server arguments these facts hold, JSON-ready (the environment left out: the
+        plan's own inputs digest covers the plugin's settings)."""
+        return json.loads(json.dumps({f: getattr(self, f) for f in self.__dataclass_fields__ if f != "env"}))
+
+    def matches(self, record: Mapping) -> bool:
+        """Whether a plan made for ``record`` was made for these server args. A value None on
+        either side (e.g. an attention backend SGLang resolves after argument preparation)
+        matches any."""
+        def same(old, new):
+            if old is None or new is None:
+                return True
+            if isinstance(old, list):
+                return isinstance(new, list) and len(old) == len(new) and all(map(same, old, new))
+            return old == new
+
+        now = self.record()
+        return set(record) == set(now) and all(same(record[k], now[k]) for k in record)
 
     def is_dspark(self) -> bool:
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm

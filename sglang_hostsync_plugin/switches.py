@@ -6,7 +6,8 @@ launcher's ``_set_envs_and_config``, which an embedded Engine calls too, and
 ``Scheduler.__init__`` in scheduler/TP processes) before the worker constructors
 read it. A user's explicit contrary value is an error that
 names both; it is never overridden. A slot that would do nothing under the
-server's arguments is reported "inert because ..." and sets nothing.
+server's arguments is reported "inert because ..." and sets nothing. A launcher that resolves
+a second plan (a second Engine) first unsets the flags its earlier plan turned on (``clear_own``).
 """
 
 from __future__ import annotations
@@ -75,11 +76,26 @@ def check_contrary_env(slots: Iterable[Slot], env: Mapping[str, str]) -> None:
         )
 
 
+_set_here: set[str] = set()  # flags this process turned on that the user had not set to "1"
+
+
 def apply(slots: Iterable[Slot]) -> list[str]:
     """Set the flag of every switch slot in ``slots`` (the plan's applicable ones,
     inert ones already skipped); returns the flags set."""
     flags = []
     for slot in switch_slots(slots):
+        if os.environ.get(slot.env_flag) != "1":
+            _set_here.add(slot.env_flag)
         os.environ[slot.env_flag] = "1"
         flags.append(slot.env_flag)
     return flags
+
+
+def clear_own() -> list[str]:
+    """Unset the flags an earlier plan of this process turned on (a launcher that starts a
+    second Engine resolves its plan again: a switch inert for those args must be off)."""
+    cleared = sorted(f for f in _set_here if os.environ.get(f) == "1")
+    for flag in cleared:
+        del os.environ[flag]
+    _set_here.clear()
+    return cleared

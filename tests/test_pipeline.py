@@ -290,7 +290,9 @@ PROCESS = """
 import json, os, sys
 role = os.environ["TEST_ROLE"]
 from sglang.srt.server_args import ServerArgs
-server_args = ServerArgs(model_path="dummy", device="cpu")
+server_args = ServerArgs(model_path="dummy", device="cpu", speculative_algorithm="STANDALONE",  # LAUNCHER's args
+                         speculative_draft_model_path="dummy", speculative_eagle_topk=4, speculative_num_steps=3,
+                         speculative_num_draft_tokens=8, page_size=16, attention_backend="triton")
 
 def report(*args, **kwargs):
     from sglang.srt.plugins.hook_registry import HookRegistry
@@ -387,6 +389,96 @@ def test_a_process_is_told_by_the_caller_of_load_plugins():
     assert runtime.process_role() is None  # pytest's own stack
 
 
+# Two embedded Engines in one process, FlashInfer then triton (topk 4 page 16), each through the
+# launcher's gate; after each: the exported plan and the switch flags on in the environment.
+TWO_ENGINES = """
+import json, os, sys
+from sglang.srt.plugins import load_plugins
+if sys.argv[1] == "engine":
+    from sglang.srt.entrypoints import engine
+    try:  # SGLang's embedded-Engine launcher: load_plugins() from engine.py (the plan is deferred)
+        engine.Engine(not_a_server_arg=1)
+    except TypeError:
+        pass
+else:  # a process that loads the plugins itself, enabled: the plugin is active in it
+    load_plugins()
+    from sglang.srt.entrypoints import engine
+from sglang.srt.server_args import ServerArgs
+out = []
+for backend in ("flashinfer", "triton"):
+    sa = ServerArgs(model_path="dummy", device="cpu", attention_backend=backend, speculative_algorithm="STANDALONE",
+                    speculative_draft_model_path="dummy", speculative_eagle_topk=4, speculative_num_steps=3,
+                    speculative_num_draft_tokens=8, page_size=16)
+    err = None
+    try:
+        engine._set_envs_and_config(sa)
+    except Exception as exc:  # SGLang's own check after the gate: no FlashInfer on a CPU box
+        err = f"{type(exc).__name__}: {exc}"
+    plan = json.loads(os.environ["SGLANG_HOSTSYNC_PLAN"]) if "SGLANG_HOSTSYNC_PLAN" in os.environ else None
+    out.append({"err": err, "backends": plan and plan["facts"]["attention_backends"],
+                "verdicts": plan and {v["name"]: v["status"] for v in plan["verdicts"]},
+                "flags": sorted(k for k, v in os.environ.items() if k.startswith("SGLANG_OPT_FLASHINFER") and v == "1")})
+print("RESULT" + json.dumps(out))
+"""
+
+
+def _two_engines(mode):
+    proc = subprocess.run([sys.executable, "-c", TWO_ENGINES, mode], capture_output=True, text=True, cwd=REPO,
+                          env=clean_env(SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", SGLANG_HOSTSYNC_SLOTS="default,flashinfer"),
+                          timeout=600)
+    assert proc.returncode == 0, out(proc)
+    return (*json.loads(proc.stdout.split("RESULT", 1)[1]), proc)
+
+
+def test_a_second_engine_with_other_args_gets_its_own_plan():
+    first, second, proc = _two_engines("engine")
+    assert "flashinfer" in first["err"] and second["err"] is None, out(proc)
+    assert first["backends"] == ["flashinfer", "flashinfer"] and second["backends"] == ["triton", "triton"]
+    assert first["verdicts"]["flashinfer_draft_host_indptr"] == "would apply"
+    assert first["flags"] == ["SGLANG_OPT_FLASHINFER_DRAFT_HOST_INDPTR"]
+    # The triton Engine's schedulers get a plan for triton, and the first Engine's switch flag is off.
+    assert second["verdicts"]["flashinfer_draft_host_indptr"] == "skipped", second["verdicts"]
+    assert second["verdicts"]["flashinfer_plan_guard"] == "skipped" and second["flags"] == [], second
+
+
+def test_a_process_set_up_for_one_engine_refuses_another_with_other_args():
+    first, second, proc = _two_engines("self")
+    assert "flashinfer" in first["err"], out(proc)  # the gate passed; SGLang's own check stopped it
+    assert second["err"].startswith("HostsyncStartupError") and "other server arguments" in second["err"], second
+    assert "attention_backends: ['flashinfer', 'flashinfer'] -> ['triton', 'triton']" in second["err"], second
+
+
+def test_a_runtime_set_up_for_one_args_object_refuses_other_args_naming_the_difference():
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_hostsync_plugin import plan as plans, runtime
+
+    first = ServerArgs(model_path="dummy", device="cpu")
+    rt = runtime.Runtime()
+    rt.plan = plans.Plan(spec="none", strict=True, sglang=None, version_warning=None, verdicts=(), inputs="")
+    runtime.apply_facts(rt, first)
+    assert rt.facts_applied and rt.plan.facts["topk"] == 1 and rt.args is first
+    runtime.apply_facts(rt, first)  # the same launch again (argument preparation, then the gate)
+    runtime.apply_facts(rt, ServerArgs(model_path="dummy", device="cpu"))  # another Engine, the same args
+    other = ServerArgs(model_path="dummy", device="cpu", page_size=16)
+    with pytest.raises(plans.HostsyncStartupError, match="other server arguments \\(page_size: 1 -> 16\\)"):
+        runtime.apply_facts(rt, other)
+
+
+def test_a_plan_matches_args_it_left_unresolved():
+    from sglang_hostsync_plugin.slot import ServingFacts
+
+    made = ServingFacts(speculative_algorithm="STANDALONE", topk=4, page_size=16, attention_backends=(None, None))
+    assert ServingFacts(speculative_algorithm="STANDALONE", topk=4, page_size=16,
+                        attention_backends=("fa3", "fa3"), env={"X": "1"}).matches(made.record())
+    assert made.matches(ServingFacts(speculative_algorithm="STANDALONE", topk=4, page_size=16,
+                                     attention_backends=("fa3", None)).record())
+    assert not ServingFacts(speculative_algorithm="STANDALONE", topk=1, page_size=16).matches(made.record())
+    resolved = ServingFacts(speculative_algorithm="NGRAM", attention_backends=("triton", "triton")).record()
+    assert not ServingFacts(speculative_algorithm="NGRAM", attention_backends=("flashinfer", "triton")).matches(resolved)
+    assert not ServingFacts(speculative_algorithm="NGRAM").matches({**resolved, "new_field": 1})
+
+
 def test_a_launcher_with_bad_input_stops_when_the_args_come():
     proc = subprocess.run([sys.executable, "-c", LAUNCHER, "cli", CHILD], capture_output=True, text=True,
                           env=clean_env(SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", SGLANG_HOSTSYNC_SLOTS="default,nope"),
@@ -426,3 +518,21 @@ def test_a_dependent_of_a_badly_configured_slot_is_refused_for_input_not_drift()
     assert Verdict("a", False, Status.FAILED, bad).input_caused
     assert Verdict("c", False, Status.FAILED, nested).input_caused and not Verdict("c", False, Status.FAILED, nested).bad_config
     assert not Verdict("c", False, Status.FAILED, drift).input_caused
+
+
+def test_the_doctor_says_whether_sglangs_process_functions_still_call_load_plugins(monkeypatch, capsys):
+    from sglang_hostsync_plugin import doctor, runtime
+
+    assert runtime.process_roles_found() == {"scheduler": True, "detokenizer": True, "dp_controller": True}
+    assert doctor.main(["doctor"]) == 0
+    assert "process roles: scheduler found, detokenizer found, dp_controller found\n" in capsys.readouterr().out
+    # An SGLang that moved one: reported, the slots unaffected (exit 0).
+    monkeypatch.setattr(runtime, "PROCESS_CALLERS", {
+        **runtime.PROCESS_CALLERS,
+        ("sglang/srt/managers/detokenizer_manager.py", "run_detokenizer_process_v2"): "detokenizer"})
+    monkeypatch.setitem(runtime.PROCESS_CALLERS, ("sglang/srt/managers/detokenizer_manager.py",
+                                                   "run_detokenizer_process"), "old_detokenizer")
+    roles = runtime.process_roles_found()
+    assert roles["detokenizer"] is False and roles["old_detokenizer"] is True
+    assert doctor.main(["doctor"]) == 0
+    assert "detokenizer NOT FOUND" in capsys.readouterr().out
