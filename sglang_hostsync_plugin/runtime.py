@@ -56,6 +56,7 @@ class Runtime:
 _runtime: Runtime | None = None
 _deferred = False  # load_plugins() ran in a launcher: the plan waits for the server args
 _plan_args = None  # the server args object this process last resolved and exported a plan for
+plan_resolved_s: float | None = None  # the last ``validate`` that resolved a plan here (its log line)
 
 # The files of SGLang's launcher entry points that call load_plugins(): ``python -m
 # sglang.launch_server``, ``sglang serve`` and the embedded ``Engine``. Schedulers are
@@ -151,7 +152,7 @@ def validate(server_args=None) -> Plan:
     With ``server_args``: skips the slots that would be inert (without checking their
     targets), turns on the remaining switches' env flags, exports the plan to the processes spawned from here and
     starts building the kernels they will load."""
-    global _plan_args
+    global _plan_args, plan_resolved_s
     rt = _runtime
     facts = ServingFacts.from_server_args(server_args, os.environ) if server_args is not None else None
     if rt is not None:
@@ -167,8 +168,9 @@ def validate(server_args=None) -> Plan:
         switches.clear_own()
         plan = plans.resolve(facts=facts)
         _log_warnings(plan)
+        plan_resolved_s = time.perf_counter() - t0
         logger.info("hostsync: plan resolved in %.2f s in this process (%s: targets imported and checked)",
-                    time.perf_counter() - t0, "every slot" if facts is None else "the slots these server args reach")
+                    plan_resolved_s, "every slot" if facts is None else "the slots these server args reach")
     plan.check_startup()
     if server_args is not None:
         if rt is not None:
