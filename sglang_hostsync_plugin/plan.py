@@ -59,8 +59,11 @@ class Plan:
     version_warning: str | None
     verdicts: tuple[Verdict, ...]  # every catalogue slot, in catalogue order
     inputs: str  # digest of what it was computed from (see ``inputs_digest``)
-    facts_applied: bool = False
-    facts: dict | None = None  # ServingFacts.record() of the server args applied
+    facts: dict | None = None  # ServingFacts.record() of the server args applied, once applied
+
+    @property
+    def facts_applied(self) -> bool:
+        return self.facts is not None
 
     @property
     def selected(self) -> tuple[str, ...]:
@@ -102,7 +105,7 @@ class Plan:
         for v in self.verdicts:
             inert = inert_reason(catalogue[v.name], facts) if v.status is Status.WOULD_APPLY else None
             verdicts.append(dataclasses.replace(v, status=Status.SKIPPED, reason=inert) if inert else v)
-        return dataclasses.replace(self, verdicts=refuse_unsafe_pairs(tuple(verdicts), catalogue), facts_applied=True,
+        return dataclasses.replace(self, verdicts=refuse_unsafe_pairs(tuple(verdicts), catalogue),
                                    facts=facts.record())
 
     def to_json(self) -> str:
@@ -184,7 +187,7 @@ def resolve(env: Mapping[str, str] | None = None, facts: ServingFacts | None = N
     if facts is not None:
         verdicts = refuse_unsafe_pairs(verdicts, catalogue)
     return Plan(spec=selection.spec, strict=strict, sglang=installed, version_warning=version_warning,
-                verdicts=verdicts, inputs=inputs_digest(env, catalogue, installed), facts_applied=facts is not None,
+                verdicts=verdicts, inputs=inputs_digest(env, catalogue, installed),
                 facts=facts.record() if facts is not None else None)
 
 

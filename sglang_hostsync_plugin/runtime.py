@@ -47,10 +47,9 @@ class Runtime:
         self.state = installer.InstallState()
         self.plan: Plan | None = None
         self.reported = False
-        self.facts_applied = False
         self.setup_s: float | None = None  # activate(): plan (checks import the targets) + hook registration
         self.plan_inherited = False
-        self.args = None  # the server args object the plan's facts were applied for
+        self.args = None  # the server args object the plan's facts were applied for (None: not yet)
 
 
 _runtime: Runtime | None = None
@@ -270,18 +269,18 @@ def apply_facts(rt: Runtime, server_args) -> None:
     remaining switches' flags in this process (once, before SGLang's workers read them)."""
     if rt.error is not None or rt.plan is None:
         return
-    if rt.facts_applied:
+    if rt.args is not None:
         # Another args object: a second Engine of a process that set the plugin up itself.
         if server_args is not rt.args and rt.plan.facts is not None:
             now = ServingFacts.from_server_args(server_args, os.environ)
             if not now.matches(rt.plan.facts):
-                diff = ", ".join(f"{k}: {v!r} -> {now.record()[k]!r}" for k, v in rt.plan.facts.items()
-                                 if v != now.record().get(k))
+                record = now.record()
+                diff = ", ".join(f"{k}: {v!r} -> {record.get(k)!r}" for k, v in rt.plan.facts.items()
+                                 if v != record.get(k))
                 raise HostsyncStartupError(
                     f"hostsync: this process's plan was made for other server arguments ({diff}); a process "
                     "that set the plugin up for one Engine starts an Engine with other arguments only in a new process")
         return
-    rt.facts_applied = True
     rt.args = server_args
     rt.plan = rt.plan.with_facts(registry.catalogue(), ServingFacts.from_server_args(server_args, os.environ))
     for v in rt.plan.verdicts:

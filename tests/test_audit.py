@@ -264,5 +264,7 @@ def test_each_rank_writes_its_own_trace_and_json(fresh_audit, monkeypatch, tmp_p
     path = tmp_path / "x.trace.tsv"
     monkeypatch.setenv(audit.ENV_TRACE, str(path))
     monkeypatch.setattr(audit, "_global_rank", lambda: 1)  # a second TP rank's scheduler
+    monkeypatch.setenv(audit.ENV_JSON, str(tmp_path / "summary.json"))
     run_step(lambda: None)
     assert not path.exists() and (tmp_path / "x.trace.rank1.tsv").read_text().startswith("#hostsync-audit-trace")
+    assert audit._json.path == str(tmp_path / "summary.rank1.json")
