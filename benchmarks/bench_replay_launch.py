@@ -56,7 +56,7 @@ def main():
         args = (rt, torch.arange(bs, device="cuda"), (base + last).contiguous(), 4, 3, 16)
         rows.append({"wrapper": "page_locs_launch", "bs": bs, **compare(arms(fdl.page_locs_launch), None, args, ns)})
         for name, variants in spec_wrappers.VARIANTS:
-            fn, replay = spec_wrappers.FUNCTIONS[name], skr.Replay(spec_wrappers.FUNCTIONS[name])
+            fn, replay = spec_wrappers.FUNCTIONS[name], skr.Replay(spec_wrappers.replayed(name))
             for variant in variants:
                 args, kw = spec_wrappers.case(name, rng, bs, variant)
                 calls = {"stock": lambda _, *a, fn=fn, kw=kw: fn(*a, **kw),

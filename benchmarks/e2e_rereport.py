@@ -19,7 +19,7 @@ import sys
 import tempfile
 
 from sglang_hostsync_plugin.e2e import run
-from sglang_hostsync_plugin.slots.audit import ENV_TRACE
+from sglang_hostsync_plugin.slots.audit import ENV_TRACE, rank_path
 
 
 def _read(path: str) -> str:
@@ -47,13 +47,16 @@ def rereport(run_dir: str, out_dir: str) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         paths = {}
         for cell, name in trace_names(result).items():
-            try:
-                text = _read(os.path.join(run_dir, name))
-            except OSError:
-                continue  # an arm whose trace did not come back: its cells stay unaudited
-            paths[cell] = os.path.join(tmp, name)
-            with open(paths[cell], "w") as f:
-                f.write(text)
+            rank = 0
+            while True:  # rank 0's trace, then each further rank's (multi-process servers)
+                try:
+                    text = _read(os.path.join(run_dir, rank_path(name, rank)))
+                except OSError:
+                    break  # an arm whose trace did not come back: its cells stay unaudited
+                with open(os.path.join(tmp, rank_path(name, rank)), "w") as f:
+                    f.write(text)
+                paths[cell] = os.path.join(tmp, name)
+                rank += 1
         windows = run.attach_audit(result, paths)
         md = run.report(result, out_dir, windows)
     with open(os.path.join(out_dir, "e2e.json"), "w") as f:

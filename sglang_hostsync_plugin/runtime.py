@@ -55,6 +55,7 @@ class Runtime:
 _runtime: Runtime | None = None
 _deferred = False  # load_plugins() ran in a launcher: the plan waits for the server args
 _plan_args = None  # the server args object this process last resolved and exported a plan for
+_plan_env: dict | None = None  # this process's environment after SGLang set up for _plan_args (plan left out)
 plan_resolved_s: float | None = None  # the last ``validate`` that resolved a plan here (its log line)
 
 # The files of SGLang's launcher entry points that call load_plugins(): ``python -m
@@ -151,7 +152,7 @@ def validate(server_args=None) -> Plan:
     With ``server_args``: skips the slots that would be inert (without checking their
     targets), turns on the remaining switches' env flags, exports the plan to the processes spawned from here and
     starts building the kernels they will load."""
-    global _plan_args, plan_resolved_s
+    global _plan_args, _plan_env, plan_resolved_s
     rt = _runtime
     facts = ServingFacts.from_server_args(server_args, os.environ) if server_args is not None else None
     if rt is not None:
@@ -181,7 +182,7 @@ def validate(server_args=None) -> Plan:
         if rt is None:
             _set_switch_flags(plan)
         plans.export(plan)
-        _plan_args = server_args
+        _plan_args, _plan_env = server_args, None
         csrc.start_prebuild(kernels_for(_will_apply(plan), facts))
     return plan
 
@@ -339,23 +340,48 @@ def launcher_gate(original, server_args, *args, **kwargs):
     rt = _runtime
     if rt is not None and rt.error is not None:
         raise rt.error
-    # Enabled, not active here, and no plan exported for this environment, or this process exported
-    # one for other args (a second Engine): the switch came after load_plugins(), or an embedded
-    # Engine (the CLI flag path exports one in prepare_server_args for this very args object).
-    if rt is None and config.plugin_enabled() and (
-            plans.inherited() is None or (_plan_args is not None and server_args is not _plan_args)):
+    # Enabled, not active here, and no plan exported for these args and this environment: the switch
+    # came after load_plugins(), or an embedded Engine (the CLI flag path exports one in
+    # prepare_server_args for this very args object).
+    if rt is None and config.plugin_enabled() and _needs_plan(server_args):
         if not _deferred:
             logger.warning(LATE_ENABLE, config.ENV_ENABLE)
         validate(server_args)
     if rt is not None:
         apply_facts(rt, server_args)  # before SGLang's set-up: it raises for args other than this plan's
     result = original(server_args, *args, **kwargs)
+    if rt is None and _plan_args is not None:
+        _remember_env()
     if rt is not None:
         startup_check(rt)
         facts = ServingFacts.from_server_args(server_args, os.environ)
         plans.export(rt.plan)
         csrc.start_prebuild(kernels_for([registry.catalogue()[n] for n in rt.state.applied()], facts))
     return result
+
+
+def _env_now() -> dict:
+    return {k: v for k, v in os.environ.items() if k != plans.ENV_PLAN}
+
+
+def _remember_env() -> None:
+    global _plan_env
+    _plan_env = _env_now()
+
+
+def _needs_plan(server_args) -> bool:
+    """Whether the launcher gate resolves a plan for ``server_args``: none exported for this environment,
+    or this process exported one for another args object (a second Engine) whose facts or environment
+    differ. The same facts and environment give the same verdicts, so that plan stays."""
+    exported = plans.inherited()
+    if exported is None:
+        return True
+    if _plan_args is None or server_args is _plan_args:
+        return False
+    if _env_now() != _plan_env or exported.facts != ServingFacts.from_server_args(server_args, os.environ).record():
+        return True
+    logger.info("hostsync: the plan exported for this process's last Engine stays: the same server facts and environment")
+    return False
 
 
 def _scheduler_gate(original, self, *args, **kwargs):

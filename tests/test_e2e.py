@@ -319,6 +319,57 @@ def test_cells_pool_rounds_and_divide_by_stock():
     assert "| c/plugin | failed |" in md and "NO: prompt 0, token 3" in md
 
 
+def test_a_multi_process_servers_further_ranks_are_read_from_their_own_traces(tmp_path):
+    """TP/DP servers: rank r > 0 writes ``<root>.rank<r><ext>`` (audit.rank_path); each rank's syncs and
+    run-ahead over the same windows, rank 0's in the main table as before; a run without them unchanged."""
+    from sglang_hostsync_plugin.slots.audit import TRACE_HEADER, rank_path
+
+    sync = ("x.py:1 (f)",)
+    ranks = {0: [step(k, k * 0.01, k * 0.01 + 0.012) for k in range(20)],  # ahead, no sync
+             1: [step(k, k * 0.01, k * 0.01 + 0.005, sites=sync) for k in range(20)],  # behind, syncing
+             2: [step(k, k * 0.01, k * 0.01 + 0.012, sites=sync * (k % 2)) for k in range(20)]}
+    trace = tmp_path / "c__plugin.trace.tsv"
+    for rank, steps in ranks.items():
+        with open(rank_path(str(trace), rank), "w") as f:
+            f.write(TRACE_HEADER + "".join(format_trace_line(x) for x in steps))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c__plugin.trace.rank1.tsv", "c__plugin.trace.rank2.tsv",
+                                                         "c__plugin.trace.tsv"]
+    rows = [{**load_row("c", 1, arm, rnd, [100, 100], 100), "t_start": 0.0 + rnd * 0.1, "t_end": 0.095 + rnd * 0.1}
+            for arm in ("stock", "plugin") for rnd in (0, 1)]
+    result = {"rows": rows}
+    windows = run.attach_audit(result, {("c", "plugin"): str(trace)})
+    assert sorted(windows, key=str) == [("c", 1, "plugin"), ("c", 1, "plugin", 1), ("c", 1, "plugin", 2)]
+    assert [len(w) for w in windows[("c", 1, "plugin", 1)]] == [10, 10]
+    cells = {c["arm"]: c for c in stats.cells(rows, windows)}
+    plugin = cells["plugin"]
+    assert plugin["audit"]["syncs_per_step"] == 0 and plugin["audit"]["run_ahead_fraction"] == 1.0
+    assert plugin["other_ranks"]["1"]["syncs_per_step"] == 1.0 and plugin["other_ranks"]["1"]["run_ahead_fraction"] == 0.0
+    assert plugin["other_ranks"]["2"]["syncs_per_step"] == 0.5 and plugin["other_ranks"]["2"]["steps"] == 20
+    assert cells["stock"]["other_ranks"] == {}
+    md = stats.markdown(list(cells.values()), {}, {})
+    assert "| c | 1 | plugin | 1 | 20 | 1.00 | 0.000 |" in md and "| c | 1 | plugin | 2 | 20 | 0.50 | 1.000 |" in md
+    json.loads(json.dumps(plugin))  # e2e.json
+    # benchmarks/e2e_rereport.py finds the further ranks' traces beside rank 0's (here one xz'd).
+    with open(rank_path(str(trace), 1), "rb") as f, lzma.open(rank_path(str(trace), 1) + ".xz", "wb") as g:
+        g.write(f.read())
+    os.unlink(rank_path(str(trace), 1))
+    meta = {"date": "d", "command": "c", "rounds": 2, "max_new_tokens": 16, "arms": ["stock", "plugin"]}
+    with open(tmp_path / "e2e.json", "w") as f:
+        json.dump({"meta": meta, "rows": rows, "identity": {}, "servers": {
+            "c/stock": {"command": "python -m sglang.launch_server"},
+            "c/plugin": {"command": f"{ENV_TRACE}={trace} python -m sglang.launch_server"}}}, f)
+    spec = importlib.util.spec_from_file_location("e2e_rereport", os.path.join(REPO, "benchmarks", "e2e_rereport.py"))
+    rereport = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rereport)
+    assert "| c | 1 | plugin | 1 | 20 | 1.00 | 0.000 |" in rereport.rereport(str(tmp_path), str(tmp_path / "again"))
+    os.rename(rank_path(str(trace), 1) + ".xz", tmp_path / "elsewhere.xz")
+    # One rank only: no further-ranks table.
+    os.unlink(rank_path(str(trace), 2))
+    windows = run.attach_audit({"rows": rows}, {("c", "plugin"): str(trace)})
+    assert list(windows) == [("c", 1, "plugin")]
+    assert "Further ranks" not in stats.markdown(stats.cells(rows, windows), {}, {})
+
+
 def test_host_work_is_divided_by_the_stock_code_arms_of_the_same_cell():
     def phased(result_us, sim_us, other_us):
         return [TraceStep(k, k * 0.01, k * 0.01 + 0.012, True, 900.0, (), 0.0,

@@ -3,7 +3,8 @@ records on the first call of an operand signature (SGLang's ``_record``: a real 
 normal path) and, on later calls with new contents of that signature, relaunches without Triton's
 JIT dispatch and returns, and writes in place, exactly what SGLang's wrapper does, with the same
 nesting and None holes. Cases: every result structure the EAGLE v2 step asks for, bs 1, 5 and 8,
-and the empty batch (no launch: SGLang's path). Host time per call: benchmarks/bench_replay_launch.py.
+and the empty batch (no launch: SGLang's path); prepare_verify_commit_outputs through the slot's
+edited copy, compared with SGLang's own. Host time per call: benchmarks/bench_replay_launch.py.
 
 Skipped without CUDA (CI); run on the H200 by scripts/gpu_run.sh."""
 
@@ -24,7 +25,7 @@ def test_replays_return_and_write_what_sglangs_wrapper_does(name, variant, jit_c
     fn = sw.FUNCTIONS[name]
     rng = random.Random(f"{name}/{variant}")
     for bs in (1, 5, 8, 0):
-        r = skr.Replay(fn)
+        r = skr.Replay(sw.replayed(name))
         changed = 0
         for i in range(6):
             args, kwargs = sw.case(name, rng, bs, variant)

@@ -391,10 +391,12 @@ def test_a_process_is_told_by_the_caller_of_load_plugins():
     assert runtime.process_role() is None  # pytest's own stack
 
 
-# Two embedded Engines in one process, FlashInfer then triton (topk 4 page 16), each through the
-# launcher's gate; after each: the exported plan and the switch flags on in the environment.
+# Two embedded Engines in one process (topk 4 page 16; attention backends: argv[2]), each through the
+# launcher's gate; after each: the exported plan and the switch flags on in the environment. argv[3]:
+# an environment variable set between the two (NAME=VALUE).
 TWO_ENGINES = """
-import json, os, sys
+import json, logging, os, sys
+logging.basicConfig(level=logging.INFO)
 from sglang.srt.plugins import load_plugins
 if sys.argv[1] == "engine":
     from sglang.srt.entrypoints import engine
@@ -407,7 +409,9 @@ else:  # a process that loads the plugins itself, enabled: the plugin is active 
     from sglang.srt.entrypoints import engine
 from sglang.srt.server_args import ServerArgs
 out = []
-for backend in ("flashinfer", "triton"):
+for i, backend in enumerate(sys.argv[2].split(",")):
+    if i and len(sys.argv) > 3:
+        os.environ.update([sys.argv[3].split("=", 1)])
     sa = ServerArgs(model_path="dummy", device="cpu", attention_backend=backend, speculative_algorithm="STANDALONE",
                     speculative_draft_model_path="dummy", speculative_eagle_topk=4, speculative_num_steps=3,
                     speculative_num_draft_tokens=8, page_size=16)
@@ -419,14 +423,16 @@ for backend in ("flashinfer", "triton"):
     plan = json.loads(os.environ["SGLANG_HOSTSYNC_PLAN"]) if "SGLANG_HOSTSYNC_PLAN" in os.environ else None
     out.append({"err": err, "backends": plan and plan["facts"]["attention_backends"],
                 "verdicts": plan and {v["name"]: v["status"] for v in plan["verdicts"]},
+                "reasons": plan and {v["name"]: v["reason"] for v in plan["verdicts"]},
                 "flags": sorted(k for k, v in os.environ.items() if k.startswith("SGLANG_OPT_FLASHINFER") and v == "1")})
 print("RESULT" + json.dumps(out))
 """
 
 
-def _two_engines(mode):
-    proc = subprocess.run([sys.executable, "-c", TWO_ENGINES, mode], capture_output=True, text=True, cwd=REPO,
-                          env=clean_env(SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", SGLANG_HOSTSYNC_SLOTS="default,flashinfer"),
+def _two_engines(mode, backends="flashinfer,triton", *between, slots="default,flashinfer"):
+    proc = subprocess.run([sys.executable, "-c", TWO_ENGINES, mode, backends, *between], capture_output=True,
+                          text=True, cwd=REPO,
+                          env=clean_env(SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", SGLANG_HOSTSYNC_SLOTS=slots),
                           timeout=600)
     assert proc.returncode == 0, out(proc)
     return (*json.loads(proc.stdout.split("RESULT", 1)[1]), proc)
@@ -441,6 +447,19 @@ def test_a_second_engine_with_other_args_gets_its_own_plan():
     # The triton Engine's schedulers get a plan for triton, and the first Engine's switch flag is off.
     assert second["verdicts"]["flashinfer_draft_host_indptr"] == "skipped", second["verdicts"]
     assert second["verdicts"]["flashinfer_plan_guard"] == "skipped" and second["flags"] == [], second
+
+
+def test_a_second_engine_with_the_same_args_keeps_the_plan_unless_the_environment_changed():
+    first, second, proc = _two_engines("engine", "triton,triton")
+    assert first["err"] is None and second == first, out(proc)
+    assert proc.stderr.count("hostsync: plan resolved in") == 1, out(proc)
+    assert proc.stderr.count("the same server facts and environment") == 1, out(proc)
+    # SGLang's kill switch of the replay set between the two: the second Engine's plan says so.
+    first, second, proc = _two_engines("engine", "triton,triton", "SGLANG_DIFFUSION_TRITON_FAST_LAUNCH=0",
+                                       slots="default,spec_kernel_replay")
+    assert proc.stderr.count("hostsync: plan resolved in") == 2 and "the same server facts" not in proc.stderr, out(proc)
+    assert first["verdicts"] == second["verdicts"] and first["reasons"]["spec_kernel_replay"] == "", out(proc)
+    assert "replay_launches off" in second["reasons"]["spec_kernel_replay"], second
 
 
 def test_a_process_set_up_for_one_engine_refuses_another_with_other_args():

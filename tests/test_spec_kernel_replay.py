@@ -174,7 +174,7 @@ def test_every_wrapper_returns_sglangs_results_through_the_real_record():
     rng = random.Random(5)
     for name, variants in sw.VARIANTS:
         fn = sw.FUNCTIONS[name]
-        r = skr.Replay(fn)
+        r = skr.Replay(sw.replayed(name))
         for variant in variants:
             for bs in (0, 1, 3):
                 for _ in range(2):
@@ -188,10 +188,36 @@ def test_every_wrapper_returns_sglangs_results_through_the_real_record():
 def test_targets_are_the_wrappers_and_their_pins():
     assert check_slot(skr.SLOT) is None
     assert {t.path.rsplit(".", 1)[1] for t in skr.SLOT.targets} == set(sw.FUNCTIONS)
-    assert all(t.hook is skr.replay_hook and not t.observer for t in skr.SLOT.targets)
+    hooks = {t.path.rsplit(".", 1)[1]: t.hook for t in skr.SLOT.targets if not t.observer}
+    assert hooks.pop("prepare_verify_commit_outputs") is skr.verify_commit_hook
+    assert len(hooks) == len(skr.SLOT.targets) - 1 and set(hooks.values()) == {skr.replay_hook}
     assert skr.replay_of(sw.FUNCTIONS["prepare_draft_extend_inputs"]) is skr.replay_of(sw.FUNCTIONS["prepare_draft_extend_inputs"])
     assert not skr.SLOT.default and "eagle_host" in skr.SLOT.presets
     assert "turns SGLang's replay_launches off" in skr.SLOT.env_warning({"SGLANG_DIFFUSION_TRITON_FAST_LAUNCH": "0"})
+
+
+def test_the_verify_commit_copy_passes_sglangs_recording_guard():
+    """SGLang's guard refuses prepare_verify_commit_outputs for its torch.promote_types (an aten op);
+    the slot's copy allocates only, for every result structure, and returns the same results."""
+    from sglang.kernels.ops.speculative import eagle
+
+    edited = skr.VERIFY_COMMIT_EDIT(eagle.prepare_verify_commit_outputs)
+    assert edited is not eagle.prepare_verify_commit_outputs and edited is skr.VERIFY_COMMIT_EDIT(eagle.prepare_verify_commit_outputs)
+    rng = random.Random(11)
+    for variant in dict(sw.VARIANTS)["prepare_verify_commit_outputs"]:
+        for bs in (0, 1, 4):
+            args, kwargs = sw.case("prepare_verify_commit_outputs", rng, bs, variant, device="cpu")
+            a2, k2 = sw.clone(args), sw.clone(kwargs)
+            if bs == 0:  # nothing launched: the guard sees the wrapper's own ops only
+                for fn, want in ((eagle.prepare_verify_commit_outputs, "aten.promote_types.default"), (edited, None)):
+                    guard = fast_launch._LaunchOnly()
+                    with guard:
+                        fn(*args, **kwargs)
+                    assert guard.violation == want, (variant, fn)
+            assert sw.same(edited(*args, **kwargs), eagle.prepare_verify_commit_outputs(*a2, **k2)), (variant, bs)
+    for a in skr._INTEGERS + (torch.float32, torch.bfloat16):
+        for b in skr._INTEGERS + (torch.float16,):
+            assert skr.promote(a, b) == torch.promote_types(a, b)
 
 
 def test_inert_rules():
@@ -217,7 +243,7 @@ def test_installed_where_sglangs_callers_look_the_wrappers_up():
     from helpers import LOAD_AND_STARTUP_CHECK, out, run_python
 
     proc = run_python(LOAD_AND_STARTUP_CHECK + """
-import json, random
+import inspect, json, random
 from hostsync_drivers import spec_wrappers as sw
 from sglang.kernels.ops.speculative import cache_locs, eagle
 from sglang.srt.managers import overlap_utils
@@ -227,13 +253,17 @@ callers = {"gather_spec_extras": overlap_utils.gather_spec_extras,
            "assign_draft_cache_locs_contiguous_func": eagle_worker_common.assign_draft_cache_locs_contiguous_func,
            "prepare_draft_extend_layout": eagle_worker_common.prepare_draft_extend_layout,
            "assign_extend_cache_locs_uniform_func": cache_locs.assign_extend_cache_locs_uniform_func,
-           "prepare_draft_extend_inputs": eagle.prepare_draft_extend_inputs}
+           "prepare_draft_extend_inputs": eagle.prepare_draft_extend_inputs,
+           "prepare_verify_commit_outputs": eagle_worker_common.prepare_verify_commit_outputs}
 rng, same = random.Random(3), {}
 for name, fn in callers.items():
     args, kwargs = sw.case(name, rng, 3, "", device="cpu")
     a2, k2 = sw.clone(args), sw.clone(kwargs)
     got = fn(*args, **kwargs)
-    upstream = {r.fn.__name__: r.fn for r in skr._replays.values()}.get(name)  # SGLang's own function
+    # SGLang's own function (for the verify commit the replay holds the slot's edited copy)
+    upstream = {r.fn.__name__: r.fn for r in skr._replays.values()}.get(name)
+    if name == "prepare_verify_commit_outputs":
+        upstream = upstream and inspect.unwrap(eagle.prepare_verify_commit_outputs)
     same[name] = upstream is not None and sw.same(got, upstream(*a2, **k2)) and sw.same((args, kwargs), (a2, k2))
 print("RESULT" + json.dumps({"err": err, "status": rt.state.statuses["spec_kernel_replay"].status.value, "same": same,
       "replayed": sorted(r.fn.__name__ for r in skr._replays.values() if r.plans),

@@ -5,7 +5,9 @@ one GPU (own port, own ``--mem-fraction-static``); then the client drives them o
 at a time, so only one server is busy: a warm-up at each concurrency, a greedy identity pass (token
 ids and top-k logprobs, against stock), then for each concurrency ``--rounds``
 rounds with the arm order reversed every other round (ABBA). Audited arms write the
-audit slot's per-step trace; each measurement window is cut from it by host time.
+audit slot's per-step trace; each measurement window is cut from it by host time (in a
+multi-process server, e.g. ``--server-arg=--tp-size --server-arg=2``, from each rank's own
+trace: rank 0 in the main table, the others in a table of their own).
 Output under ``--out``: ``e2e.json`` (every round, raw), ``e2e.md`` (the table),
 ``e2e.png`` (tok/s/user per arm over stock) and each server's log.
 Exit status: 0 when every server started and every arm's greedy outputs equal
@@ -25,7 +27,7 @@ import sys
 import threading
 import time
 
-from ..slots.audit import parse_trace
+from ..slots.audit import parse_trace, rank_path
 from . import client, matrix, stats
 from .png import bar_chart
 
@@ -343,26 +345,41 @@ def _identity_outputs(srv: Server, identity_prompts, args) -> list[client.Result
     return results
 
 
+def _rank_traces(path: str) -> dict[int, list]:
+    """Rank -> parsed trace: ``path`` (rank 0) and each further scheduler's file of a multi-process
+    server (``audit.rank_path``), up to the first rank without one."""
+    traces, rank = {}, 0
+    while True:
+        try:
+            with open(rank_path(path, rank)) as f:
+                traces[rank] = parse_trace(f.read())
+        except OSError:
+            if rank == 0:
+                traces[0] = []
+            return traces
+        rank += 1
+
+
 def attach_audit(result: dict, launch_by_cell: dict[tuple, str]) -> dict[tuple, list]:
-    """Cut every audited row's window out of its server's trace; returns the
-    windows per cell (for pooling) and stores per-round figures in the rows."""
-    traces: dict[str, list] = {}
+    """Cut every audited row's window out of its server's trace; returns the windows per cell
+    (rank 0's under (config, concurrency, arm), each further rank's under (..., arm, rank)) and
+    stores rank 0's per-round figures in the rows."""
+    traces: dict[str, dict[int, list]] = {}
     windows: dict[tuple, list] = {}
     for row in result["rows"]:
         path = launch_by_cell.get((row["config"], row["arm"]))
         if not path:
             continue
         if path not in traces:
-            try:
-                with open(path) as f:
-                    traces[path] = parse_trace(f.read())
-            except OSError:
-                traces[path] = []
-        w = stats.window(traces[path], row["t_start"], row["t_end"])
-        fig = stats.audit_figures(w)
-        fig.pop("leads_ms")
-        row["audit"] = fig
-        windows.setdefault((row["config"], row["concurrency"], row["arm"]), []).append(w)
+            traces[path] = _rank_traces(path)
+        cell = (row["config"], row["concurrency"], row["arm"])
+        for rank, steps in traces[path].items():
+            w = stats.window(steps, row["t_start"], row["t_end"])
+            windows.setdefault(cell if rank == 0 else (*cell, rank), []).append(w)
+            if rank == 0:
+                fig = stats.audit_figures(w)
+                fig.pop("leads_ms")
+                row["audit"] = fig
     return windows
 
 

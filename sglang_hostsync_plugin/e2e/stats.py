@@ -159,6 +159,12 @@ def pool_audit(windows: list[list[TraceStep]]) -> dict:
     }
 
 
+def rank_figures(windows: list[list[TraceStep]]) -> dict:
+    """A further rank's scheduler (TP/DP servers) over its cell's windows: its syncs, run-ahead and host work."""
+    a = pool_audit(windows)
+    return {k: a[k] for k in ("steps", "syncs_per_step", "sync_sites", "run_ahead_fraction", "host_work_us_per_step")}
+
+
 def load_figures(results: Sequence[Result], wall: float) -> dict:
     per_user = [r.tok_per_s for r in results]
     accept = [r.accept_length for r in results if r.accept_length is not None]
@@ -227,6 +233,8 @@ def cells(rows: list[dict], windows: dict[tuple, list[list[TraceStep]]] | None =
             "tok_s_total_median": median([r["load"]["tok_s_total"] for r in rs]),
             "accept_length": statistics.fmean(accept) if accept else None,
             "audit": pool_audit(windows[(config, conc, arm)]) if windows and (config, conc, arm) in windows else None,
+            "other_ranks": {str(k[3]): rank_figures(w) for k, w in (windows or {}).items()  # str: a JSON key
+                            if len(k) == 4 and k[:3] == (config, conc, arm)},
         })
     stock = {(c["config"], c["concurrency"]): c for c in out if c["arm"] == "stock"}
     stock_code = {(c["config"], c["concurrency"]): c for c in out if c["arm"] == STOCK_CODE.name and c["audit"]}
@@ -326,6 +334,22 @@ def phase_ab_lines(cell_rows: list[dict]) -> list[str]:
     return lines
 
 
+def rank_lines(cell_rows: list[dict]) -> list[str]:
+    """The further ranks' schedulers of multi-process servers (rank 0 is the table above)."""
+    ranked = [c for c in cell_rows if c.get("other_ranks")]
+    if not ranked:
+        return []
+    lines = ["", "Further ranks' schedulers (rank 0 is in the first table; each rank's own audit trace):", "",
+             "| config | conc | arm | rank | steps | syncs/step | run-ahead | host work µs/step |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for c in sorted(ranked, key=lambda c: (c["config"], c["concurrency"], c["arm"])):
+        for rank, r in sorted(c["other_ranks"].items(), key=lambda kv: int(kv[0])):
+            lines.append(f"| {c['config']} | {c['concurrency']} | {c['arm']} | {rank} | {r['steps']} | "
+                         f"{fmt(r['syncs_per_step'])} | {fmt(r['run_ahead_fraction'], '.3f')} | "
+                         f"{fmt(r['host_work_us_per_step'], '.0f')} |")
+    return lines
+
+
 def ramp_lines(cell_rows: list[dict]) -> list[str]:
     """Run-ahead misses by decode steps after a prefill, per audited cell."""
     audited = [c for c in cell_rows if (c["audit"] or {}).get("ramp")]
@@ -382,6 +406,7 @@ def markdown(cell_rows: list[dict], servers: dict[str, dict], identity: dict[str
     if died:
         lines += ["", "Servers that died while serving (rows after that are missing; the log tail is in e2e.json):", ""]
         lines += [f"- {name}: {why}" for name, why in died]
+    lines += rank_lines(cell_rows)
     lines += ramp_lines(cell_rows)
     lines += attribution_tables(cell_rows)
     lines += phase_ab_lines(cell_rows)

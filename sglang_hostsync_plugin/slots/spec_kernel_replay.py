@@ -20,6 +20,10 @@ return nested tuples with ``None`` holes (``prepare_draft_extend_layout``, ``gat
 without hidden states). ``Replay`` is SGLang's wrapper with the result flattened for the
 recording and rebuilt after each replay; the recording, the plan and the relaunch are SGLang's
 (``_signature``, ``_record``, ``_Plan``).
+``prepare_verify_commit_outputs`` is replayed from a copy with one line edited: SGLang's recording
+guard counts its ``torch.promote_types`` (which dispatches ``aten.promote_types``) as an op other
+than an allocation, so each of its signatures kept the JIT (H200, 2026-12-04); the copy reads the
+same dtype from a table made at import.
 ``SGLANG_DIFFUSION_TRITON_FAST_LAUNCH=0`` (SGLang's kill switch) turns it off, as for
 ``triton_replay_launch``.
 """
@@ -33,6 +37,7 @@ import torch
 from sglang.kernels.ops.diffusion.common import fast_launch
 
 from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck, not_speculative
+from ..source_edit import PinnedEdit
 from . import triton_replay_launch
 from .upstream_switches import HOST_PRESET
 
@@ -125,12 +130,33 @@ def replay_hook(original, *args, **kwargs):
     return replay_of(original)(*args, **kwargs)
 
 
+VERIFY_COMMIT = "sglang.kernels.ops.speculative.eagle.prepare_verify_commit_outputs"
+VERIFY_COMMIT_PARAMS = ("predict", "accept_index", "accept_lens", "seq_lens", "num_draft_tokens",
+                        "mamba_track_interval")
+PROMOTE_EDIT = ("dtype=torch.promote_types(seq_lens.dtype, accept_lens.dtype)",
+                "dtype=_hostsync_promote(seq_lens.dtype, accept_lens.dtype)")
+_INTEGERS = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+_PROMOTED = {(a, b): torch.promote_types(a, b) for a in _INTEGERS for b in _INTEGERS}
+
+
+def promote(a: torch.dtype, b: torch.dtype) -> torch.dtype:
+    """``torch.promote_types(a, b)``; for integer dtypes without dispatching an aten op."""
+    out = _PROMOTED.get((a, b))
+    return torch.promote_types(a, b) if out is None else out
+
+
+VERIFY_COMMIT_EDIT = PinnedEdit(NAME, VERIFY_COMMIT, (PROMOTE_EDIT,), lambda: {"_hostsync_promote": promote},
+                                "85acedeb2fe6d5cf")
+
+
+def verify_commit_hook(original, *args, **kwargs):
+    return replay_of(VERIFY_COMMIT_EDIT(original))(*args, **kwargs)
+
+
 # (path, parameters, source sha of SGLang 0.5.23): the EAGLE v2 step's small Triton wrappers
 # that keep to replay_launches' contract. Callers: FutureMap._resolve_spec_extras,
 # eagle_worker_common (draft cache locs, draft extend layout), eagle_utils (verify cache locs),
-# eagle_worker_v2 (draft extend inputs, imported at call time). Not prepare_verify_commit_outputs: its
-# torch.promote_types dispatches aten.promote_types, which SGLang's recording guard counts as a
-# violation (H200, 2026-12-04), so every signature keeps the JIT and a hook would only add time.
+# eagle_worker_v2 (draft extend inputs, imported at call time); and VERIFY_COMMIT (run_eagle_verify).
 WRAPPERS = (
     ("sglang.kernels.ops.speculative.gather_spec_extras.gather_spec_extras",
      ("indices", "topk_p_buf", "topk_index_buf", "output_tokens_buf", "hidden_states_buf"), "d2e35aaf6abd7a83"),
@@ -153,7 +179,7 @@ def inert(f) -> str | None:
 
 
 def prepare(facts) -> str:
-    return f"{len(WRAPPERS)} SGLang Triton wrappers replay their launches per operand signature"
+    return f"{len(WRAPPERS) + 1} SGLang Triton wrappers replay their launches per operand signature"
 
 
 SLOT = Slot(
@@ -163,12 +189,13 @@ SLOT = Slot(
     summary="SGLang's small speculative Triton wrappers relaunch recorded kernels per operand signature (no JIT dispatch)",
     default=False,
     presets=(HOST_PRESET,),
-    precheck=config_precheck(None, triton_replay_launch.pinned_sources),
+    precheck=config_precheck(None, lambda: triton_replay_launch.pinned_sources() or VERIFY_COMMIT_EDIT.check()),
     inert=inert,
     env_warning=triton_replay_launch.env_warning,
     prepare=prepare,
     targets=tuple(
         HookTarget(path, TargetKind.FUNCTION, hook=replay_hook, params=params, source_sha=sha)
         for path, params, sha in WRAPPERS
-    ),
+    ) + (HookTarget(VERIFY_COMMIT, TargetKind.FUNCTION, hook=verify_commit_hook, params=VERIFY_COMMIT_PARAMS,
+                    source_sha=VERIFY_COMMIT_EDIT.sha, needs_upstream_original=True),),
 )

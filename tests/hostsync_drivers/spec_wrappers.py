@@ -51,12 +51,15 @@ def case(name: str, rng, bs: int, variant: str = "", device="cuda"):
         return (), {"req_pool_indices": _rows(rng, bs, device), "req_to_token": _req_to_token(device),
                     "start_offset": _seq_lens(rng, bs, device, DRAFT), "batch_size": bs,
                     "draft_token_num": DRAFT, "device": device}
-    # Not replayed (SGLang's recording refuses it); benchmarks/results/2026-12-04-h200-c/unit/'s probe uses it.
-    if name == "prepare_verify_commit_outputs":  # variant "fused": the draft-extend inputs too
+    if name == "prepare_verify_commit_outputs":
+        # variant "fused": topk 1's draft-extend inputs too; "mamba": and the mamba track steps
+        # (page 16); "int32": topk > 1 with int32 lengths (the result's dtype is their promotion)
         lens, index = _accepts(rng, bs, DRAFT, device)
         predict = torch.randint(0, 128256, (bs * DRAFT,), device=device, generator=g, dtype=torch.int64)
-        kw = {"num_draft_tokens": DRAFT, "mamba_track_interval": 0} if variant == "fused" else {}
-        return (predict, index, lens, _seq_lens(rng, bs, device, DRAFT)), kw
+        seq_lens = _seq_lens(rng, bs, device, DRAFT)
+        kw = {"num_draft_tokens": DRAFT, "mamba_track_interval": 16 if variant == "mamba" else 0} \
+            if variant in ("fused", "mamba") else {}
+        return (predict, index, lens, seq_lens.to(torch.int32) if variant == "int32" else seq_lens), kw
     if name == "prepare_draft_extend_layout":  # variant "mrope": the mrope positions too
         return (_seq_lens(rng, bs, device, DRAFT), DRAFT, variant == "mrope"), {}
     if name == "prepare_draft_extend_inputs":
@@ -71,6 +74,7 @@ FUNCTIONS = {
     "assign_extend_cache_locs_uniform_func": cache_locs.assign_extend_cache_locs_uniform_func,
     "prepare_draft_extend_layout": eagle.prepare_draft_extend_layout,
     "prepare_draft_extend_inputs": eagle.prepare_draft_extend_inputs,
+    "prepare_verify_commit_outputs": eagle.prepare_verify_commit_outputs,
 }
 # (wrapper, variants): every result structure the EAGLE v2 step asks of it
 VARIANTS = (
@@ -79,7 +83,17 @@ VARIANTS = (
     ("assign_extend_cache_locs_uniform_func", ("",)),
     ("prepare_draft_extend_layout", ("", "mrope")),
     ("prepare_draft_extend_inputs", ("",)),
+    ("prepare_verify_commit_outputs", ("", "fused", "mamba", "int32")),
 )
+
+
+def replayed(name: str):
+    """What the slot's ``Replay`` wraps for SGLang's wrapper ``name`` (a copy with one line
+    edited for prepare_verify_commit_outputs, see spec_kernel_replay)."""
+    from sglang_hostsync_plugin.slots import spec_kernel_replay as skr
+
+    fn = FUNCTIONS[name]
+    return skr.VERIFY_COMMIT_EDIT(fn) if name == "prepare_verify_commit_outputs" else fn
 
 
 def clone(x):
