@@ -351,7 +351,8 @@ def launcher_gate(original, server_args, *args, **kwargs):
         apply_facts(rt, server_args)  # before SGLang's set-up: it raises for args other than this plan's
     result = original(server_args, *args, **kwargs)
     if rt is None and _plan_args is not None:
-        _remember_env()
+        global _plan_env
+        _plan_env = _env_now()
     if rt is not None:
         startup_check(rt)
         facts = ServingFacts.from_server_args(server_args, os.environ)
@@ -362,11 +363,6 @@ def launcher_gate(original, server_args, *args, **kwargs):
 
 def _env_now() -> dict:
     return {k: v for k, v in os.environ.items() if k != plans.ENV_PLAN}
-
-
-def _remember_env() -> None:
-    global _plan_env
-    _plan_env = _env_now()
 
 
 def _needs_plan(server_args) -> bool:
