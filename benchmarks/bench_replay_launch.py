@@ -3,7 +3,8 @@
 same inputs (GPU): host µs per call (launch to return), GPU µs per call, syncs per call, and
 ``torch.argmax`` (what greedy_row_argmax replaces) for reference. spec_kernel_replay: each SGLang
 wrapper it hooks, called directly ("stock") vs through the slot's ``Replay`` ("plugin"), each result
-structure the EAGLE v2 step asks for.
+structure the EAGLE v2 step asks for. chain_tree_full_mask: SGLang's ``build_tree_kernel_efficient`` at topk 1
+with the triton backend's full mask ("stock") vs the slot's hook, its launch replayed ("plugin").
 
     python benchmarks/bench_replay_launch.py [--rounds 4] [--json out.json]
 """
@@ -17,7 +18,9 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from per_call import compare, parse_args, print_rows, write_json  # noqa: E402
 
-from hostsync_drivers import eagle_tail, spec_wrappers, tree_compact  # noqa: E402
+from hostsync_drivers import chain_tree, eagle_tail, spec_wrappers, tree_compact  # noqa: E402
+from sglang.srt.speculative import eagle_utils  # noqa: E402
+from sglang_hostsync_plugin.slots import chain_tree_full_mask as ctf  # noqa: E402
 from sglang_hostsync_plugin.slots import fused_draft_page_locs as fdl  # noqa: E402
 from sglang_hostsync_plugin.slots import fused_tree_compact as ftc  # noqa: E402
 from sglang_hostsync_plugin.slots import greedy_row_argmax as gra  # noqa: E402
@@ -63,9 +66,14 @@ def main():
                          "plugin": lambda _, *a, fn=replay, kw=kw: fn(*a, **kw)}
                 label = f"{name}{'/' + variant if variant else ''}"
                 rows.append({"wrapper": label, "bs": bs, **compare(calls, None, args, ns)})
+        kw = chain_tree.make_case(rng, bs, 3, device="cuda")  # the triton backend's uint8 buffer, filled
+        calls = {"stock": lambda _, kw=kw: eagle_utils.build_tree_kernel_efficient(**kw),
+                 "plugin": lambda _, kw=kw: ctf.build_tree_hook(None, **kw)}
+        rows.append({"wrapper": "chain_tree (topk 1, 3 steps)", "bs": bs, **compare(calls, None, (), ns)})
     trl.switch_off()
     print("host / GPU µs per call: stock = Triton's JIT dispatch, plugin = SGLang's replay_launches "
-          "(spec_kernel_replay's rows: SGLang's wrapper, then through the slot's Replay)")
+          "(spec_kernel_replay's rows: SGLang's wrapper, then through the slot's Replay; chain_tree: SGLang's "
+          "build_tree_kernel_efficient, then chain_tree_full_mask's hook)")
     print_rows(rows, ("wrapper", "bs"))
     for r in rows:
         if "torch" in r:

@@ -45,6 +45,7 @@ OWNED = (
     ("mamba_verdict_once", "mamba_verdict_once", False),
     ("isolation_snapshot", "isolation_snapshot", False),
     ("decode_lens_lazy_h2d", "decode_lens_lazy_h2d", False),
+    ("chain_tree_full_mask", "chain_tree_full_mask", False),
 )
 
 
