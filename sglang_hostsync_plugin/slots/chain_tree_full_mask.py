@@ -62,7 +62,8 @@ def _chain_tree_kernel(bonus, draft, seq, mask, tokens, positions, retrieve, BS,
     first = tl.load(bonus + b * BONUS_STRIDE)
     rest = tl.load(draft + b * DRAFT_ROW + (d - 1) * DRAFT_COL, live & (d > 0), other=0)
     out = b * WIDTH + d
-    tl.store(tokens + out, tl.where(d == 0, first.to(rest.dtype), rest).to(tokens.dtype.element_ty), live)
+    kind = tokens.dtype.element_ty  # torch.cat's promotion of the two token dtypes
+    tl.store(tokens + out, tl.where(d == 0, first.to(kind), rest.to(kind)), live)
     tl.store(positions + out, length + d, live)
     tl.store(retrieve + out, out, live)
     tl.store(retrieve + BS * WIDTH + out, tl.where(d + 1 < WIDTH, d + 1, -1), live)

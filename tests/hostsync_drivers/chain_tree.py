@@ -12,7 +12,7 @@ CONTEXT = 64  # the mask buffer's max_context_len
 
 
 def make_case(rng, bs, steps, *, buffer="uint8", fill=True, seq_dtype=torch.int64, bonus_dtype=torch.int64,
-              device="cpu"):
+              draft_dtype=torch.int64, device="cpu"):
     """kwargs of ``build_tree_kernel_efficient`` at topk 1; ``buffer`` None: SGLang allocates the mask."""
     width = steps + 1
     seq = torch.tensor([rng.randrange(1, CONTEXT) for _ in range(bs)], dtype=seq_dtype, device=device)
@@ -25,7 +25,7 @@ def make_case(rng, bs, steps, *, buffer="uint8", fill=True, seq_dtype=torch.int6
         bonus_tokens=torch.randint(0, 128256, (bs,), device=device).to(bonus_dtype),
         parent_list=torch.arange(-1, parent_width - 1, dtype=torch.long, device=device).repeat(bs, 1),
         top_scores_index=torch.arange(steps, dtype=torch.long, device=device).repeat(bs, 1),
-        draft_tokens=torch.randint(0, 128256, (bs, steps), dtype=torch.int64, device=device),
+        draft_tokens=torch.randint(0, 128256, (bs, steps), dtype=draft_dtype, device=device),
         seq_lens=seq, seq_lens_sum=int(seq.sum()), topk=1, spec_steps=steps, num_verify_tokens=width,
         tree_mask_mode=TreeMaskMode.FULL_MASK, tree_mask_buf=buf, fill_prefix_mask=fill,
     )
@@ -38,7 +38,7 @@ def cases(seed, n, max_bs):
     fixed = [dict(bs=1, steps=3), dict(bs=1, steps=1), dict(bs=8, steps=7, buffer="bool"),
              dict(bs=3, steps=3, buffer=None), dict(bs=3, steps=2, buffer=None, fill=False),
              dict(bs=4, steps=3, fill=False), dict(bs=2, steps=3, seq_dtype=torch.int32, bonus_dtype=torch.int32),
-             dict(bs=max_bs, steps=3)]
+             dict(bs=2, steps=3, draft_dtype=torch.int32), dict(bs=max_bs, steps=3)]
     for kw in fixed:
         yield rng, kw
     for _ in range(n):
