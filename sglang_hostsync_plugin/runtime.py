@@ -337,6 +337,7 @@ LATE_ENABLE = (
 def launcher_gate(original, server_args, *args, **kwargs):
     """Around ``_set_envs_and_config``, registered even while the plugin is disabled:
     an embedded Engine enabled after load_plugins() is still validated, and says so."""
+    global _plan_env
     rt = _runtime
     if rt is not None and rt.error is not None:
         raise rt.error
@@ -351,7 +352,6 @@ def launcher_gate(original, server_args, *args, **kwargs):
         apply_facts(rt, server_args)  # before SGLang's set-up: it raises for args other than this plan's
     result = original(server_args, *args, **kwargs)
     if rt is None and _plan_args is not None:
-        global _plan_env
         _plan_env = _env_now()
     if rt is not None:
         startup_check(rt)

@@ -215,9 +215,11 @@ def test_the_verify_commit_copy_passes_sglangs_recording_guard():
                         fn(*args, **kwargs)
                     assert guard.violation == want, (variant, fn)
             assert sw.same(edited(*args, **kwargs), eagle.prepare_verify_commit_outputs(*a2, **k2)), (variant, bs)
-    for a in skr._INTEGERS + (torch.float32, torch.bfloat16):
-        for b in skr._INTEGERS + (torch.float16,):
-            assert skr.promote(a, b) == torch.promote_types(a, b)
+    from sglang_hostsync_plugin.slots import triton_replay_launch as trl
+
+    for a in trl._INTEGERS + (torch.float32, torch.bfloat16):
+        for b in trl._INTEGERS + (torch.float16,):
+            assert trl.promote(a, b) == torch.promote_types(a, b)
 
 
 def test_inert_rules():

@@ -32,7 +32,7 @@ import triton.language as tl
 from sglang.kernels.ops.speculative.spec_tree import TreeMaskMode
 
 from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck, not_speculative
-from .triton_replay_launch import replayed
+from .triton_replay_launch import promote, replayed
 
 NAME = "chain_tree_full_mask"
 TARGET = "sglang.srt.speculative.eagle_utils.build_tree_kernel_efficient"
@@ -121,8 +121,7 @@ def build_tree_hook(original, bonus_tokens, parent_list, top_scores_index, draft
         shape = (seq_lens_sum * num_verify_tokens + num_verify_tokens * num_verify_tokens * bs,)
         tree_mask = (torch.full(shape, True, dtype=torch.bool, device=seq_lens.device) if fill_prefix_mask
                      else torch.empty(shape, dtype=torch.bool, device=seq_lens.device))
-    # torch.cat's result dtype, read outside the replayed launch (its recording takes no aten op)
-    token_dtype = torch.promote_types(bonus_tokens.dtype, draft_tokens.dtype)
+    token_dtype = promote(bonus_tokens.dtype, draft_tokens.dtype)  # torch.cat's result dtype
     tokens, positions, retrieve = chain_tree(bonus_tokens, draft_tokens, seq_lens, tree_mask, token_dtype)
     retrieve_index, retrieve_next_token, retrieve_next_sibling = retrieve
     return tree_mask, positions, retrieve_index, retrieve_next_token, retrieve_next_sibling, tokens

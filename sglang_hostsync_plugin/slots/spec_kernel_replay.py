@@ -135,17 +135,8 @@ VERIFY_COMMIT_PARAMS = ("predict", "accept_index", "accept_lens", "seq_lens", "n
                         "mamba_track_interval")
 PROMOTE_EDIT = ("dtype=torch.promote_types(seq_lens.dtype, accept_lens.dtype)",
                 "dtype=_hostsync_promote(seq_lens.dtype, accept_lens.dtype)")
-_INTEGERS = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
-_PROMOTED = {(a, b): torch.promote_types(a, b) for a in _INTEGERS for b in _INTEGERS}
-
-
-def promote(a: torch.dtype, b: torch.dtype) -> torch.dtype:
-    """``torch.promote_types(a, b)``; for integer dtypes without dispatching an aten op."""
-    out = _PROMOTED.get((a, b))
-    return torch.promote_types(a, b) if out is None else out
-
-
-VERIFY_COMMIT_EDIT = PinnedEdit(NAME, VERIFY_COMMIT, (PROMOTE_EDIT,), lambda: {"_hostsync_promote": promote},
+VERIFY_COMMIT_EDIT = PinnedEdit(NAME, VERIFY_COMMIT, (PROMOTE_EDIT,),
+                                lambda: {"_hostsync_promote": triton_replay_launch.promote},
                                 "85acedeb2fe6d5cf")
 
 

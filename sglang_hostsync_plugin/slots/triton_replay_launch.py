@@ -27,6 +27,8 @@ import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+import torch
+
 from ..slot import Slot, SlotKind, config_precheck, not_eagle_or_ngram
 from .upstream_switches import HOST_PRESET
 
@@ -68,6 +70,17 @@ def replayed(fn: Callable) -> Callable:
 
     w.fns.append((wrapper, fn))
     return wrapper
+
+
+_INTEGERS = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+_PROMOTED = {(a, b): torch.promote_types(a, b) for a in _INTEGERS for b in _INTEGERS}
+
+
+def promote(a: torch.dtype, b: torch.dtype) -> torch.dtype:
+    """``torch.promote_types(a, b)``; for integer dtypes from a table, without the aten op it dispatches
+    (SGLang's recording refuses a wrapper that runs one; per call it is also the cheaper lookup)."""
+    out = _PROMOTED.get((a, b))
+    return torch.promote_types(a, b) if out is None else out
 
 
 def switch_on() -> int:
