@@ -50,8 +50,8 @@ def test_every_configuration_and_arm_launches_with_sglangs_own_parser(tmp_path):
             assert ns.port == 40000 + i and ns.load_format == "dummy" and ns.skip_tokenizer_init
             assert ns.max_total_tokens == matrix.Options.max_total_tokens
             if config.uses_draft_model:
-                assert ns.speculative_eagle_topk == config.topk
-                assert ns.speculative_draft_model_path == models["draft-eagle3" if config.algorithm == "EAGLE3" else "draft"]
+                assert ns.speculative_eagle_topk == (config.topk if config.block_size is None else None)
+                assert ns.speculative_draft_model_path == models[config.draft]
             else:
                 assert ns.speculative_draft_model_path is None and ns.speculative_ngram_max_bfs_breadth == 1
             if arm.slots is None:  # stock: no flag, no plugin env, no trace
@@ -97,6 +97,75 @@ def test_the_eagle3_dummy_draft_is_what_sglang_builds_an_eagle3_head_from(tmp_pa
     assert cfg.draft_vocab_size == matrix.EAGLE3_DRAFT_VOCAB < cfg.vocab_size == target["vocab_size"]
     eagle3 = [c for c in matrix.CONFIGS.values() if c.algorithm == "EAGLE3"]
     assert {c.topk for c in eagle3} == {1, 4} and all(c.draft == "draft-eagle3" for c in eagle3)
+
+
+RESOLVE_EVERY_CONFIG = """
+import json, sys
+from sglang.srt.server_args import prepare_server_args
+from sglang.srt.arg_groups.model_override_base import resolved_view
+out = {}
+for name, argv in json.load(open(sys.argv[1])).items():
+    args = prepare_server_args(argv)
+    args.resolve_once()
+    v = resolved_view(args)
+    out[name] = [v.speculative_algorithm, v.speculative_eagle_topk, v.page_size, v.speculative_num_draft_tokens,
+                 v.speculative_draft_model_path, v.speculative_draft_attention_backend, v.disable_overlap_schedule]
+print("RESOLVED " + json.dumps(out))
+"""
+
+
+def test_every_configuration_resolves_in_sglang_to_what_it_names(tmp_path):
+    """SGLang's whole argument resolution (``resolve_once``, which reads the draft's config: the DFlash
+    family's block and target layers, the EAGLE3 head) on each configuration's launch command, with
+    the dummy models the benchmark writes: the algorithm, topk, page size, verify width and draft the
+    configuration names, overlap scheduling on, and the draft attention backend triton."""
+    models = matrix.write_models(str(tmp_path / "models"))
+    argvs = {}
+    for config in matrix.CONFIGS.values():
+        ln = matrix.launch(config, matrix.STOCK, 40000, matrix.Options(), models, str(tmp_path))
+        argvs[config.name] = [a for a in ln.argv[3:] if a != "--enable-hostsync-plugin"] + ["--device", "cuda"]
+    spec = tmp_path / "argvs.json"
+    spec.write_text(json.dumps(argvs))
+    proc = subprocess.run([sys.executable, "-c", RESOLVE_EVERY_CONFIG, str(spec)], capture_output=True, text=True,
+                          timeout=600, cwd=str(tmp_path), env={k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")})
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESOLVED ")]
+    assert proc.returncode == 0 and line, proc.stderr[-4000:]
+    resolved = json.loads(line[0][len("RESOLVED "):])
+    for name, config in matrix.CONFIGS.items():
+        algorithm, topk, page, width, draft, draft_backend, no_overlap = resolved[name]
+        assert (algorithm, page, width, no_overlap) == (config.algorithm, config.page_size, config.draft_tokens, False), name
+        if config.uses_draft_model:
+            assert topk == config.topk and draft == models[config.draft], name
+        if config.block_size is not None:  # DFlash's own backend choice; DSpark's draft runs on the target's
+            assert draft_backend in ("triton", None) and topk == 1, name
+    assert resolved["dflash-p16"][5] == "triton"
+
+
+def test_the_block_drafts_are_what_sglang_builds_dflash_and_dspark_drafts_from(tmp_path):
+    """SGLang's own parsers of the two drafts' configs (the ones its model classes and workers call):
+    the three target layers, the mask token, the block, DSpark's Markov head; the classes resolve."""
+    from sglang.srt.speculative.dflash_utils import parse_dflash_draft_config
+    from sglang.srt.speculative.dspark_components.dspark_config import parse_dspark_draft_config
+
+    models = matrix.write_models(str(tmp_path / "models"))
+    target = json.load(open(os.path.join(models["target"], "config.json")))
+    dflash = json.load(open(os.path.join(models["draft-dflash"], "config.json")))
+    dspark = json.load(open(os.path.join(models["draft-dspark"], "config.json")))
+    for draft, block in ((dflash, matrix.DFLASH_BLOCK), (dspark, matrix.DSPARK_BLOCK)):
+        cfg = parse_dflash_draft_config(draft_hf_config=draft)  # DSparkDraftModel builds on DFlash's model
+        layers = cfg.resolve_target_layer_ids(target_num_layers=target["num_hidden_layers"], draft_num_layers=1)
+        assert list(layers) == [1, 16, 30] and cfg.resolve_block_size(default=None) == block
+        assert cfg.mask_token_id == matrix.BLOCK_DRAFT_MASK_TOKEN < target["vocab_size"]
+        assert draft["hidden_size"] == target["hidden_size"] and draft["num_hidden_layers"] == 1
+    sp = parse_dspark_draft_config(draft_hf_config=dspark)
+    assert sp.require_markov() and sp.markov_head_type == "vanilla" and sp.resolve_gamma() == matrix.DSPARK_BLOCK
+    assert list(sp.target_layer_ids) == [1, 16, 30] and sp.mask_token_id == matrix.BLOCK_DRAFT_MASK_TOKEN
+    assert {c.algorithm for c in matrix.CONFIGS.values() if c.block_size} == {"DFLASH", "DSPARK"}
+    from sglang.srt.models.registry import ModelRegistry
+
+    for draft in (dflash, dspark):
+        cls, arch = ModelRegistry.resolve_model_cls(draft["architectures"])
+        assert arch == cls.__name__ == draft["architectures"][0]
 
 
 def test_plugin_env_goes_to_plugin_arms_only(tmp_path):

@@ -13,8 +13,9 @@ from ..slots.audit import ENV_EVERY, ENV_TRACE
 
 # Dummy-weight models written by the benchmark (no download): a Llama-3-8B-shaped (or,
 # with --dummy-shape llama-1b, Llama-3.2-1B-shaped) target, a 2-layer draft of the same
-# width (STANDALONE speculative decoding) and a 1-layer EAGLE3 head shaped like the public
-# Llama-3.1-8B ones (32000-token draft vocabulary; dummy weights load no d2t token map).
+# width (STANDALONE speculative decoding), a 1-layer EAGLE3 head shaped like the public
+# Llama-3.1-8B ones (32000-token draft vocabulary; dummy weights load no d2t token map), and
+# 1-layer DFlash / DSpark block drafts of the target's width reading three target layers.
 LLAMA_8B = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
     "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
@@ -30,13 +31,33 @@ DUMMY_SHAPES = {"llama-8b": LLAMA_8B, "llama-1b": LLAMA_1B}
 
 
 EAGLE3_DRAFT_VOCAB = 32000
+# The block drafts' mask token: any id of the target's vocabulary (the prompts are random ids).
+BLOCK_DRAFT_MASK_TOKEN = 128002
+DFLASH_BLOCK = 16  # SGLang's DFlash default
+DSPARK_BLOCK = 5  # gamma of sglang#45450's DSpark runs
+
+
+def _block_draft(target: dict, architecture: str, block_size: int) -> dict:
+    """A 1-layer DFlash-family draft of the target's width (SGLang borrows the target's embedding and
+    LM head) that projects the hidden states of three target layers: DFlash's fields in its
+    ``dflash_config``, DSpark's flat with a vanilla Markov head, as in the public checkpoints."""
+    layers = target["num_hidden_layers"]
+    fields = {"block_size": block_size, "target_layer_ids": [1, layers // 2, layers - 2],
+              "mask_token_id": BLOCK_DRAFT_MASK_TOKEN}
+    draft = {**target, "architectures": [architecture], "num_hidden_layers": 1, "num_target_layers": layers}
+    if architecture == "DSparkDraftModel":
+        return {**draft, **fields, "markov_rank": 256, "markov_head_type": "vanilla",
+                "enable_confidence_head": True, "confidence_head_with_markov": True}
+    return {**draft, "block_size": block_size, "dflash_config": fields}
 
 
 def dummy_models(shape: str = "llama-8b") -> dict[str, dict]:
     target = DUMMY_SHAPES[shape]
     eagle3 = {**target, "architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 1,
               "draft_vocab_size": EAGLE3_DRAFT_VOCAB, "tie_word_embeddings": False}
-    return {"target": target, "draft": {**target, "num_hidden_layers": 2}, "draft-eagle3": eagle3}
+    return {"target": target, "draft": {**target, "num_hidden_layers": 2}, "draft-eagle3": eagle3,
+            "draft-dflash": _block_draft(target, "DFlashDraftModel", DFLASH_BLOCK),
+            "draft-dspark": _block_draft(target, "DSparkDraftModel", DSPARK_BLOCK)}
 
 
 @dataclass(frozen=True)
@@ -51,13 +72,18 @@ class Config:
     draft_tokens: int = 4
     uses_draft_model: bool = True
     draft: str = "draft"  # which dummy draft model it runs (a key of ``dummy_models``)
+    # DFlash family: the draft block (SGLang derives the verify width: DFlash the block, DSpark block + 1).
+    block_size: int | None = None
 
     def server_args(self, draft_path: str | None) -> list[str]:
-        args = ["--speculative-algorithm", self.algorithm,
-                "--speculative-num-draft-tokens", str(self.draft_tokens),
-                "--page-size", str(self.page_size)]
+        args = ["--speculative-algorithm", self.algorithm, "--page-size", str(self.page_size)]
+        if self.block_size is not None:  # one draft step of one branch: no steps or topk to give
+            args += [f"--speculative-{self.algorithm.lower()}-block-size", str(self.block_size)]
+        else:
+            args += ["--speculative-num-draft-tokens", str(self.draft_tokens)]
         if self.uses_draft_model:
-            args += ["--speculative-num-steps", str(self.num_steps), "--speculative-eagle-topk", str(self.topk)]
+            if self.block_size is None:
+                args += ["--speculative-num-steps", str(self.num_steps), "--speculative-eagle-topk", str(self.topk)]
             if draft_path:
                 args += ["--speculative-draft-model-path", draft_path]
         else:  # NGRAM: one branch per step, so the tree is a chain like topk 1
@@ -73,6 +99,10 @@ CONFIGS = {c.name: c for c in (
     Config("eagle3-t1-p16", "EAGLE3", topk=1, page_size=16, draft_tokens=4, draft="draft-eagle3"),
     Config("eagle3-t4-p16", "EAGLE3", topk=4, page_size=16, draft_tokens=8, draft="draft-eagle3"),
     Config("ngram-p1", "NGRAM", topk=1, page_size=1, draft_tokens=8, uses_draft_model=False),
+    # Not run in a real server yet (written 2026-12-05 without a GPU; docs/gpu.md "Pending GPU runs").
+    Config("dflash-p16", "DFLASH", page_size=16, draft_tokens=DFLASH_BLOCK, draft="draft-dflash", block_size=DFLASH_BLOCK),
+    Config("dspark-p16", "DSPARK", page_size=16, draft_tokens=DSPARK_BLOCK + 1, draft="draft-dspark",
+           block_size=DSPARK_BLOCK),
 )}
 
 
