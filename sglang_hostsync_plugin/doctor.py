@@ -42,6 +42,9 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--enable-two-batch-overlap", action="store_true")
     srv.add_argument("--attn-dp-size", type=int, default=1)
     srv.add_argument("--tp-size", "--tp", type=int, default=1)
+    srv.add_argument("--ep-size", "--ep", type=int, default=1)
+    srv.add_argument("--moe-a2a-backend", default="none")
+    srv.add_argument("--moe-dense-tp-size", type=int, default=None)
     return parser
 
 
@@ -69,6 +72,25 @@ def preset_hints(plan, catalogue, facts) -> list[str]:
             f"{FLASHINFER_PRESET_GAIN}"]
 
 
+def facts_of(args) -> ServingFacts | None:
+    """The server facts the doctor's server arguments give (None without an algorithm)."""
+    if args.speculative_algorithm is None:
+        return None
+    return ServingFacts(
+        speculative_algorithm=args.speculative_algorithm,
+        dp_attention=args.attn_dp_size > 1,
+        two_batch_overlap=args.enable_two_batch_overlap,
+        tp_size=args.tp_size,
+        topk=args.speculative_eagle_topk,
+        page_size=args.page_size,
+        env=dict(os.environ),
+        attention_backends=(args.prefill_attention_backend or args.attention_backend,
+                            args.decode_attention_backend or args.attention_backend),
+        draft_attention_backend=args.speculative_draft_attention_backend,
+        moe_counts=args.ep_size > 1 or args.moe_a2a_backend != "none" or args.moe_dense_tp_size is not None,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["e2e"]:  # the end-to-end benchmark has its own parser
@@ -81,20 +103,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return csrc.prebuild(tuple(args.kernels) or csrc.KERNELS)
     installed = version.installed_sglang()
-    facts = None
-    if args.speculative_algorithm is not None:
-        facts = ServingFacts(
-            speculative_algorithm=args.speculative_algorithm,
-            dp_attention=args.attn_dp_size > 1,
-            two_batch_overlap=args.enable_two_batch_overlap,
-            tp_size=args.tp_size,
-            topk=args.speculative_eagle_topk,
-            page_size=args.page_size,
-            env=dict(os.environ),
-            attention_backends=(args.prefill_attention_backend or args.attention_backend,
-                                args.decode_attention_backend or args.attention_backend),
-            draft_attention_backend=args.speculative_draft_attention_backend,
-        )
+    facts = facts_of(args)
     seq_lens = None
     try:
         config.plugin_enabled()  # a malformed switch fails the server's startup too

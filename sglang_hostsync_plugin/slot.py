@@ -100,6 +100,9 @@ class ServingFacts:
     enable_pdmux: bool = False
     kv_cache_dtype: str = "auto"
     draft_window_size: int | None = None  # --speculative-draft-window-size
+    # Without attention DP, an MoE setting under which SGLang still stages token counts per
+    # ForwardBatch: --ep-size > 1, an MoE all-to-all backend, --moe-dense-tp-size, elastic EP.
+    moe_counts: bool = False
 
     @classmethod
     def from_server_args(cls, server_args, env: Mapping[str, str]) -> "ServingFacts":
@@ -125,6 +128,8 @@ class ServingFacts:
             enable_pdmux=bool(view.enable_pdmux),
             kv_cache_dtype=str(view.kv_cache_dtype or "auto"),
             draft_window_size=view.speculative_draft_window_size,
+            moe_counts=(int(view.ep_size or 1) > 1 or (view.moe_a2a_backend or "none") != "none"
+                        or view.moe_dense_tp_size is not None or view.elastic_ep_backend is not None),
         )
 
     def record(self) -> dict:

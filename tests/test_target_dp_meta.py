@@ -168,3 +168,60 @@ def test_prepare_mlp_sync_batch_falls_back_for_other_count_tensors(parallel):
         out.append(prepare_snapshot(prepare(arm, fb, model_runner)))
     assert out[0] == out[1] and out[1]["global_num_tokens_gpu"][0] == "torch.int32"
     assert tdm.stagers()[2].allocations == 0
+
+
+# SGLang's own predicates for the staged sites, on the published config of each argument set:
+# ForwardBatch's DP counts exist where the scheduler runs ``require_mlp_sync()``'s preparation,
+# and the non-padded count is staged where ``enable_num_token_non_padded()`` holds.
+SGLANG_STAGES_COUNTS = """
+import json, sys
+from sglang.srt.server_args import prepare_server_args
+from sglang.srt.runtime_context import publish, SpawnRanks
+from sglang.srt.utils.common import require_mlp_sync
+from sglang.srt.model_executor import forward_batch_info as fbi
+from sglang.srt.layers.moe import utils as moe_utils
+from sglang_hostsync_plugin.slot import ServingFacts
+from sglang_hostsync_plugin.slots import target_dp_meta as tdm
+out = []
+for argv in json.loads(sys.argv[1]):
+    args = prepare_server_args(["--model-path", "dummy", *argv])
+    args.resolve_once()
+    publish(args, role="scheduler", ranks=SpawnRanks(world_rank=0))
+    moe_utils.initialize_moe_config()
+    fbi._dp_tp_moe_masks_pad_rows.cache_clear()
+    stages = bool(require_mlp_sync() or fbi.enable_num_token_non_padded())
+    out.append([argv, stages, tdm.SLOT.inert(ServingFacts.from_server_args(args, {}))])
+print("STAGES " + json.dumps(out))
+"""
+
+
+def test_inert_exactly_where_sglang_stages_no_counts():
+    """The slot registers no hook where SGLang's ``require_mlp_sync()`` and
+    ``enable_num_token_non_padded()`` are both false (a dense model on one GPU, plain TP), and is
+    never inert where either holds."""
+    import json
+    from helpers import out, run_python
+
+    argvs = [[], ["--tp-size", "2"], ["--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", "dummy"],
+             ["--tp-size", "2", "--attn-dp-size", "2"], ["--tp-size", "2", "--ep-size", "2"],
+             ["--tp-size", "2", "--moe-a2a-backend", "deepep"], ["--tp-size", "2", "--moe-dense-tp-size", "1"],
+             ["--tp-size", "4", "--attn-dp-size", "2", "--ep-size", "4"]]
+    proc = run_python(SGLANG_STAGES_COUNTS.replace("sys.argv[1]", repr(json.dumps(argvs))), timeout=600)
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("STAGES ")]
+    assert proc.returncode == 0 and line, out(proc)
+    rows = json.loads(line[0][len("STAGES "):])
+    assert len(rows) == len(argvs)
+    for argv, stages, reason in rows:
+        assert (reason is None) == stages, (argv, stages, reason)
+    assert [stages for _, stages, _ in rows].count(False) == 3 and [s for _, s, _ in rows].count(True) == 5
+    assert "SGLang stages no DP counts" in rows[0][2]
+
+
+def test_doctor_facts_follow_the_moe_arguments():
+    from sglang_hostsync_plugin import doctor
+
+    for extra, inert in (([], True), (["--ep-size", "2"], False), (["--moe-a2a-backend", "deepep"], False),
+                         (["--moe-dense-tp-size", "1"], False), (["--attn-dp-size", "2"], False)):
+        ns = doctor._parser().parse_args(["doctor", "--speculative-algorithm", "EAGLE", *extra])
+        report = doctor.facts_of(ns)
+        assert (tdm.SLOT.inert(report) is not None) == inert, extra

@@ -20,6 +20,11 @@ DP counts from fresh pinned ``torch.tensor``s, one H2D each. Covered sites
   replaced (``source_edit``; source pinned). Where ``global_num_tokens_gpu`` is not
   a 1-D contiguous int64 tensor of the right length, SGLang's two lines run.
 
+Inert (no hook registered) where SGLang stages no counts: ``require_mlp_sync()`` and
+``enable_num_token_non_padded()`` are both false without attention DP, expert parallelism, an
+MoE all-to-all backend, ``--moe-dense-tp-size`` or elastic EP (a dense model on one GPU or
+plain TP): the hooks would only pass through.
+
 The device tensors stay fresh per ForwardBatch (the caching allocator's, no
 cudaMalloc after warm-up): many consumers keep or modify them in place (e.g.
 ``prepare_mlp_sync_batch``'s ``copy_``), so they must not alias across steps. The
@@ -136,6 +141,18 @@ PREPARE = PinnedEdit(NAME, f"{FORWARD_BATCH}.prepare_mlp_sync_batch", (PADDED_CO
                      lambda: {"_hostsync_stage_padded_counts": stage_padded_counts}, PREPARE_SHA)
 
 
+def _path_used(facts) -> bool:
+    """Whether SGLang stages DP / MoE token counts per ForwardBatch under these server facts."""
+    return facts.dp_attention or facts.moe_counts
+
+
+def inert(facts) -> str | None:
+    if _path_used(facts):
+        return None
+    return ("inert because neither attention DP nor an MoE setting that stages token counts (--ep-size > 1, "
+            "--moe-a2a-backend, --moe-dense-tp-size, elastic EP) is on: SGLang stages no DP counts")
+
+
 SLOT = Slot(
     name=NAME,
     kind=SlotKind.OWNED,
@@ -143,9 +160,9 @@ SLOT = Slot(
     summary="target ForwardBatch DP counts: persistent pinned staging, one H2D for both count rows",
     default=True,
     precheck=config_precheck(check_staging_impl, PREPARE.check),
-    # The staged sites run under attention DP (and EP / DP gather, which imply it here).
-    kernels=lambda facts: staging_kernels(facts.dp_attention, facts.env),
-    prepare=lambda facts: prepare_staging(NAME, facts.dp_attention),
+    inert=inert,
+    kernels=lambda facts: staging_kernels(_path_used(facts), facts.env),
+    prepare=lambda facts: prepare_staging(NAME, _path_used(facts)),
     targets=(
         HookTarget(
             f"{FORWARD_BATCH}.init_mlp_sync_metadata", TargetKind.FUNCTION, hook=init_mlp_sync_metadata_hook,
