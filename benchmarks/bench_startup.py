@@ -8,8 +8,11 @@ It prints the ready times (launch to the first 200 on /health), their difference
 and from the plugin server's log how often the csrc build was started, whether it
 finished before the server said it was ready, and which kernels took over from
 their Triton path after ready (a build still running then does not hold the start).
+``--slots LIST`` adds a server of that selection (without the audit) to every run, started
+together with the other two: its time to ready beside stock's, e.g. a preset whose Triton
+kernels compile during SGLang's CUDA-graph capture and warm-up.
 
-    python benchmarks/bench_startup.py --out startup --runs 2 [--server-arg=...]
+    python benchmarks/bench_startup.py --out startup --runs 2 [--slots default,eagle_host] [--server-arg=...]
 """
 
 from __future__ import annotations
@@ -52,12 +55,29 @@ def log_facts(path: str) -> dict:
     }
 
 
+def extra_arm(spec: str) -> str:
+    """The e2e ``--slots`` value of an extra arm: the selection without the audit, like the plugin arm."""
+    tokens = [t.strip() for t in spec.split(",") if t.strip() and t.strip() not in ("audit", "-audit")]
+    if not tokens:
+        raise SystemExit(f"--slots {spec!r}: name a selection")
+    return ",".join(tokens + ["-audit"])
+
+
+def fmt_delta(ready, stock) -> str:
+    if ready is None:
+        return "failed"
+    return f"{ready:.1f} s" + (f" ({ready - stock:+.1f} s against stock)" if stock is not None else "")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--runs", type=int, default=2, help="run 1 on a fresh extension cache, the rest warm")
     ap.add_argument("--server-arg", action="append", default=[], metavar="ARG")
+    ap.add_argument("--slots", action="append", default=[], metavar="LIST",
+                    help="another server per run with this SGLANG_HOSTSYNC_SLOTS (the audit left out)")
     args = ap.parse_args(argv)
+    extra = [extra_arm(spec) for spec in args.slots]
     os.makedirs(args.out, exist_ok=True)
     ext = os.path.abspath(os.path.join(args.out, "torch_extensions"))
     env = dict(os.environ, TORCH_EXTENSIONS_DIR=ext)
@@ -67,7 +87,7 @@ def main(argv=None) -> int:
         cmd = [sys.executable, "-m", "sglang_hostsync_plugin.e2e", "--configs", CONFIG, "--arms", f"stock,{ARM}",
                "--concurrency", "1", "--rounds", "1", "--requests", "2", "--max-new-tokens", "64",
                "--identity-prompts", "2", "--identity-tokens", "16", "--out", out,
-               *(f"--server-arg={a}" for a in args.server_arg)]
+               *(f"--slots={spec}" for spec in extra), *(f"--server-arg={a}" for a in args.server_arg)]
         cache = "cold" if run == 1 else "warm"
         print(f"== run {run} ({cache} extension cache): {' '.join(cmd)}", flush=True)
         proc = subprocess.run(cmd, env=env)
@@ -77,7 +97,8 @@ def main(argv=None) -> int:
         facts = log_facts(os.path.join(out, f"{CONFIG}__{ARM}.log"))
         delta = (plugin["ready_s"] - stock["ready_s"]) if plugin.get("ready_s") and stock.get("ready_s") else None
         rows.append({"run": run, "cache": cache, "rc": proc.returncode, "stock_ready_s": stock.get("ready_s"),
-                     "plugin_ready_s": plugin.get("ready_s"), "plugin_minus_stock_s": delta, **facts})
+                     "plugin_ready_s": plugin.get("ready_s"), "plugin_minus_stock_s": delta, **facts,
+                     "extra": {spec: servers.get(f"{CONFIG}/slots:{spec}", {}).get("ready_s") for spec in extra}})
     with open(os.path.join(args.out, "startup.json"), "w") as f:
         json.dump(rows, f, indent=2)
     print("\n| run | extension cache | stock ready s | plugin ready s | plugin - stock s | csrc builds started "
@@ -88,6 +109,9 @@ def main(argv=None) -> int:
         print(f"| {r['run']} | {r['cache']} | {fmt(r['stock_ready_s'])} | {fmt(r['plugin_ready_s'])} | "
               f"{fmt(r['plugin_minus_stock_s'])} | {r['build_started']} | {', '.join(r['build_results']) or '-'} | "
               f"{'yes' if r['build_done_before_ready'] else 'no'} | {', '.join(r['switched_after_ready']) or '-'} |")
+    for spec in extra:
+        print(f"\n`{spec}` (started with them): " + "; ".join(
+            f"run {r['run']} ({r['cache']}) ready {fmt_delta(r['extra'][spec], r['stock_ready_s'])}" for r in rows))
     return 0 if all(r["rc"] == 0 for r in rows) else 1
 
 

@@ -304,6 +304,24 @@ def test_startup_log_facts_tell_a_takeover_after_ready_from_a_load_before(tmp_pa
     assert facts["build_done_before_ready"] and facts["switched_after_ready"] == []
 
 
+def test_startup_extra_arms_are_unaudited_e2e_arms():
+    """bench_startup's ``--slots`` arms name what the e2e calls them (the audit left out), so their
+    ready times are found in e2e.json."""
+    from sglang_hostsync_plugin.e2e import matrix
+
+    spec = importlib.util.spec_from_file_location("bench_startup", os.path.join(REPO, "benchmarks", "bench_startup.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    for given in ("default,eagle_host", "default,eagle_host,audit", "default,eagle_host,-audit"):
+        value = bench.extra_arm(given)
+        assert value == "default,eagle_host,-audit"
+        arm = matrix.parse_arms("stock", [value])[1]
+        assert arm.name == f"slots:{value}" and not arm.audited and arm.slots == "default,eagle_host"
+    with pytest.raises(SystemExit):
+        bench.extra_arm("audit")
+    assert bench.fmt_delta(70.5, 68.0) == "70.5 s (+2.5 s against stock)" and bench.fmt_delta(None, 68.0) == "failed"
+
+
 def test_plugin_load_report_takes_each_arm_against_no_plugin():
     spec = importlib.util.spec_from_file_location("bench_plugin_load", os.path.join(REPO, "benchmarks", "bench_plugin_load.py"))
     bench = importlib.util.module_from_spec(spec)
