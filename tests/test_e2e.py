@@ -168,6 +168,64 @@ def test_the_block_drafts_are_what_sglang_builds_dflash_and_dspark_drafts_from(t
         assert arch == cls.__name__ == draft["architectures"][0]
 
 
+BUILD_BLOCK_DRAFT = """
+import json, socket, sys
+import torch
+from sglang_hostsync_plugin.e2e import matrix
+models = matrix.write_models(sys.argv[2], sys.argv[3])
+key = sys.argv[1]
+from sglang.srt.server_args import prepare_server_args
+from sglang.srt.runtime_context import publish, SpawnRanks
+alg = {"draft-dflash": "DFLASH", "draft-dspark": "DSPARK"}[key]
+args = prepare_server_args(["--model-path", models["target"], "--load-format", "dummy", "--speculative-algorithm", alg,
+                            "--speculative-draft-model-path", models[key], "--attention-backend", "triton",
+                            "--skip-tokenizer-init", "--device", "cuda"])
+args.resolve_once()
+publish(args, role="scheduler", ranks=SpawnRanks(world_rank=0))
+from sglang.srt.distributed import parallel_state as ps
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+ps.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                distributed_init_method=f"tcp://127.0.0.1:{port}")
+ps.initialize_model_parallel()
+from sglang.srt.layers.moe import utils as moe_utils
+moe_utils.initialize_moe_config()
+from sglang.srt.layers.rotary_embedding import base as rope
+rope._is_cpu = True  # no CUDA in this torch: the rotary layer's CPU path (its weights are the same)
+from transformers import AutoConfig
+from sglang.srt.models.registry import ModelRegistry
+cfg = AutoConfig.from_pretrained(models[key])
+cls, _ = ModelRegistry.resolve_model_cls(cfg.architectures)
+with torch.device("meta"):
+    model = cls(cfg)
+print("BUILT " + json.dumps({"cls": cls.__name__, "fc": list(model.fc.weight.shape), "features": model.num_context_features,
+                             "block": model.block_size, "gamma": getattr(model, "gamma", None),
+                             "markov": type(getattr(model, "markov_head", None)).__name__}))
+"""
+
+
+@pytest.mark.parametrize("key", ["draft-dflash", "draft-dspark"])
+def test_sglang_builds_the_block_drafts(tmp_path, key):
+    """SGLang's own model classes built from the dummy configs (meta device, a gloo world of one, the
+    arguments resolved and published as a scheduler does): the layers, the projection of the three
+    target layers, the block, DSpark's gamma and Markov head. What a GPU start adds (weights, graphs,
+    the workers) is left to the e2e run."""
+    from helpers import out, run_python
+
+    proc = run_python(BUILD_BLOCK_DRAFT.replace("sys.argv[1]", repr(key)).replace("sys.argv[2]", repr(str(tmp_path)))
+                      .replace("sys.argv[3]", repr("llama-8b")), timeout=600)
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("BUILT ")]
+    assert proc.returncode == 0 and line, out(proc)
+    built = json.loads(line[0][len("BUILT "):])
+    hidden = matrix.LLAMA_8B["hidden_size"]
+    assert built["fc"] == [hidden, 3 * hidden] and built["features"] == 3
+    if key == "draft-dflash":
+        assert (built["cls"], built["block"]) == ("DFlashDraftModel", matrix.DFLASH_BLOCK)
+    else:
+        assert (built["cls"], built["gamma"], built["markov"]) == ("DSparkDraftModel", matrix.DSPARK_BLOCK, "VanillaMarkov")
+
+
 def test_plugin_env_goes_to_plugin_arms_only(tmp_path):
     opts = matrix.Options(plugin_env=matrix.parse_plugin_env(["SGLANG_HOSTSYNC_GLUE_CHECK=50"]))
     models = matrix.write_models(str(tmp_path / "models"))
