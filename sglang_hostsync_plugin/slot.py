@@ -113,8 +113,9 @@ class ServingFacts:
         view = resolving_view(server_args)
         return cls(
             speculative_algorithm=view.speculative_algorithm,
-            # The same test ServerArgs.resolved_dict uses for attention DP.
-            dp_attention=view.attn_dp_size > 1,
+            # The same test ServerArgs.resolved_dict uses for attention DP; the launcher reads the args
+            # before SGLang resolves the deprecated --enable-dp-attention --dp-size N into attn_dp_size N.
+            dp_attention=view.attn_dp_size > 1 or (bool(view.enable_dp_attention) and int(view.dp_size or 1) > 1),
             two_batch_overlap=bool(view.enable_two_batch_overlap),
             tp_size=int(view.tp_size),
             topk=int(view.speculative_eagle_topk or 1),

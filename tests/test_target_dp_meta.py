@@ -225,3 +225,33 @@ def test_doctor_facts_follow_the_moe_arguments():
         ns = doctor._parser().parse_args(["doctor", "--speculative-algorithm", "EAGLE", *extra])
         report = doctor.facts_of(ns)
         assert (tdm.SLOT.inert(report) is not None) == inert, extra
+
+
+def test_the_deprecated_dp_attention_flag_gives_the_launcher_the_schedulers_facts():
+    """The launcher reads the args right after ``prepare_server_args``, before SGLang resolves
+    ``--enable-dp-attention --dp-size N`` into ``--attn-dp-size N``; the scheduler reads them resolved.
+    Both see attention DP, so the slot applies in both (and their plans match)."""
+    import json
+    from helpers import out, run_python
+
+    code = """
+import json
+from sglang.srt.server_args import prepare_server_args
+from sglang_hostsync_plugin.slot import ServingFacts
+from sglang_hostsync_plugin.slots import target_dp_meta as tdm
+rows = []
+for argv in (["--enable-dp-attention", "--dp-size", "2", "--tp-size", "2"], ["--dp-size", "2"], ["--tp-size", "2"]):
+    args = prepare_server_args(["--model-path", "dummy", *argv])
+    launcher = ServingFacts.from_server_args(args, {})
+    args.resolve_once()
+    scheduler = ServingFacts.from_server_args(args, {})
+    rows.append([launcher.dp_attention, scheduler.dp_attention, launcher.matches(scheduler.record()),
+                 tdm.SLOT.inert(launcher) is None])
+print("FACTS " + json.dumps(rows))
+"""
+    proc = run_python(code, timeout=600)
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("FACTS ")]
+    assert proc.returncode == 0 and line, out(proc)
+    deprecated, replicas, tp = json.loads(line[0][len("FACTS "):])
+    assert deprecated == [True, True, True, True]
+    assert replicas == [False, False, True, False] and tp == [False, False, True, False]  # --dp-size alone: replicas
