@@ -98,8 +98,10 @@ class Plan:
 
     def with_facts(self, catalogue: Mapping[str, Slot], facts: ServingFacts) -> "Plan":
         """Slots that would do nothing for these server args are skipped; the
-        switches left say which flag they set. Applied once per launch."""
-        if self.facts_applied:
+        switches left say which flag they set. Applied once per launch, and again once SGLang
+        has resolved values the facts held as unknown (None: a topk or page size the user left
+        out, the attention backends): the plan is refined, never widened."""
+        if self.facts_applied and not refines(self.facts, facts.record()):
             return self
         verdicts = []
         for v in self.verdicts:
@@ -116,6 +118,17 @@ class Plan:
         data = json.loads(raw)
         verdicts = tuple(Verdict(v["name"], v["selected"], Status(v["status"]), v["reason"]) for v in data.pop("verdicts"))
         return cls(verdicts=verdicts, **data)
+
+
+def refines(old: Mapping, new: Mapping) -> bool:
+    """Whether the facts ``new`` only resolve values ``old`` held as unknown (None), and resolve
+    at least one: the same server args, known better."""
+    def known_better(o, n):
+        if isinstance(o, list) and isinstance(n, list) and len(o) == len(n):
+            return all(known_better(a, b) for a, b in zip(o, n))
+        return o is None or o == n
+
+    return set(old) == set(new) and old != new and all(known_better(old[k], new[k]) for k in old)
 
 
 def refuse_unsafe_pairs(verdicts: tuple[Verdict, ...], catalogue: Mapping[str, Slot]) -> tuple[Verdict, ...]:

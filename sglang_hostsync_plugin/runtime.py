@@ -348,6 +348,8 @@ def launcher_gate(original, server_args, *args, **kwargs):
         if not _deferred:
             logger.warning(LATE_ENABLE, config.ENV_ENABLE)
         validate(server_args)
+    elif rt is None and server_args is _plan_args:
+        refine_exported(server_args)
     if rt is not None:
         apply_facts(rt, server_args)  # before SGLang's set-up: it raises for args other than this plan's
     result = original(server_args, *args, **kwargs)
@@ -359,6 +361,32 @@ def launcher_gate(original, server_args, *args, **kwargs):
         plans.export(rt.plan)
         csrc.start_prebuild(kernels_for([registry.catalogue()[n] for n in rt.state.applied()], facts))
     return result
+
+
+def refine_exported(server_args) -> Plan | None:
+    """The launcher made its plan in ``prepare_server_args``, before SGLang resolved the args;
+    here (they are resolved, no scheduler is spawned yet) the plan learns what resolution
+    decided: a topk or page size the user left out, the attention backends. Slots inert for
+    those are skipped, their switch flags cleared, a pair they make unsafe refused; the
+    refined plan is exported. Returns it, or None when nothing changed."""
+    exported = plans.inherited()
+    if exported is None or not exported.facts_applied:
+        return None
+    facts = ServingFacts.from_server_args(server_args, os.environ)
+    refined = exported.with_facts(registry.catalogue(), facts)
+    if refined is exported:
+        return None
+    refined.check_startup()  # bad input the resolved facts reveal (Slot.unsafe_with), before any model load
+    now_skipped = [v.name for v, old in zip(refined.verdicts, exported.verdicts)
+                   if v.selected and v.status is not old.status]
+    switches.clear_own()
+    switches.apply(_will_apply(refined))
+    plans.export(refined)
+    logger.info("hostsync: plan refined with SGLang's resolved arguments (%s); %s",
+                ", ".join(f"{k}: {exported.facts[k]!r} -> {v!r}" for k, v in refined.facts.items()
+                          if v != exported.facts[k]),
+                "newly skipped: " + ", ".join(now_skipped) if now_skipped else "no verdict changed")
+    return refined
 
 
 def _env_now() -> dict:

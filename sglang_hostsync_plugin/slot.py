@@ -87,8 +87,10 @@ class ServingFacts:
     dp_attention: bool = False
     two_batch_overlap: bool = False
     tp_size: int = 1
-    topk: int = 1  # speculative_eagle_topk
-    page_size: int = 1
+    # None: not resolved yet (the launcher reads the args before SGLang's resolution, which picks an
+    # EAGLE-family topk the user left out, e.g. 4 for a Llama target, and the page size); never inert.
+    topk: int | None = 1  # speculative_eagle_topk
+    page_size: int | None = 1
     env: Mapping[str, str] = field(default_factory=dict)
     # (prefill, decode) attention backends as SGLang's attention_backends_of reads
     # them, and the draft's; None where not resolved yet.
@@ -118,8 +120,9 @@ class ServingFacts:
             dp_attention=view.attn_dp_size > 1 or (bool(view.enable_dp_attention) and int(view.dp_size or 1) > 1),
             two_batch_overlap=bool(view.enable_two_batch_overlap),
             tp_size=int(view.tp_size),
-            topk=int(view.speculative_eagle_topk or 1),
-            page_size=int(view.page_size or 1),
+            topk=(int(view.speculative_eagle_topk) if view.speculative_eagle_topk is not None
+                  else None if cls(view.speculative_algorithm).is_eagle_family() else 1),
+            page_size=None if view.page_size is None else int(view.page_size),
             env=dict(env),
             attention_backends=tuple(attention_backends_of(view)),
             draft_attention_backend=view.speculative_draft_attention_backend,

@@ -129,3 +129,45 @@ def test_scheduler_installs_only_the_reached_slots_hooks():
     assert any("duplicate_prefix_tail_to_draft_branches" in p for p in reached)
     print(f"\nhook targets registered by a scheduler: {len(everything)} without the server facts, "
           f"{len(reached)} for STANDALONE topk 4 page 16 triton")
+
+
+# The slots whose rules read topk or the page size, and the facts that make each inert once known.
+KNOWN_INERT = {
+    "eagle_fixed_shape_tail": [dict(topk=1, page=16), dict(topk=4, page=1)],
+    "fused_draft_page_locs": [dict(topk=1, page=16), dict(topk=4, page=1)],
+    "fused_tree_compact": [dict(topk=1, page=16)],
+    "draft_vocab_topk": [dict(topk=1, page=16)],
+    "draft_extend_topk_graph": [dict(topk=1, page=16)],
+    "chain_tree_full_mask": [dict(topk=4, page=16)],
+    "flashinfer_tree_verify_plan": [dict(topk=1, page=16)],
+    "flashinfer_verify_host_plan": [dict(topk=4, page=16)],
+}
+
+
+@pytest.mark.parametrize("slot", sorted(KNOWN_INERT))
+def test_a_topk_or_page_size_not_resolved_yet_never_makes_a_slot_inert(slot):
+    """The launcher reads the args before SGLang resolves them (an EAGLE-family topk the user
+    left out is SGLang's choice, 4 for a Llama target): unknown (None) is never guessed inert;
+    a fact still known keeps its own rule."""
+    for known in KNOWN_INERT[slot]:
+        reason = inert_reason(CATALOGUE[slot], facts("EAGLE", known["topk"], known["page"], "flashinfer"))
+        assert reason, (slot, known)
+        by_page = "--page-size" in reason
+        assert inert_reason(CATALOGUE[slot], facts("EAGLE", None, known["page"], "flashinfer")) == (reason if by_page else None)
+        assert inert_reason(CATALOGUE[slot], facts("EAGLE", known["topk"], None, "flashinfer")) == (None if by_page else reason)
+    assert inert_reason(CATALOGUE[slot], facts("EAGLE", None, None, "flashinfer")) is None
+
+
+def test_a_plan_is_refined_by_resolved_facts_never_widened():
+    early = plans.resolve({}, facts=facts("EAGLE", None, 16, "triton"))
+    assert early.verdict("eagle_fixed_shape_tail").status is Status.WOULD_APPLY
+    chain = early.with_facts(CATALOGUE, facts("EAGLE", 1, 16, "triton"))  # SGLang chose topk 1
+    assert chain.verdict("eagle_fixed_shape_tail").status is Status.SKIPPED and chain.facts["topk"] == 1
+    tree = early.with_facts(CATALOGUE, facts("EAGLE", 4, 16, "triton"))
+    assert tree.verdict("eagle_fixed_shape_tail").status is Status.WOULD_APPLY and tree.facts["topk"] == 4
+    assert chain.with_facts(CATALOGUE, facts("EAGLE", 4, 16, "triton")) is chain  # other args: not this plan's
+    assert chain.with_facts(CATALOGUE, facts("EAGLE", None, 16, "triton")) is chain  # less known: kept
+    assert tree.with_facts(CATALOGUE, facts("EAGLE", 4, 16, "triton")) is tree  # the same: kept
+    assert plans.refines({"a": None, "b": [None, "x"]}, {"a": 4, "b": ["triton", "x"]})
+    assert not plans.refines({"a": 1}, {"a": 4}) and not plans.refines({"a": 4}, {"a": None})
+    assert not plans.refines({"a": 4}, {"a": 4}) and not plans.refines({"a": None}, {"b": None})

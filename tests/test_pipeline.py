@@ -557,3 +557,54 @@ def test_the_doctor_says_whether_sglangs_process_functions_still_call_load_plugi
     assert roles["detokenizer"] is False and roles["old_detokenizer"] is True
     assert doctor.main(["doctor"]) == 0
     assert "detokenizer NOT FOUND" in capsys.readouterr().out
+
+
+# A launcher whose user left the topk to SGLang: load_plugins() as SGLang's Engine entry point calls it,
+# prepare_server_args (the plan, from unresolved args), SGLang's resolution, then the launcher gate
+# around _set_envs_and_config, as Engine._launch_subprocesses runs them; then a scheduler child.
+AUTO_TOPK_LAUNCH = """
+import json, os, subprocess, sys, tempfile
+from sglang.srt.entrypoints import engine
+try:
+    engine.Engine(not_a_server_arg=1)
+except TypeError:
+    pass
+from sglang_hostsync_plugin.e2e import matrix
+models = matrix.write_models(tempfile.mkdtemp())
+from sglang.srt.server_args import prepare_server_args
+args = prepare_server_args(["--model-path", models["target"], "--load-format", "dummy", "--speculative-algorithm",
+                            sys.argv[1], "--speculative-draft-model-path", models["draft"], "--page-size", "16",
+                            "--attention-backend", "triton", "--skip-tokenizer-init", "--device", "cuda"])
+def plan():
+    p = json.loads(os.environ["SGLANG_HOSTSYNC_PLAN"])
+    return [p["facts"]["topk"], {v["name"]: [v["status"], v["reason"]] for v in p["verdicts"]}["eagle_fixed_shape_tail"]]
+before = plan()
+args.resolve_once()
+engine._set_envs_and_config(args)
+child = subprocess.run([sys.executable, "-c", sys.argv[2]], capture_output=True, text=True, env=dict(os.environ))
+print("RESULT" + json.dumps({"before": before, "after": plan(), "child": child.stdout.split("RESULT", 1)[-1],
+                             "child_err": child.stderr[-3000:]}))
+"""
+
+
+@pytest.mark.parametrize("algorithm, topk", [("EAGLE", 4), ("STANDALONE", 1)])
+def test_the_launcher_refines_its_plan_once_sglang_resolved_the_args(algorithm, topk):
+    """Without --speculative-eagle-topk SGLang picks it in its resolution, after prepare_server_args:
+    4 for EAGLE on a Llama target, 1 for STANDALONE. The launcher's first plan holds it unknown and
+    keeps the topk > 1 tail slot; the gate (args resolved, no scheduler spawned yet) refines it, and
+    a scheduler reads the refined plan. Before 2026-12-05 the first plan read a missing topk as 1 and
+    skipped the tail slot for EAGLE, whose server then ran topk 4 with stock's tail-copy syncs."""
+    proc = subprocess.run([sys.executable, "-c", AUTO_TOPK_LAUNCH, algorithm, CHILD], capture_output=True, text=True,
+                          cwd=REPO, timeout=600, env=clean_env(SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", PYTHONPATH=f"{REPO}/tests"))
+    assert proc.returncode == 0, out(proc)
+    res = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert res["before"] == [None, ["would apply", ""]]
+    assert res["after"][0] == topk
+    child = json.loads(res["child"])
+    assert child["err"] is None, res["child_err"]
+    assert child["plan"]["facts"]["topk"] == topk
+    if topk > 1:
+        assert res["after"][1] == ["would apply", ""] and child["status"]["eagle_fixed_shape_tail"][0] == "applied"
+    else:
+        assert res["after"][1][0] == "skipped" and "--speculative-eagle-topk is 1" in res["after"][1][1]
+        assert child["status"]["eagle_fixed_shape_tail"][0] == "skipped"

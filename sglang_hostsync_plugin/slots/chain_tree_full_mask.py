@@ -136,7 +136,7 @@ def pinned_sources() -> str | None:
 def inert(f) -> str | None:
     if not f.speculative_algorithm or not f.is_eagle_family():
         return not_speculative(f, "only EAGLE-family drafts build a verify tree", False)
-    if f.topk != 1:
+    if f.topk is not None and f.topk != 1:
         return "inert because --speculative-eagle-topk is not 1: the draft is a tree, not a chain"
     return None
 

@@ -145,7 +145,7 @@ DRAFT_EXTEND_ONCE = DRAFT_EXTEND_SITE.edit(NAME, (EDIT,), _bind)
 def inert(f) -> str | None:
     if not (f.speculative_algorithm and f.is_eagle_family()):
         return not_speculative(f, "only the EAGLE family's v2 draft extend takes this top-k", False)
-    if f.topk <= 1:
+    if f.topk == 1:
         return "inert because --speculative-eagle-topk is 1: the draft extend takes the argmax branch"
     if f.disable_cuda_graph:
         return "inert because of --disable-cuda-graph: the draft extend's logits are a fresh tensor each step"

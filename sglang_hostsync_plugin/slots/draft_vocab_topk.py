@@ -105,7 +105,7 @@ def fast_topk_hook(original, values, topk, dim):
 def inert(f) -> str | None:
     if not (f.speculative_algorithm and f.is_eagle_family()):
         return not_speculative(f, "only the EAGLE family's draft takes a vocabulary-wide top-k", False)
-    if f.topk <= 1:
+    if f.topk == 1:
         return "inert because --speculative-eagle-topk is 1: fast_topk takes torch.max"
     return None
 

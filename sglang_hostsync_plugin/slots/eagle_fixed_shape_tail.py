@@ -99,16 +99,16 @@ def _tail_slots(rows, prefix_base, last_page, num_new_pages, topk, page_size):
 
 
 def _path_used(facts) -> bool:
-    """SGLang calls the tail copy for EAGLE-family drafts with topk > 1 and page > 1."""
-    return facts.is_eagle_family() and facts.topk > 1 and facts.page_size > 1
+    """SGLang calls the tail copy for EAGLE-family drafts with topk > 1 and page > 1 (or not resolved yet)."""
+    return facts.is_eagle_family() and facts.topk != 1 and facts.page_size != 1
 
 
 def inert(facts) -> str | None:
     if not facts.speculative_algorithm or not facts.is_eagle_family():
         return not_speculative(facts, "only EAGLE-family drafts copy the prefix tail", False)
-    if facts.topk <= 1:
+    if facts.topk == 1:
         return "inert because --speculative-eagle-topk is 1; the tail copy runs only at topk > 1"
-    if facts.page_size <= 1:
+    if facts.page_size == 1:
         return "inert because --page-size is 1; the tail copy runs only at page size > 1"
     return None
 

@@ -150,7 +150,7 @@ def inert(facts) -> str | None:
         return not_flashinfer(facts)
     if not facts.speculative_algorithm or not facts.is_eagle_family():
         return not_speculative(facts, "only EAGLE-family and NGRAM verify plan a tree", False)
-    if facts.topk <= 1:
+    if facts.topk == 1:
         return ("inert because --speculative-eagle-topk is 1; that case is SGLang's own switch "
                 "(flashinfer_verify_host_plan)")
     return not_flashinfer(facts)

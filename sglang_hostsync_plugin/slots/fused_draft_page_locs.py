@@ -155,9 +155,9 @@ def pinned_sources() -> str | None:
 def inert(f) -> str | None:
     if not f.speculative_algorithm or not f.is_eagle_family():
         return not_speculative(f, "only EAGLE-family drafts gather paged tree slots", False)
-    if f.topk <= 1:
+    if f.topk == 1:
         return "inert because --speculative-eagle-topk is 1; the paged tree branch runs only at topk > 1"
-    if f.page_size <= 1:
+    if f.page_size == 1:
         return "inert because --page-size is 1; the paged tree branch runs only at page size > 1"
     return None
 

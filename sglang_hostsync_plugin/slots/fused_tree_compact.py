@@ -184,7 +184,7 @@ def pinned_sources() -> str | None:
 def inert(f) -> str | None:
     if not f.speculative_algorithm or not f.is_eagle_family():
         return not_speculative(f, "only EAGLE-family tree verify compacts the accepted path", False)
-    if f.topk <= 1:
+    if f.topk == 1:
         return "inert because --speculative-eagle-topk is 1; the accepted path is already the front chain"
     return None
 

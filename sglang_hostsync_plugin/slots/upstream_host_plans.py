@@ -65,7 +65,7 @@ def glue_inert(f: ServingFacts) -> str | None:
 def verify_host_plan_inert(f: ServingFacts) -> str | None:
     if not f.speculative_algorithm or not f.is_eagle_family():
         return f"inert because --speculative-algorithm is {f.speculative_algorithm or 'unset'}; only EAGLE-family verify reads it"
-    if f.topk != 1:
+    if f.topk is not None and f.topk != 1:
         return f"inert because --speculative-eagle-topk is {f.topk}; the host plan covers topk 1 only"
     if f.disable_cuda_graph:
         return "inert because --disable-cuda-graph is set (installed at verify graph capture)"
