@@ -37,8 +37,10 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--decode-attention-backend", default=None)
     srv.add_argument("--speculative-draft-attention-backend", default=None)
     srv.add_argument("--speculative-attention-mode", default="prefill", choices=("prefill", "decode"))
-    srv.add_argument("--speculative-eagle-topk", type=int, default=1)
-    srv.add_argument("--page-size", type=int, default=1)
+    # Left out: SGLang chooses them in its own resolution (topk 4 for EAGLE on a Llama target);
+    # unknown here, as in the launcher's first plan, so no slot is skipped for them.
+    srv.add_argument("--speculative-eagle-topk", type=int, default=None)
+    srv.add_argument("--page-size", type=int, default=None)
     srv.add_argument("--enable-two-batch-overlap", action="store_true")
     srv.add_argument("--attn-dp-size", type=int, default=1)
     srv.add_argument("--tp-size", "--tp", type=int, default=1)
@@ -81,7 +83,8 @@ def facts_of(args) -> ServingFacts | None:
         dp_attention=args.attn_dp_size > 1,
         two_batch_overlap=args.enable_two_batch_overlap,
         tp_size=args.tp_size,
-        topk=args.speculative_eagle_topk,
+        topk=(args.speculative_eagle_topk if args.speculative_eagle_topk is not None
+              else None if ServingFacts(args.speculative_algorithm).is_eagle_family() else 1),
         page_size=args.page_size,
         env=dict(os.environ),
         attention_backends=(args.prefill_attention_backend or args.attention_backend,

@@ -107,7 +107,7 @@ class Plan:
         for v in self.verdicts:
             inert = inert_reason(catalogue[v.name], facts) if v.status is Status.WOULD_APPLY else None
             verdicts.append(dataclasses.replace(v, status=Status.SKIPPED, reason=inert) if inert else v)
-        return dataclasses.replace(self, verdicts=refuse_unsafe_pairs(tuple(verdicts), catalogue),
+        return dataclasses.replace(self, verdicts=refuse_unsafe_pairs(tuple(verdicts), catalogue, facts),
                                    facts=facts.record())
 
     def to_json(self) -> str:
@@ -131,10 +131,14 @@ def refines(old: Mapping, new: Mapping) -> bool:
     return set(old) == set(new) and old != new and all(known_better(old[k], new[k]) for k in old)
 
 
-def refuse_unsafe_pairs(verdicts: tuple[Verdict, ...], catalogue: Mapping[str, Slot]) -> tuple[Verdict, ...]:
+def refuse_unsafe_pairs(verdicts: tuple[Verdict, ...], catalogue: Mapping[str, Slot],
+                        facts: ServingFacts) -> tuple[Verdict, ...]:
     """Refuse each selected slot that would apply beside a slot its ``unsafe_with`` names
     that would apply too (both known only once the server facts are: inert ones are
-    skipped by then)."""
+    skipped by then). With an EAGLE-family topk SGLang has not chosen yet, the pair waits
+    for the plan's refinement (topk 1 makes the tree slots inert)."""
+    if facts.topk is None:
+        return verdicts
     applying = {v.name for v in verdicts if v.selected and v.status in (Status.WOULD_APPLY, Status.UPSTREAM)}
     out = []
     for v in verdicts:
@@ -198,7 +202,7 @@ def resolve(env: Mapping[str, str] | None = None, facts: ServingFacts | None = N
     verdicts = tuple(Verdict(name, name in chosen, Status.SKIPPED, inert[name]) if inert[name] and not reasons[name]
                      else _verdict(slot, name in chosen, reasons[name], env) for name, slot in catalogue.items())
     if facts is not None:
-        verdicts = refuse_unsafe_pairs(verdicts, catalogue)
+        verdicts = refuse_unsafe_pairs(verdicts, catalogue, facts)
     return Plan(spec=selection.spec, strict=strict, sglang=installed, version_warning=version_warning,
                 verdicts=verdicts, inputs=inputs_digest(env, catalogue, installed),
                 facts=facts.record() if facts is not None else None)

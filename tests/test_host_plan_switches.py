@@ -198,3 +198,28 @@ def test_doctor_names_the_unsafe_pair_as_bad_input(monkeypatch, capsys):
     assert doctor.main([*argv, "--attention-backend", "flashinfer"]) == 2
     assert "metadata_glue_graph: cannot run beside slot 'flashinfer_tree_verify_plan'" in capsys.readouterr().err
     assert doctor.main([*argv, "--attention-backend", "triton"]) == 0
+
+
+def test_with_a_topk_sglang_has_not_chosen_yet_the_pair_waits_for_the_refinement():
+    """prepare_server_args without --speculative-eagle-topk: the glue and the tree plan both look
+    reachable, but SGLang may still choose topk 1 (the tree plan inert). The pair is judged once the
+    plan is refined with the resolved topk: refused at 4 (bad input, before any model load), fine at 1."""
+    from sglang_hostsync_plugin import plan as plans
+    from sglang_hostsync_plugin.slot import ServingFacts, Status
+
+    env = {config.ENV_ENABLE: "1", config.ENV_SLOTS: "default,metadata_glue_graph"}
+
+    def fi(topk):
+        return ServingFacts("EAGLE", topk=topk, page_size=16, attention_backends=("flashinfer", "flashinfer"))
+
+    early = plans.resolve(env, facts=fi(None))
+    assert early.verdict("metadata_glue_graph").status is Status.WOULD_APPLY
+    early.check_startup()
+    tree = early.with_facts(CATALOGUE, fi(4))
+    assert tree.verdict("metadata_glue_graph").status is Status.FAILED
+    with pytest.raises(config.HostsyncConfigError, match="metadata_glue_graph: cannot run beside"):
+        tree.check_startup()
+    chain = early.with_facts(CATALOGUE, fi(1))
+    assert chain.verdict("metadata_glue_graph").status is Status.WOULD_APPLY
+    assert chain.verdict("flashinfer_tree_verify_plan").status is Status.SKIPPED
+    chain.check_startup()
