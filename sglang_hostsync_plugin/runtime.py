@@ -368,14 +368,19 @@ def refine_exported(server_args) -> Plan | None:
     here (they are resolved, no scheduler is spawned yet) the plan learns what resolution
     decided: a topk or page size the user left out, the attention backends. Slots inert for
     those are skipped, their switch flags cleared, a pair they make unsafe refused; the
-    refined plan is exported. Returns it, or None when nothing changed."""
+    refined plan is exported. Where resolution changed a value the plan had as known (SGLang
+    overriding an argument), the plan is resolved again for the resolved args. Returns the
+    new plan, or None when nothing changed."""
     exported = plans.inherited()
     if exported is None or not exported.facts_applied:
         return None
     facts = ServingFacts.from_server_args(server_args, os.environ)
+    if facts.record() == exported.facts:
+        return None
     refined = exported.with_facts(registry.catalogue(), facts)
     if refined is exported:
-        return None
+        logger.info("hostsync: SGLang's resolution changed server facts the plan was made with; resolving it again")
+        return validate(server_args)
     refined.check_startup()  # bad input the resolved facts reveal (Slot.unsafe_with), before any model load
     now_skipped = [v.name for v, old in zip(refined.verdicts, exported.verdicts)
                    if v.selected and v.status is not old.status]

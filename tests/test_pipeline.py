@@ -608,3 +608,24 @@ def test_the_launcher_refines_its_plan_once_sglang_resolved_the_args(algorithm, 
     else:
         assert res["after"][1][0] == "skipped" and "--speculative-eagle-topk is 1" in res["after"][1][1]
         assert child["status"]["eagle_fixed_shape_tail"][0] == "skipped"
+
+
+def test_a_value_sglang_overrides_in_its_resolution_resolves_the_plan_again(monkeypatch):
+    """A fact the launcher's plan had as known and SGLang's resolution changed (not a refinement):
+    the gate resolves the plan again for the resolved args instead of keeping the stale verdicts."""
+    from sglang_hostsync_plugin import plan as plans, runtime
+    from sglang_hostsync_plugin.slot import ServingFacts
+
+    made = plans.resolve({}, facts=ServingFacts("EAGLE", topk=4, page_size=1, attention_backends=("triton", "triton")))
+    monkeypatch.setattr(plans, "inherited", lambda env=None: made)
+    resolved = ServingFacts("EAGLE", topk=4, page_size=64, attention_backends=("triton", "triton"))
+    monkeypatch.setattr(runtime.ServingFacts, "from_server_args", classmethod(lambda cls, args, env: resolved))
+    again = []
+    monkeypatch.setattr(runtime, "validate", lambda args: again.append(args) or "resolved again")
+    args = object()
+    assert runtime.refine_exported(args) == "resolved again" and again == [args]
+    # The same facts: nothing to do; facts that only fill unknowns: refined without resolving again.
+    monkeypatch.setattr(runtime.ServingFacts, "from_server_args",
+                        classmethod(lambda cls, a, env: ServingFacts("EAGLE", topk=4, page_size=1,
+                                                                     attention_backends=("triton", "triton"))))
+    assert runtime.refine_exported(args) is None and again == [args]
