@@ -50,7 +50,8 @@ def test_every_configuration_and_arm_launches_with_sglangs_own_parser(tmp_path):
             assert ns.port == 40000 + i and ns.load_format == "dummy" and ns.skip_tokenizer_init
             assert ns.max_total_tokens == matrix.Options.max_total_tokens
             if config.uses_draft_model:
-                assert ns.speculative_eagle_topk == (config.topk if config.block_size is None else None)
+                given = config.block_size is None and not config.auto_params
+                assert ns.speculative_eagle_topk == (config.topk if given else None)
                 assert ns.speculative_draft_model_path == models[config.draft]
             else:
                 assert ns.speculative_draft_model_path is None and ns.speculative_ngram_max_bfs_breadth == 1
@@ -109,7 +110,8 @@ for name, argv in json.load(open(sys.argv[1])).items():
     args.resolve_once()
     v = resolved_view(args)
     out[name] = [v.speculative_algorithm, v.speculative_eagle_topk, v.page_size, v.speculative_num_draft_tokens,
-                 v.speculative_draft_model_path, v.speculative_draft_attention_backend, v.disable_overlap_schedule]
+                 v.speculative_draft_model_path, v.speculative_draft_attention_backend, v.disable_overlap_schedule,
+                 v.speculative_num_steps]
 print("RESOLVED " + json.dumps(out))
 """
 
@@ -132,10 +134,11 @@ def test_every_configuration_resolves_in_sglang_to_what_it_names(tmp_path):
     assert proc.returncode == 0 and line, proc.stderr[-4000:]
     resolved = json.loads(line[0][len("RESOLVED "):])
     for name, config in matrix.CONFIGS.items():
-        algorithm, topk, page, width, draft, draft_backend, no_overlap = resolved[name]
+        algorithm, topk, page, width, draft, draft_backend, no_overlap, steps = resolved[name]
         assert (algorithm, page, width, no_overlap) == (config.algorithm, config.page_size, config.draft_tokens, False), name
         if config.uses_draft_model:
             assert topk == config.topk and draft == models[config.draft], name
+            assert steps == (config.num_steps if config.block_size is None else 1), name
         if config.block_size is not None:  # DFlash's own backend choice; DSpark's draft runs on the target's
             assert draft_backend in ("triton", None) and topk == 1, name
     assert resolved["dflash-p16"][5] == "triton"

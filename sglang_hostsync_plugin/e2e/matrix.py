@@ -74,15 +74,17 @@ class Config:
     draft: str = "draft"  # which dummy draft model it runs (a key of ``dummy_models``)
     # DFlash family: the draft block (SGLang derives the verify width: DFlash the block, DSpark block + 1).
     block_size: int | None = None
+    # EAGLE family: give no steps, topk or draft tokens; SGLang chooses them (for a Llama target 5, 4, 8).
+    auto_params: bool = False
 
     def server_args(self, draft_path: str | None) -> list[str]:
         args = ["--speculative-algorithm", self.algorithm, "--page-size", str(self.page_size)]
         if self.block_size is not None:  # one draft step of one branch: no steps or topk to give
             args += [f"--speculative-{self.algorithm.lower()}-block-size", str(self.block_size)]
-        else:
+        elif not self.auto_params:
             args += ["--speculative-num-draft-tokens", str(self.draft_tokens)]
         if self.uses_draft_model:
-            if self.block_size is None:
+            if self.block_size is None and not self.auto_params:
                 args += ["--speculative-num-steps", str(self.num_steps), "--speculative-eagle-topk", str(self.topk)]
             if draft_path:
                 args += ["--speculative-draft-model-path", draft_path]
@@ -98,6 +100,10 @@ CONFIGS = {c.name: c for c in (
     Config("standalone-t4-p16", "STANDALONE", topk=4, page_size=16, draft_tokens=8),
     Config("eagle3-t1-p16", "EAGLE3", topk=1, page_size=16, draft_tokens=4, draft="draft-eagle3"),
     Config("eagle3-t4-p16", "EAGLE3", topk=4, page_size=16, draft_tokens=8, draft="draft-eagle3"),
+    # What a user who leaves the tree to SGLang runs (it picks 5 steps, topk 4, 8 draft tokens for a Llama
+    # target); before 2026-12-05 the plugin's launcher read the missing topk as 1. Not run on a GPU yet.
+    Config("eagle3-auto-p16", "EAGLE3", topk=4, page_size=16, num_steps=5, draft_tokens=8, draft="draft-eagle3",
+           auto_params=True),
     Config("ngram-p1", "NGRAM", topk=1, page_size=1, draft_tokens=8, uses_draft_model=False),
     # Not run in a real server yet (written 2026-12-05 without a GPU; docs/gpu.md "Pending GPU runs").
     Config("dflash-p16", "DFLASH", page_size=16, draft_tokens=DFLASH_BLOCK, draft="draft-dflash", block_size=DFLASH_BLOCK),
