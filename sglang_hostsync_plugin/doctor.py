@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return csrc.prebuild(tuple(args.kernels) or csrc.KERNELS)
     installed = version.installed_sglang()
-    facts = facts_of(args)
+    facts = None
     seq_lens = None
     try:
         config.plugin_enabled()  # a malformed switch fails the server's startup too
@@ -114,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
             SpeculativeAlgorithm.from_string(args.speculative_algorithm)  # ValueError names it
+        facts = facts_of(args)
         plan = plans.resolve(facts=facts)  # what the launcher and every scheduler process compute
         if args.attention_backend or args.decode_attention_backend:
             seq_lens = backends.seq_lens_report(

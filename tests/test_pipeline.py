@@ -474,13 +474,15 @@ def test_a_runtime_set_up_for_one_args_object_refuses_other_args_naming_the_diff
 
     from sglang_hostsync_plugin import plan as plans, runtime
 
-    first = ServerArgs(model_path="dummy", device="cpu")
+    first = ServerArgs(model_path="dummy", device="cpu", page_size=1)
     rt = runtime.Runtime()
     rt.plan = plans.Plan(spec="none", strict=True, sglang=None, version_warning=None, verdicts=(), inputs="")
     runtime.apply_facts(rt, first)
     assert rt.plan.facts_applied and rt.plan.facts["topk"] == 1 and rt.args is first
     runtime.apply_facts(rt, first)  # the same launch again (argument preparation, then the gate)
-    runtime.apply_facts(rt, ServerArgs(model_path="dummy", device="cpu"))  # another Engine, the same args
+    runtime.apply_facts(rt, ServerArgs(model_path="dummy", device="cpu", page_size=1))  # another Engine, the same args
+    # A page size left to SGLang is unknown before its resolution: it may well be 1, so no refusal.
+    runtime.apply_facts(rt, ServerArgs(model_path="dummy", device="cpu"))
     other = ServerArgs(model_path="dummy", device="cpu", page_size=16)
     with pytest.raises(plans.HostsyncStartupError, match="other server arguments \\(page_size: 1 -> 16\\)"):
         runtime.apply_facts(rt, other)
