@@ -120,8 +120,9 @@ class ServingFacts:
             dp_attention=view.attn_dp_size > 1 or (bool(view.enable_dp_attention) and int(view.dp_size or 1) > 1),
             two_batch_overlap=bool(view.enable_two_batch_overlap),
             tp_size=int(view.tp_size),
-            topk=(int(view.speculative_eagle_topk) if view.speculative_eagle_topk is not None
-                  else None if cls(view.speculative_algorithm).is_eagle_family() else 1),
+            # The EAGLE-family tree width; other algorithms have none (SGLang puts NGRAM's BFS breadth there).
+            topk=((None if view.speculative_eagle_topk is None else int(view.speculative_eagle_topk))
+                  if cls(view.speculative_algorithm).is_eagle_family() else 1),
             page_size=None if view.page_size is None else int(view.page_size),
             env=dict(env),
             attention_backends=tuple(attention_backends_of(view)),
