@@ -1,4 +1,5 @@
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -131,3 +132,31 @@ class BlockingBuild:
         if self.fail:
             raise RuntimeError("nvcc error: stand-in")
         return object()
+
+
+# Fake servers listen below Linux's ephemeral port range (32768-60999 by default): a port there can be
+# held by any outgoing connection of this box (pip, the e2e client, gloo), which made "Address already in
+# use" flakes in CI. Each base is checked by binding its ports first.
+PORT_LO, PORT_HI = 20000, 32000
+
+
+def free_port_base(count: int) -> int:
+    """The first of ``count`` consecutive ports on 127.0.0.1 that are free now (a per-process start,
+    so parallel runs spread out)."""
+    span = PORT_HI - PORT_LO - count
+    start = (os.getpid() * 7919) % span
+    for step in range(0, span, 97):
+        base = PORT_LO + (start + step) % span
+        socks = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {count} consecutive free ports in {PORT_LO}-{PORT_HI}")

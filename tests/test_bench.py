@@ -9,7 +9,7 @@ import importlib.util
 import os
 import re
 
-from helpers import REPO
+from helpers import REPO, free_port_base
 
 _spec = importlib.util.spec_from_file_location("bench_decode_loop", os.path.join(REPO, "benchmarks", "bench_decode_loop.py"))
 bench = importlib.util.module_from_spec(_spec)
@@ -125,7 +125,7 @@ def test_profile_run_against_fake_servers(tmp_path, monkeypatch):
     out = tmp_path / "prof"
     argv = ["--server-module", "fake_sglang_server", "--configs", "standalone-t1-p16", "--arms", "stock",
             "--slots", "default,-audit", "--steps", "6", "--profile-tokens", "40", "--profile-after", "25", "--out", str(out),
-            "--port", str(38600 + os.getpid() % 300)]
+            "--port", str(free_port_base(2))]
     assert prof.main(argv) == 0
     res = json.loads((out / "profile.json").read_text())
     assert set(res) == {"standalone-t1-p16/stock", "standalone-t1-p16/slots:default,-audit"}
@@ -144,7 +144,7 @@ def test_profile_starts_once_every_concurrent_request_streamed(tmp_path, monkeyp
     out = tmp_path / "prof"
     argv = ["--server-module", "fake_sglang_server", "--configs", "standalone-t1-p16", "--arms", "stock",
             "--steps", "4", "--profile-tokens", "400", "--profile-after", "60", "--profile-requests", "3",
-            "--out", str(out), "--port", str(38300 + os.getpid() % 300)]
+            "--out", str(out), "--port", str(free_port_base(1))]
     assert prof.main(argv) == 0
     res = json.loads((out / "profile.json").read_text())
     assert not res["standalone-t1-p16/stock"]["request_errors"]

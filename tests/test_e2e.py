@@ -18,7 +18,7 @@ import zlib
 
 import pytest
 
-from helpers import REPO
+from helpers import REPO, free_port_base
 from sglang_hostsync_plugin.e2e import client, matrix, run, stats
 from sglang_hostsync_plugin.e2e.png import bar_chart, line_plot
 from sglang_hostsync_plugin.slots.audit import ENV_TRACE, TraceStep, format_trace_line, parse_trace
@@ -286,7 +286,7 @@ def test_dry_run_prints_the_matrix_and_starts_nothing(tmp_path, capsys):
 
 @pytest.fixture
 def fake_server(tmp_path):
-    port = 39000 + os.getpid() % 500
+    port = free_port_base(1)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.Popen([sys.executable, "-m", "fake_sglang_server", "--port", str(port)], env=env)
     base = f"http://127.0.0.1:{port}"
@@ -561,7 +561,7 @@ def test_ready_times_do_not_include_another_servers_first_request(tmp_path, monk
     out = tmp_path / "run"
     argv = ["--server-module", "fake_sglang_server", "--configs", "standalone-t4-p16", "--arms", "stock,plugin",
             "--concurrency", "1", "--rounds", "1", "--requests", "1", "--max-new-tokens", "16",
-            "--identity-tokens", "8", "--port", str(37000 + os.getpid() % 500), "--out", str(out)]
+            "--identity-tokens", "8", "--port", str(free_port_base(2)), "--out", str(out)]
     assert run.main(argv) == 0
     servers = json.load(open(out / "e2e.json"))["servers"]
     stock, plugin = (servers[f"standalone-t4-p16/{a}"] for a in ("stock", "plugin"))
@@ -589,7 +589,7 @@ def test_whole_run_against_fake_servers(tmp_path, monkeypatch, capsys):
     out = tmp_path / "run"
     argv = ["--server-module", "fake_sglang_server", "--configs", "standalone-t4-p16", "--concurrency", "1", "2",
             "--rounds", "2", "--requests", "3", "--max-new-tokens", "16", "--identity-tokens", "8",
-            "--slots", "default,perturb", "--slots", "crash", "--slots", "die", "--port", str(38000 + os.getpid() % 500), "--out", str(out),
+            "--slots", "default,perturb", "--slots", "crash", "--slots", "die", "--port", str(free_port_base(6)), "--out", str(out),
             "--plugin-env", "SGLANG_HOSTSYNC_GLUE_CHECK=5"]
     t0 = time.perf_counter()
     assert run.main(argv) == 1  # the perturbed arm differs, the crashing one never started, one died
@@ -654,7 +654,7 @@ def test_a_killed_run_stops_its_servers_and_reports_the_rounds_that_finished(tmp
     written only at the very end, and the servers' shutdowns, one after another, outlasted the limit."""
     from helpers import clean_env
 
-    out, port = tmp_path / "run", 38600 + os.getpid() % 300
+    out, port = tmp_path / "run", free_port_base(2)
     argv = [sys.executable, "-m", "sglang_hostsync_plugin.e2e", "--server-module", "fake_sglang_server",
             "--configs", "standalone-t4-p16", "--arms", "stock,plugin", "--concurrency", "1", "--rounds", "200",
             "--requests", "2", "--max-new-tokens", "16", "--identity-tokens", "8", "--port", str(port), "--out", str(out)]
@@ -688,7 +688,7 @@ def test_each_finished_round_is_saved_and_a_budget_stop_is_named(tmp_path, monke
     out = tmp_path / "run"
     argv = ["--server-module", "fake_sglang_server", "--configs", "standalone-t4-p16", "--arms", "stock,plugin",
             "--concurrency", "1", "--rounds", "3", "--requests", "1", "--max-new-tokens", "16",
-            "--identity-tokens", "8", "--port", str(38900 + os.getpid() % 90), "--out", str(out)]
+            "--identity-tokens", "8", "--port", str(free_port_base(2)), "--out", str(out)]
     assert run.main(argv) == 0
     assert saved[:4] == [0, 2, 4, 6]  # after the identity pass, then after every round
     assert "stopped" not in json.load(open(out / "e2e.json"))["meta"]
