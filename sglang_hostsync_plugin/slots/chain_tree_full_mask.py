@@ -98,6 +98,8 @@ def fits(bonus_tokens, draft_tokens, seq_lens, topk, spec_steps, num_verify_toke
     return (
         topk == 1 and num_verify_tokens == spec_steps + 1 and tree_mask_mode == TreeMaskMode.FULL_MASK
         and (seq_lens.is_cuda or _INTERPRET) and bs > 0 and seq_lens.dim() == 1
+        # SGLang's CUDA tree kernel takes int64 lengths only (it raises on others): those stay SGLang's.
+        and seq_lens.dtype == torch.int64
         and bonus_tokens.dim() == 1 and bonus_tokens.numel() == bs
         and draft_tokens.dim() == 2 and tuple(draft_tokens.shape) == (bs, spec_steps)
         and bonus_tokens.device == draft_tokens.device == seq_lens.device
@@ -122,7 +124,10 @@ def build_tree_hook(original, bonus_tokens, parent_list, top_scores_index, draft
         tree_mask = (torch.full(shape, True, dtype=torch.bool, device=seq_lens.device) if fill_prefix_mask
                      else torch.empty(shape, dtype=torch.bool, device=seq_lens.device))
     token_dtype = promote(bonus_tokens.dtype, draft_tokens.dtype)  # torch.cat's result dtype
-    tokens, positions, retrieve = chain_tree(bonus_tokens, draft_tokens, seq_lens, tree_mask, token_dtype)
+    # A mask allocated here is sized by this step's lengths: a new replay signature every step, whose
+    # recording costs more than the JIT dispatch, so that case launches through the JIT.
+    launch = chain_tree if tree_mask_buf is not None else chain_tree.__wrapped__
+    tokens, positions, retrieve = launch(bonus_tokens, draft_tokens, seq_lens, tree_mask, token_dtype)
     retrieve_index, retrieve_next_token, retrieve_next_sibling = retrieve
     return tree_mask, positions, retrieve_index, retrieve_next_token, retrieve_next_sibling, tokens
 

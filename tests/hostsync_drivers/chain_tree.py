@@ -37,14 +37,13 @@ def cases(seed, n, max_bs):
     rng = random.Random(seed)
     fixed = [dict(bs=1, steps=3), dict(bs=1, steps=1), dict(bs=8, steps=7, buffer="bool"),
              dict(bs=3, steps=3, buffer=None), dict(bs=3, steps=2, buffer=None, fill=False),
-             dict(bs=4, steps=3, fill=False), dict(bs=2, steps=3, seq_dtype=torch.int32, bonus_dtype=torch.int32),
+             dict(bs=4, steps=3, fill=False), dict(bs=2, steps=3, bonus_dtype=torch.int32),
              dict(bs=2, steps=3, draft_dtype=torch.int32), dict(bs=max_bs, steps=3)]
     for kw in fixed:
         yield rng, kw
     for _ in range(n):
         yield rng, dict(bs=rng.randint(1, max_bs), steps=rng.randint(1, 7), buffer=rng.choice(["uint8", "bool", None]),
-                        fill=rng.random() < 0.7, seq_dtype=rng.choice([torch.int64, torch.int32]),
-                        bonus_dtype=rng.choice([torch.int64, torch.int32]))
+                        fill=rng.random() < 0.7, bonus_dtype=rng.choice([torch.int64, torch.int32]))
 
 
 def clone(kw):
