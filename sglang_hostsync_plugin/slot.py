@@ -122,7 +122,7 @@ class ServingFacts:
             tp_size=int(view.tp_size),
             # The EAGLE-family tree width; other algorithms have none (SGLang puts NGRAM's BFS breadth there).
             topk=((None if view.speculative_eagle_topk is None else int(view.speculative_eagle_topk))
-                  if cls(view.speculative_algorithm).is_eagle_family() else 1),
+                  if _is_eagle_family(view.speculative_algorithm) else 1),
             page_size=None if view.page_size is None else int(view.page_size),
             env=dict(env),
             attention_backends=tuple(attention_backends_of(view)),
@@ -157,26 +157,28 @@ class ServingFacts:
         return set(record) == set(now) and all(same(record[k], now[k]) for k in record)
 
     def is_dspark(self) -> bool:
-        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-        return SpeculativeAlgorithm.from_string(self.speculative_algorithm).is_dspark()
+        return _algorithm(self.speculative_algorithm).is_dspark()
 
     def is_dflash_family(self) -> bool:
-        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-        return SpeculativeAlgorithm.from_string(self.speculative_algorithm).is_dflash_family()
+        return _algorithm(self.speculative_algorithm).is_dflash_family()
 
     def is_ngram(self) -> bool:
-        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-        return SpeculativeAlgorithm.from_string(self.speculative_algorithm).is_ngram()
+        return _algorithm(self.speculative_algorithm).is_ngram()
 
     def is_eagle_family(self) -> bool:
         """EAGLE, EAGLE3, NEXTN (parsed as EAGLE), FROZEN_KV_MTP and STANDALONE."""
-        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+        return _is_eagle_family(self.speculative_algorithm)
 
-        algo = SpeculativeAlgorithm.from_string(self.speculative_algorithm)
-        return algo.is_eagle() or algo.is_standalone()
+
+def _algorithm(name: str | None):
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    return SpeculativeAlgorithm.from_string(name)
+
+
+def _is_eagle_family(name: str | None) -> bool:
+    algo = _algorithm(name)
+    return algo.is_eagle() or algo.is_standalone()
 
 
 @dataclass(frozen=True)
