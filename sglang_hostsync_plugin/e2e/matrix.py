@@ -101,11 +101,12 @@ CONFIGS = {c.name: c for c in (
     Config("eagle3-t1-p16", "EAGLE3", topk=1, page_size=16, draft_tokens=4, draft="draft-eagle3"),
     Config("eagle3-t4-p16", "EAGLE3", topk=4, page_size=16, draft_tokens=8, draft="draft-eagle3"),
     # What a user who leaves the tree to SGLang runs (it picks 5 steps, topk 4, 8 draft tokens for a Llama
-    # target); before 2026-12-05 the plugin's launcher read the missing topk as 1. Not run on a GPU yet.
+    # target); before 2026-12-05 the plugin's launcher read the missing topk as 1. Run on the H200 2026-12-05.
     Config("eagle3-auto-p16", "EAGLE3", topk=4, page_size=16, num_steps=5, draft_tokens=8, draft="draft-eagle3",
            auto_params=True),
     Config("ngram-p1", "NGRAM", topk=1, page_size=1, draft_tokens=8, uses_draft_model=False),
-    # Not run in a real server yet (written 2026-12-05 without a GPU; docs/gpu.md "Pending GPU runs").
+    # First real servers 2026-12-05 (benchmarks/results/2026-12-05-h200-b/). DFlash needs FlashInfer installed
+    # (SGLang's DFlash worker prewarms top_p_renorm_prob at start); its prefill graphs take the start past 170 s.
     Config("dflash-p16", "DFLASH", page_size=16, draft_tokens=DFLASH_BLOCK, draft="draft-dflash", block_size=DFLASH_BLOCK),
     Config("dspark-p16", "DSPARK", page_size=16, draft_tokens=DSPARK_BLOCK + 1, draft="draft-dspark",
            block_size=DSPARK_BLOCK),
