@@ -60,7 +60,8 @@ def test_every_configuration_and_arm_launches_with_sglangs_own_parser(tmp_path):
                 assert not [k for k in ln.env if "HOSTSYNC" in k]
             else:
                 assert "--enable-hostsync-plugin" in ln.argv
-                assert ln.env["SGLANG_HOSTSYNC_SLOTS"].split(",")[-1] == "audit"
+                tail = ["audit", "audit_block"] if config.block_draft else ["audit"]
+                assert ln.env["SGLANG_HOSTSYNC_SLOTS"].split(",")[-len(tail):] == tail
                 assert ln.env["SGLANG_HOSTSYNC_AUDIT_TRACE"] == ln.trace and ln.trace.startswith(str(tmp_path))
             assert ln.env["SGLANG_SIMULATE_ACC_LEN"] == "3"
 
@@ -249,6 +250,54 @@ def test_a_slots_arm_without_the_audit(tmp_path):
     assert ln.env["SGLANG_HOSTSYNC_SLOTS"] == "default,eagle_host" and ln.trace == ""
     assert "SGLANG_HOSTSYNC_AUDIT_TRACE" not in ln.env
     assert matrix.extra_arm("default,eagle_host").slots == "default,eagle_host,audit"
+
+
+def test_the_audited_arms_of_the_block_draft_configurations_time_their_steps(tmp_path):
+    """The audit's own phases are EAGLE v2's: every audited arm of a DFlash or DSpark configuration,
+    stock code's included, also selects ``audit_block``, unless the arm's list removes it."""
+    from sglang_hostsync_plugin import config as plugin_config, registry
+
+    models = matrix.write_models(str(tmp_path / "models"))
+    arms = matrix.parse_arms("stock,audit,plugin,plugin-noaudit", ["default,-audit_block"])
+    assert {c.algorithm for c in matrix.CONFIGS.values() if c.block_draft} == {"DFLASH", "DSPARK"}
+    for config in matrix.CONFIGS.values():
+        for arm in arms:
+            env = matrix.launch(config, arm, 1, matrix.Options(), models, str(tmp_path)).env
+            if arm.slots is None:
+                assert "SGLANG_HOSTSYNC_SLOTS" not in env
+                continue
+            names = plugin_config.parse_slot_spec(env["SGLANG_HOSTSYNC_SLOTS"], registry.catalogue()).names
+            want = config.block_draft and arm.audited and "-audit_block" not in arm.slots
+            assert ("audit_block" in names) is want, (config.name, arm.name, env["SGLANG_HOSTSYNC_SLOTS"])
+
+
+def test_a_dflash_run_without_flashinfer_stops_before_any_server_starts(tmp_path, capsys):
+    """SGLang's DFlash worker imports flashinfer minutes into its start (every arm, stock's too,
+    2026-12-05 on the H200); the e2e says so at once. The test venv has no flashinfer."""
+    assert importlib.util.find_spec("flashinfer") is None
+    out = tmp_path / "run"
+    argv = ["--server-module", "fake_sglang_server", "--configs", "standalone-t4-p16,dflash-p16", "--out", str(out)]
+    assert run.main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{sys.executable} cannot import 'flashinfer' (pip: flashinfer_python), which dflash-p16 need(s)" in err
+    assert not out.exists()  # nothing written, nothing started
+
+
+def test_the_preflight_asks_the_servers_interpreter_in_their_environment(tmp_path, monkeypatch):
+    opts = matrix.Options()
+    needs = matrix.server_needs([matrix.CONFIGS["dflash-p16"], matrix.CONFIGS["dspark-p16"]], opts)
+    assert needs == {"flashinfer": ["dflash-p16"]}
+    fi = matrix.server_needs([matrix.CONFIGS["dflash-p16"]], matrix.Options(attention_backend="flashinfer"))
+    assert fi == {"flashinfer": ["--attention-backend flashinfer", "dflash-p16"]}
+    assert matrix.server_needs([matrix.CONFIGS["standalone-t4-p16"]], opts) == {} and run.preflight({}, opts) is None
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    assert "cannot import 'flashinfer'" in run.preflight(needs, opts)
+    site = tmp_path / "site"
+    (site / "flashinfer").mkdir(parents=True)
+    (site / "flashinfer" / "__init__.py").write_text("")
+    monkeypatch.setenv("PYTHONPATH", str(site))  # what the servers inherit
+    assert run.preflight(needs, opts) is None
+    assert "did not run" in run.preflight(needs, matrix.Options(python=str(tmp_path / "no-python")))
 
 
 def test_real_checkpoints_replace_the_dummy_models(tmp_path):

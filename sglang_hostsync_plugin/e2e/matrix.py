@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from ..config import ENV_ENABLE, ENV_SLOTS
 from ..slots.audit import ENV_EVERY, ENV_TRACE
+from ..slots.audit_block import NAME as AUDIT_BLOCK
 
 # Dummy-weight models written by the benchmark (no download): a Llama-3-8B-shaped (or,
 # with --dummy-shape llama-1b, Llama-3.2-1B-shaped) target, a 2-layer draft of the same
@@ -76,6 +77,11 @@ class Config:
     block_size: int | None = None
     # EAGLE family: give no steps, topk or draft tokens; SGLang chooses them (for a Llama target 5, 4, 8).
     auto_params: bool = False
+
+    @property
+    def block_draft(self) -> bool:
+        """The DFlash family (DFLASH, DSPARK): the audit's phases of its steps are slot ``audit_block``'s."""
+        return self.block_size is not None
 
     def server_args(self, draft_path: str | None) -> list[str]:
         args = ["--speculative-algorithm", self.algorithm, "--page-size", str(self.page_size)]
@@ -224,6 +230,10 @@ def launch(config: Config, arm: Arm, port: int, opts: Options, models: dict[str,
     stem = f"{config.name}__{_safe(arm.name)}"
     trace = os.path.join(out_dir, f"{stem}.trace.tsv") if arm.audited else ""
     env = arm.env()
+    if arm.audited and config.block_draft:
+        # In every audited arm alike (stock code's too), so their phase tables compare; a
+        # "-audit_block" in the arm's list still removes it.
+        env[ENV_SLOTS] += f",{AUDIT_BLOCK}"
     if arm.slots is not None:
         env.update(dict(opts.plugin_env))
     if trace:
@@ -232,6 +242,22 @@ def launch(config: Config, arm: Arm, port: int, opts: Options, models: dict[str,
     if opts.simulate_acc_len > 0:
         env["SGLANG_SIMULATE_ACC_LEN"] = f"{opts.simulate_acc_len:g}"
     return Launch(config.name, arm.name, port, tuple(argv), env, os.path.join(out_dir, f"{stem}.log"), trace)
+
+
+# Packages SGLang requires that a partial install (--no-deps, a slim bundle) can lack, and that a
+# configuration imports only once its server is minutes into its start: module -> its pip name.
+SERVER_PACKAGES = {"flashinfer": "flashinfer_python"}
+
+
+def server_needs(configs, opts: Options) -> dict[str, list[str]]:
+    """Module -> what needs it (configurations, options), for one run."""
+    needs: dict[str, list[str]] = {}
+    if opts.attention_backend == "flashinfer":
+        needs.setdefault("flashinfer", []).append("--attention-backend flashinfer")
+    for c in configs:
+        if c.algorithm == "DFLASH":  # its worker rehearses the sampling verify at start: flashinfer.sampling
+            needs.setdefault("flashinfer", []).append(c.name)
+    return needs
 
 
 def _safe(name: str) -> str:

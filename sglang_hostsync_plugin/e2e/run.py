@@ -118,6 +118,29 @@ def _server_env(launch: matrix.Launch) -> dict[str, str]:
     return env
 
 
+_FIND = "import importlib.util, sys; print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))"
+
+
+def preflight(needs: dict[str, list[str]], opts: matrix.Options) -> str | None:
+    """Why the servers cannot start, checked in their own interpreter and environment before any
+    starts (None: nothing missing). A missing ``needs`` module fails every arm, stock's too."""
+    if not needs:
+        return None
+    env = _server_env(matrix.Launch("", "", 0, ()))
+    try:
+        proc = subprocess.run([opts.python, "-c", _FIND, *needs], env=env, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"the servers' interpreter {opts.python} did not run: {exc}"
+    if proc.returncode != 0:
+        return f"the servers' interpreter {opts.python} failed (rc {proc.returncode}): {proc.stderr.strip()[-500:]}"
+    missing = proc.stdout.split()
+    if not missing:
+        return None
+    return "; ".join(f"the servers' interpreter {opts.python} cannot import {m!r} (pip: "
+                     f"{matrix.SERVER_PACKAGES.get(m, m)}), which {', '.join(needs[m])} need(s) at server start"
+                     for m in missing) + "; install it or leave those out"
+
+
 class Server:
     def __init__(self, launch: matrix.Launch):
         self.launch = launch
@@ -451,6 +474,10 @@ def main(argv: list[str] | None = None) -> int:
         for ln in launches(configs, arms, opts, out_dir, models, args.port):
             print(f"{ln.config} / {ln.arm}:\n  {ln.shell()}")
         return 0
+    problem = preflight(matrix.server_needs(configs, opts), opts)
+    if problem:
+        print(f"e2e: {problem}", file=sys.stderr)
+        return 2
     os.makedirs(out_dir, exist_ok=True)
     if opts.dummy:
         models = matrix.write_models(os.path.join(out_dir, "models"), opts.dummy_shape)

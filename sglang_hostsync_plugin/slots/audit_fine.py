@@ -17,14 +17,6 @@ from .audit import NAME as AUDIT
 NAME = "audit_fine"
 
 
-def env_warning(env) -> str | None:
-    """``SGLANG_HOSTSYNC_AUDIT_PHASES=0`` stops the clock these timers feed."""
-    try:
-        on = phases.enabled(env)
-    except ValueError:  # a bad value: the audit's own precheck reports it
-        return None
-    return None if on else f"{phases.ENV_PHASES}=0 turns the audit's phase clock off: these timers only pass through"
-
 SLOT = Slot(
     name=NAME,
     kind=SlotKind.TOOL,
@@ -33,6 +25,6 @@ SLOT = Slot(
             "sampling, commit, tree compaction, draft-extend prep and graph)",
     default=False,
     requires=(AUDIT,),
-    env_warning=env_warning,
+    env_warning=phases.clock_off_warning,
     targets=phases.phase_targets(phases.FINE_PHASES),
 )

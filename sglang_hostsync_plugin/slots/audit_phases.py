@@ -2,8 +2,8 @@
 how much of it ran while the GPU sat idle (issue 16's attribution).
 
 Phase clock. Each function in ``PHASES`` gets an AROUND hook (a target of the audit
-slot; those in ``FINE_PHASES`` are slot ``audit_fine``'s); on the scheduler thread it opens
-its phase on entry and closes it on exit.
+slot; those in ``FINE_PHASES`` are slot ``audit_fine``'s, those in ``BLOCK_PHASES`` slot
+``audit_block``'s); on the scheduler thread it opens its phase on entry and closes it on exit.
 Time is exclusive: while a nested phase runs its parent's clock stops, so a step's
 phases plus ``other`` (the loop's own code between them) add up to its host window,
 the time between two step launches. Each stretch of one phase is a segment
@@ -87,12 +87,38 @@ FINE_PHASES: tuple[tuple[str, str], ...] = (
     ("draft_extend_graph",
      "sglang.srt.speculative.eagle_draft_extend_cuda_graph_runner.EAGLEDraftExtendCudaGraphRunner.execute"),
 )
+# The DFlash family's steps (DFLASH, DSPARK), which call none of the EAGLE functions above but
+# the scheduler's and the target graph runner's: the targets of slot ``audit_block``. A name may
+# time several functions (each family's function of that role).
+DFLASH = "sglang.srt.speculative.dflash_worker_v2.DFlashWorkerV2"
+DSPARK = "sglang.srt.speculative.dspark_components"
+BLOCK_PHASES: tuple[tuple[str, str], ...] = (
+    # DFlash keeps its draft prep, draft sampling head and verify input in this one function.
+    ("block_worker", f"{DFLASH}.forward_batch_generation"),
+    ("block_verify_prep", "sglang.srt.speculative.dflash_info.DFlashVerifyInput.prepare_for_verify"),
+    ("block_accept", f"{DFLASH}._accept_block"),
+    ("block_kv_append", f"{DFLASH}._append_target_hidden_to_draft_kv_by_loc"),
+    ("block_next_input", f"{DFLASH}._make_next_draft_input_decode"),
+    ("simulate", "sglang.srt.speculative.dflash_utils.apply_dflash_simulated_acceptance"),
+    ("block_worker", f"{DSPARK}.dspark_worker_v2.DSparkWorkerV2.forward_batch_generation"),
+    ("block_draft", f"{DSPARK}.dspark_draft.DraftBlockProposer.propose"),
+    ("block_verify_prep", f"{DSPARK}.dspark_worker_v2.DSparkWorkerV2._stage_target_verify_metadata"),
+    ("block_plan", f"{DSPARK}.dspark_planner.DSparkVerifyPlanner.schedule_layout"),
+    ("block_verify", f"{DSPARK}.dspark_verify.TargetVerifyExecutor.run_non_compact"),
+    ("block_verify", f"{DSPARK}.dspark_verify.TargetVerifyExecutor.run_compact"),
+    ("block_accept", f"{DSPARK}.dspark_verify.TargetVerifyExecutor.accept_and_finalize"),
+    ("block_kv_append", f"{DSPARK}.dspark_verify.TargetVerifyExecutor.commit_hidden"),
+    ("block_next_input", f"{DSPARK}.dspark_draft.make_next_draft_input"),
+    ("simulate", f"{DSPARK}.dspark_verify.TargetVerifyExecutor.begin_simulated_step"),
+    # Draft and target forwards alike: the model runner's own glue around the graph runner's load and replay.
+    ("model_forward", "sglang.srt.model_executor.model_runner.ModelRunner.forward"),
+)
 RUN_BATCH = "run_batch"
 OTHER = "other"
 CLOCK = "@clock"  # the phase timers' estimated cost per step (their calls, timed or passing through)
 BOOKKEEPING = "@audit"  # the audit's own work after run_batch per step (inside ``other``), measured
 ATTRIBUTION = "@attribution"  # of which the attribution (segments against the GPU-idle interval, its trace cells)
-NAMES: tuple[str, ...] = (RUN_BATCH, *(name for name, _ in PHASES + FINE_PHASES))
+NAMES: tuple[str, ...] = tuple(dict.fromkeys((RUN_BATCH, *(name for name, _ in PHASES + FINE_PHASES + BLOCK_PHASES))))
 
 
 # --- arithmetic (pure, CPU-testable) --------------------------------------------
@@ -339,6 +365,15 @@ def phase_targets(table: tuple[tuple[str, str], ...]) -> tuple:
     """One timing-only target per ``(phase, function)``: each calls its original unchanged, so
     no source is pinned, and each composes with a slot that hooks the same function."""
     return tuple(HookTarget(path, TargetKind.FUNCTION, hook=make_hook(name), observer=True) for name, path in table)
+
+
+def clock_off_warning(env) -> str | None:
+    """For the tool slots that add timers: ``SGLANG_HOSTSYNC_AUDIT_PHASES=0`` stops the clock they feed."""
+    try:
+        on = enabled(env)
+    except ValueError:  # a bad value: the audit's own precheck reports it
+        return None
+    return None if on else f"{ENV_PHASES}=0 turns the audit's phase clock off: these timers only pass through"
 
 
 def enabled(env) -> bool:
