@@ -111,9 +111,11 @@ def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(1000, vocab - 1000) for _ in range(length)] for _ in range(n)]
 
 
-def _server_env(launch: matrix.Launch) -> dict[str, str]:
+def _server_env(launch: matrix.Launch | None = None) -> dict[str, str]:
+    """What a server's process gets: this environment less the plugin's settings, plus the
+    launch's own (None: what every server shares)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(HOSTSYNC_ENV_PREFIXES)}
-    env.update(launch.env)
+    env.update(launch.env if launch is not None else {})
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -126,7 +128,7 @@ def preflight(needs: dict[str, list[str]], opts: matrix.Options) -> str | None:
     starts (None: nothing missing). A missing ``needs`` module fails every arm, stock's too."""
     if not needs:
         return None
-    env = _server_env(matrix.Launch("", "", 0, ()))
+    env = _server_env()
     try:
         proc = subprocess.run([opts.python, "-c", _FIND, *needs], env=env, capture_output=True, text=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired) as exc:
