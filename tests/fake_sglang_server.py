@@ -45,7 +45,7 @@ def main():
     trace_path = os.environ.get(ENV_TRACE)
     lock = threading.Lock()
     state = {"step": 0, "served16": 0, "streams": {}}  # streams: request thread -> tokens streamed
-    stock_like = tokens <= {"audit", "audit_block", ""}  # the audit tool slots time stock code
+    stock_like = tokens <= {"audit", "audit_block", "audit_ngram", ""}  # the audit tool slots time stock code
     if trace_path:
         with open(trace_path, "w") as f:
             f.write(TRACE_HEADER)

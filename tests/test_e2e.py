@@ -60,7 +60,7 @@ def test_every_configuration_and_arm_launches_with_sglangs_own_parser(tmp_path):
                 assert not [k for k in ln.env if "HOSTSYNC" in k]
             else:
                 assert "--enable-hostsync-plugin" in ln.argv
-                tail = ["audit", "audit_block"] if config.block_draft else ["audit"]
+                tail = ["audit", config.audit_phases_slot] if config.audit_phases_slot else ["audit"]
                 assert ln.env["SGLANG_HOSTSYNC_SLOTS"].split(",")[-len(tail):] == tail
                 assert ln.env["SGLANG_HOSTSYNC_AUDIT_TRACE"] == ln.trace and ln.trace.startswith(str(tmp_path))
             assert ln.env["SGLANG_SIMULATE_ACC_LEN"] == "3"
@@ -252,14 +252,19 @@ def test_a_slots_arm_without_the_audit(tmp_path):
     assert matrix.extra_arm("default,eagle_host").slots == "default,eagle_host,audit"
 
 
-def test_the_audited_arms_of_the_block_draft_configurations_time_their_steps(tmp_path):
+def test_the_audited_arms_of_the_dflash_dspark_and_ngram_configurations_time_their_steps(tmp_path):
     """The audit's own phases are EAGLE v2's: every audited arm of a DFlash or DSpark configuration,
-    stock code's included, also selects ``audit_block``, unless the arm's list removes it."""
+    stock code's included, also selects ``audit_block``, of an NGRAM one ``audit_ngram``, unless the
+    arm's list removes it."""
     from sglang_hostsync_plugin import config as plugin_config, registry
 
     models = matrix.write_models(str(tmp_path / "models"))
-    arms = matrix.parse_arms("stock,audit,plugin,plugin-noaudit", ["default,-audit_block"])
-    assert {c.algorithm for c in matrix.CONFIGS.values() if c.block_draft} == {"DFLASH", "DSPARK"}
+    arms = matrix.parse_arms("stock,audit,plugin,plugin-noaudit", ["default,-audit_block,-audit_ngram"])
+    by_slot = {}
+    for c in matrix.CONFIGS.values():
+        by_slot.setdefault(c.audit_phases_slot, set()).add(c.algorithm)
+    assert by_slot == {"audit_block": {"DFLASH", "DSPARK"}, "audit_ngram": {"NGRAM"},
+                       None: {"STANDALONE", "EAGLE3"}}
     for config in matrix.CONFIGS.values():
         for arm in arms:
             env = matrix.launch(config, arm, 1, matrix.Options(), models, str(tmp_path)).env
@@ -267,8 +272,9 @@ def test_the_audited_arms_of_the_block_draft_configurations_time_their_steps(tmp
                 assert "SGLANG_HOSTSYNC_SLOTS" not in env
                 continue
             names = plugin_config.parse_slot_spec(env["SGLANG_HOSTSYNC_SLOTS"], registry.catalogue()).names
-            want = config.block_draft and arm.audited and "-audit_block" not in arm.slots
-            assert ("audit_block" in names) is want, (config.name, arm.name, env["SGLANG_HOSTSYNC_SLOTS"])
+            for slot in ("audit_block", "audit_ngram"):
+                want = config.audit_phases_slot == slot and arm.audited and f"-{slot}" not in arm.slots
+                assert (slot in names) is want, (config.name, arm.name, env["SGLANG_HOSTSYNC_SLOTS"])
 
 
 def test_a_dflash_run_without_flashinfer_stops_before_any_server_starts(tmp_path, capsys):

@@ -52,7 +52,7 @@ def test_no_other_switch_declares_a_dependency():
     declared = {n: s.requires for n, s in CATALOGUE.items() if s.requires}
     # Besides the switches: the FlashInfer host plan needs the pinned-buffer guard, and the
     # audit's sub-phases (a tool slot) time into the audit's clock.
-    owned = {"flashinfer_tree_verify_plan": ("flashinfer_plan_guard",), "audit_fine": ("audit",), "audit_block": ("audit",)}
+    owned = {"flashinfer_tree_verify_plan": ("flashinfer_plan_guard",), "audit_fine": ("audit",), "audit_block": ("audit",), "audit_ngram": ("audit",)}
     assert declared == {**{n: (d,) for n, d in SWITCH_REQUIRES.items()}, **owned}
 
 

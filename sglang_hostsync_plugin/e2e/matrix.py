@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from ..config import ENV_ENABLE, ENV_SLOTS
 from ..slots.audit import ENV_EVERY, ENV_TRACE
 from ..slots.audit_block import NAME as AUDIT_BLOCK
+from ..slots.audit_ngram import NAME as AUDIT_NGRAM
 
 # Dummy-weight models written by the benchmark (no download): a Llama-3-8B-shaped (or,
 # with --dummy-shape llama-1b, Llama-3.2-1B-shaped) target, a 2-layer draft of the same
@@ -80,8 +81,15 @@ class Config:
 
     @property
     def block_draft(self) -> bool:
-        """The DFlash family (DFLASH, DSPARK): the audit's phases of its steps are slot ``audit_block``'s."""
+        """The DFlash family (DFLASH, DSPARK)."""
         return self.block_size is not None
+
+    @property
+    def audit_phases_slot(self) -> str | None:
+        """The tool slot with the audit's phases of this algorithm's step (the audit's own are EAGLE v2's)."""
+        if self.block_draft:
+            return AUDIT_BLOCK
+        return AUDIT_NGRAM if self.algorithm == "NGRAM" else None
 
     def server_args(self, draft_path: str | None) -> list[str]:
         args = ["--speculative-algorithm", self.algorithm, "--page-size", str(self.page_size)]
@@ -230,10 +238,10 @@ def launch(config: Config, arm: Arm, port: int, opts: Options, models: dict[str,
     stem = f"{config.name}__{_safe(arm.name)}"
     trace = os.path.join(out_dir, f"{stem}.trace.tsv") if arm.audited else ""
     env = arm.env()
-    if arm.audited and config.block_draft:
+    if arm.audited and config.audit_phases_slot:
         # In every audited arm alike (stock code's too), so their phase tables compare; a
-        # "-audit_block" in the arm's list still removes it.
-        env[ENV_SLOTS] += f",{AUDIT_BLOCK}"
+        # "-audit_block" (or "-audit_ngram") in the arm's list still removes it.
+        env[ENV_SLOTS] += f",{config.audit_phases_slot}"
     if arm.slots is not None:
         env.update(dict(opts.plugin_env))
     if trace:

@@ -13,7 +13,7 @@ import logging
 
 from ..hookspecs import hookimpl
 from ..slot import Slot, SlotKind
-from . import audit, audit_block, audit_fine, upstream_builtins, upstream_host_plans, upstream_switches
+from . import audit, audit_block, audit_fine, audit_ngram, upstream_builtins, upstream_host_plans, upstream_switches
 
 logger = logging.getLogger("sglang.srt.plugins.hostsync")
 
@@ -64,5 +64,5 @@ def hostsync_slots():
     return [
         *(_owned(*entry) for entry in OWNED),
         *upstream_switches.SLOTS, *upstream_host_plans.SLOTS, *upstream_builtins.SLOTS,
-        audit.SLOT, audit_fine.SLOT, audit_block.SLOT,
+        audit.SLOT, audit_fine.SLOT, audit_block.SLOT, audit_ngram.SLOT,
     ]

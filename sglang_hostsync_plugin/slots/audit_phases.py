@@ -2,8 +2,9 @@
 how much of it ran while the GPU sat idle (issue 16's attribution).
 
 Phase clock. Each function in ``PHASES`` gets an AROUND hook (a target of the audit
-slot; those in ``FINE_PHASES`` are slot ``audit_fine``'s, those in ``BLOCK_PHASES`` slot
-``audit_block``'s); on the scheduler thread it opens its phase on entry and closes it on exit.
+slot; those in ``FINE_PHASES``, ``BLOCK_PHASES`` and ``NGRAM_PHASES`` are slots ``audit_fine``'s,
+``audit_block``'s and ``audit_ngram``'s); on the scheduler thread it opens its phase on entry and
+closes it on exit.
 Time is exclusive: while a nested phase runs its parent's clock stops, so a step's
 phases plus ``other`` (the loop's own code between them) add up to its host window,
 the time between two step launches. Each stretch of one phase is a segment
@@ -113,12 +114,25 @@ BLOCK_PHASES: tuple[tuple[str, str], ...] = (
     # Draft and target forwards alike: the model runner's own glue around the graph runner's load and replay.
     ("model_forward", "sglang.srt.model_executor.model_runner.ModelRunner.forward"),
 )
+# NGRAM's step (slot ``audit_ngram``): it shares the EAGLE verify's sampling and the target forward
+# (``audit_fine``'s verify_sample and target_forward), but drafts on the host from its corpus.
+NGRAM = "sglang.srt.speculative.ngram_worker.NGRAMWorker"
+NGRAM_CORPUS = "sglang.srt.speculative.cpp_ngram.ngram_corpus.NgramCorpus"
+NGRAM_PHASES: tuple[tuple[str, str], ...] = (
+    ("ngram_worker", f"{NGRAM}.forward_batch_generation"),
+    ("ngram_verify_input", f"{NGRAM}._prepare_for_speculative_decoding"),
+    ("ngram_draft", f"{NGRAM}._prepare_draft_tokens"),
+    ("ngram_corpus_wait", f"{NGRAM_CORPUS}.synchronize"),
+    ("ngram_lookup", f"{NGRAM_CORPUS}.batch_get"),
+    ("ngram_kv_move", "sglang.srt.speculative.spec_utils.move_accept_tokens_to_target_kvcache"),
+    ("ngram_corpus_update", f"{NGRAM}._update_ngram_corpus"),
+)
 RUN_BATCH = "run_batch"
 OTHER = "other"
 CLOCK = "@clock"  # the phase timers' estimated cost per step (their calls, timed or passing through)
 BOOKKEEPING = "@audit"  # the audit's own work after run_batch per step (inside ``other``), measured
 ATTRIBUTION = "@attribution"  # of which the attribution (segments against the GPU-idle interval, its trace cells)
-NAMES: tuple[str, ...] = tuple(dict.fromkeys((RUN_BATCH, *(name for name, _ in PHASES + FINE_PHASES + BLOCK_PHASES))))
+NAMES: tuple[str, ...] = tuple(dict.fromkeys((RUN_BATCH, *(name for name, _ in PHASES + FINE_PHASES + BLOCK_PHASES + NGRAM_PHASES))))
 
 
 # --- arithmetic (pure, CPU-testable) --------------------------------------------
