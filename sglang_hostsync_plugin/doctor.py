@@ -19,6 +19,7 @@ import sys
 
 from . import backends, config, plan as plans, registry, report, version
 from .slot import ServingFacts, Status, inert_reason
+from .slots import audit, audit_block, audit_ngram
 from .slots.upstream_host_plans import FLASHINFER_PRESET
 
 
@@ -72,6 +73,18 @@ def preset_hints(plan, catalogue, facts) -> list[str]:
     return [f"SGLANG_HOSTSYNC_SLOTS={plan.spec},flashinfer also turns on {', '.join(useful)} "
             f"(SGLang's opt-in FlashInfer host plans and the one-launch draft-extend layout, outputs unchanged); "
             f"{FLASHINFER_PRESET_GAIN}"]
+
+
+def audit_hints(plan, catalogue, facts) -> list[str]:
+    """With the audit selected: the slot that times this algorithm's step, where the selection
+    leaves it off (the audit's own phases are EAGLE v2's)."""
+    if facts is None or audit.NAME not in plan.selected:
+        return []
+    return [f"{name} is not selected: the audit's phases are the EAGLE v2 step's, which a "
+            f"{facts.speculative_algorithm} step does not call (its host time would stay inside run_batch); "
+            f"SGLANG_HOSTSYNC_SLOTS={plan.spec},{name}"
+            for name in (audit_block.NAME, audit_ngram.NAME)
+            if name not in plan.selected and inert_reason(catalogue[name], facts) is None]
 
 
 def facts_of(args) -> ServingFacts | None:
@@ -134,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                               "ok": False, "error": message, "slots": []}, indent=2))
         return 2
     catalogue = registry.catalogue()
-    hints = preset_hints(plan, catalogue, facts)
+    hints = preset_hints(plan, catalogue, facts) + audit_hints(plan, catalogue, facts)
     rows = report.doctor_rows(plan, catalogue)
     common = dict(sglang=installed, supported_sglang=version.SUPPORTED_SGLANG, selected=list(plan.selected),
                   strict=plan.strict)

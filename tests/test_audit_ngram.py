@@ -122,3 +122,23 @@ print("RESULT" + json.dumps({"err": err, "phases": [p for p, _, _ in segs], "put
     assert res["phases"] == ["ngram_corpus_update", "ngram_kv_move"] and res["after"] == 0, res
     # Stock's splice: the last 3 of prompt + output + the accepted tokens not yet in output_ids.
     assert res["put"] == [[[4, 5, 7, 8][-3:], [6, 9]]] * 2, res
+
+
+@pytest.mark.parametrize("algorithm,slot", [("NGRAM", "audit_ngram"), ("DFLASH", "audit_block"),
+                                            ("DSPARK", "audit_block"), ("STANDALONE", None)])
+def test_the_doctor_names_the_slot_that_times_the_step_the_audit_would_not(algorithm, slot, capsys, monkeypatch):
+    import sglang_hostsync_plugin.doctor as doctor
+
+    def hints(spec):
+        monkeypatch.setenv("SGLANG_HOSTSYNC_SLOTS", spec)
+        assert doctor.main(["doctor", "--json", "--speculative-algorithm", algorithm,
+                            "--attention-backend", "triton"]) == 0
+        return json.loads(capsys.readouterr().out)["hints"]
+
+    got = hints("default,audit")
+    if slot is None:
+        assert got == []
+    else:
+        (hint,) = got
+        assert hint.startswith(f"{slot} is not selected") and f"SGLANG_HOSTSYNC_SLOTS=default,audit,{slot}" in hint
+    assert hints(f"default,audit,{slot or 'audit_fine'}") == [] and hints("default") == []
