@@ -64,12 +64,12 @@ def test_what_it_leaves_to_sglang(change):
     assert ct.build_tree_hook(lambda *a: calls.append(a) or "stock", **inputs) == "stock" and len(calls) == 1
 
 
-def test_target_pins_and_no_preset(monkeypatch):
+def test_target_pins_and_preset(monkeypatch):
     assert check_slot(ct.SLOT) is None
     (target,) = ct.SLOT.targets
     assert target.path == ct.TARGET and target.hook is ct.build_tree_hook
-    # Opt-in and in no preset until its GPU test and a real-server A/B ran (docs/gpu.md).
-    assert not ct.SLOT.default and ct.SLOT.presets == ()
+    # Opt-in; in eagle_host since its GPU test and a real-server A/B ran (2026-12-05-h200-c).
+    assert not ct.SLOT.default and ct.SLOT.presets == ("eagle_host",)
     monkeypatch.setattr(ct, "PINS", (("sglang.kernels.ops.speculative.eagle", "build_chain_tree", "0" * 16),))
     assert "upstream shape changed" in check_slot(ct.SLOT)
 
@@ -103,7 +103,7 @@ got = eagle_worker_common.build_tree_kernel_efficient(**clone(inputs))
 want = eagle_worker_common.build_tree_kernel_efficient.__wrapped__(**clone(inputs))
 print("RESULT" + json.dumps({"err": err, "status": rt.state.statuses["chain_tree_full_mask"].status.value,
       "calls": len(calls), "same": same(want, got, inputs)}))
-""", SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", SGLANG_HOSTSYNC_SLOTS="default,eagle_host,chain_tree_full_mask,audit,audit_fine",
+""", SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", SGLANG_HOSTSYNC_SLOTS="default,eagle_host,audit,audit_fine",
         TRITON_INTERPRET="1")
     assert proc.returncode == 0, out(proc)
     res = json.loads(proc.stdout.split("RESULT", 1)[1])

@@ -179,10 +179,14 @@ def test_eagle_host_preset():
                      "draft_decode_glue_graph", "fused_tree_compact", "fused_draft_page_locs", "greedy_row_argmax",
                      "fused_relay_stash", "draft_extend_topk_graph", "small_copy_launch", "draft_vocab_topk",
                      "triton_replay_launch", "spec_kernel_replay", "mamba_verdict_once", "isolation_snapshot",
-                     "decode_lens_lazy_h2d"}
+                     "decode_lens_lazy_h2d", "chain_tree_full_mask"}
     triton = _plan("default,eagle_host", *EAGLE, "--speculative-eagle-topk", "4", "--page-size", "16",
                    "--attention-backend", "triton")
-    assert all(triton.verdict(n).status is Status.WOULD_APPLY for n in names)
+    assert all(triton.verdict(n).status is Status.WOULD_APPLY for n in names - {"chain_tree_full_mask"})
+    assert triton.verdict("chain_tree_full_mask").status is Status.SKIPPED  # topk 4: a tree, not a chain
+    chain = _plan("default,eagle_host", *EAGLE, "--speculative-eagle-topk", "1", "--page-size", "16",
+                  "--attention-backend", "triton")
+    assert chain.verdict("chain_tree_full_mask").status is Status.WOULD_APPLY and chain.refused() == []
     fi = _plan("default,eagle_host", *FI_T4)  # the glue would freeze the default host plan there
     assert fi.verdict("metadata_glue_graph").status is Status.FAILED
     assert fi.verdict("draft_extend_glue_graph").status is Status.SKIPPED  # not triton
