@@ -51,6 +51,9 @@ def test_beside_the_default_slots_every_target_gets_one_hook_and_nothing_fails()
                       lambda path, hook, kind: order.append((path, hook.__qualname__)))
     assert len(order) == len({p for p, _ in order})
     assert {path for _, path in ph.NGRAM_PHASES} <= {p for p, _ in order}
+    # The audit's seq_lens_resolve timer around ngram_accept_readback's hook, one registration.
+    (resolve,) = [name for path, name in order if path.endswith("FutureMap.resolve_seq_lens_cpu")]
+    assert resolve.startswith("hostsync[audit].") and "(hostsync[ngram_accept_readback]." in resolve
 
 
 def test_every_ngram_phase_is_called_on_the_decode_step():

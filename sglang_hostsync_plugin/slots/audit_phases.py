@@ -58,6 +58,9 @@ PHASES: tuple[tuple[str, str], ...] = (
     ("schedule", f"{SCHEDULER}.get_next_batch_to_run"),
     ("result", f"{SCHEDULER}.process_batch_result"),
     ("sample_launch", f"{SCHEDULER}.launch_batch_sample_if_needed"),
+    # Inside run_batch, every spec-v2 algorithm: where a backend that plans on the host (FlashInfer) or
+    # NGRAM waits for the previous step (its synchronize spins, so that wait counts as CPU time too).
+    ("seq_lens_resolve", "sglang.srt.managers.overlap_utils.FutureMap.resolve_seq_lens_cpu"),
     ("decode_prep", f"{EAGLE_UTILS}.eagle_prepare_for_decode"),
     ("draft", "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft"),
     ("draft_prep", f"{EAGLE_COMMON}.prepare_for_draft"),
