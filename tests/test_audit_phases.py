@@ -143,6 +143,11 @@ def test_e2e_pools_phases_per_cell_and_prints_the_table():
     audited = stats.pool_audit([waiting])
     assert audited["attribution"]["window_us_per_step"] == pytest.approx(3000.0)
     assert audited["host_work_us_per_step"] == pytest.approx(500.0)
+    # FlashInfer's / NGRAM's per-step wait (seq_lens_resolve) is not host work either.
+    synced = [audit.TraceStep(k, float(k), float(k) + 0.5, True, 900.0, (), 0.0,
+                              {"verify": (300.0, 0.0), "seq_lens_resolve": (3000.0, 0.0), "result": (100.0, 0.0),
+                               "other": (200.0, 0.0)}) for k in range(2)]
+    assert stats.pool_audit([synced])["host_work_us_per_step"] == pytest.approx(500.0)
     assert audited["simulated_acceptance_us_per_step"] == 0  # no simulate phase ran
     simulated = [audit.TraceStep(k, float(k), float(k) + 0.5, True, 900.0, (), 0.0,
                                  {"verify": (300.0, 0.0), "simulate": (180.0, 0.0), "other": (520.0, 0.0)})

@@ -112,6 +112,9 @@ def late_launch(late_ms: float, span_ms: float) -> dict:
 
 
 RESULT_PHASE = "result"  # process_batch_result: where the host waits for the GPU when it is ahead
+# FutureMap.resolve_seq_lens_cpu: where FlashInfer and NGRAM wait for the previous step (a spinning
+# synchronize); elsewhere a gather of a few µs. Timed since 2026-12-05: earlier traces have no such phase.
+SEQ_LENS_PHASE = "seq_lens_resolve"
 SIMULATE_PHASE = "simulate"  # SGLang's simulated acceptance: benchmark-only host work, in every arm
 
 
@@ -124,10 +127,13 @@ def phase_us(attribution: dict, phase: str) -> float | None:
 
 def host_work_us(attribution: dict) -> float | None:
     """Host µs per attributed step without ``process_batch_result``, which holds the wait for the
-    GPU when the host is ahead (and ~0.1 ms of real work): the host's own time per step, the figure
-    to compare between arms when their pace differs. None without attributed steps."""
+    GPU when the host is ahead (and ~0.1 ms of real work), and without the seq-lens resolve, which
+    holds FlashInfer's and NGRAM's per-step wait: the host's own time per step, the figure to compare
+    between arms when their pace differs. None without attributed steps."""
     result = phase_us(attribution, RESULT_PHASE)
-    return None if result is None else attribution["window_us_per_step"] - result
+    if result is None:
+        return None
+    return attribution["window_us_per_step"] - result - phase_us(attribution, SEQ_LENS_PHASE)
 
 
 def pool_audit(windows: list[list[TraceStep]]) -> dict:
