@@ -36,6 +36,11 @@ def main():
     if "crash" in tokens:
         print("fake server: crashing before ready", flush=True)
         sys.exit(3)
+    marker = os.environ.get("FAKE_CRASH_ONCE")
+    if "crash_once" in tokens and marker and not os.path.exists(marker):  # the first start only
+        open(marker, "w").close()
+        print("fake server: crashing before ready, once", flush=True)
+        sys.exit(4)
     if args.enable_hostsync_plugin:
         print("hostsync: sglang 0.5.23, SGLANG_HOSTSYNC_SLOTS=%r, strict=True" % slots, flush=True)
         print("  audit                        applied", flush=True)

@@ -680,7 +680,10 @@ def test_whole_run_against_fake_servers(tmp_path, monkeypatch, capsys):
     assert cells[("audit", 1)]["audit"]["syncs_per_step"] == 1.0 and cells[("audit", 1)]["audit"]["run_ahead_fraction"] == 0.0
     assert cells[("stock", 1)]["audit"] is None and cells[("plugin", 2)]["ratio_tok_s_user"] > 0
     md = (out / "e2e.md").read_text()
-    assert "| standalone-t4-p16/slots:crash | failed |" in md and (out / "e2e.png").exists()
+    # Exited during the shared start: started once more alone, failed again, reported failed.
+    assert "| standalone-t4-p16/slots:crash | failed (restarted alone) |" in md and (out / "e2e.png").exists()
+    assert servers["standalone-t4-p16/slots:crash"]["restarted_alone"] == "fake server: crashing before ready"
+    assert (out / "standalone-t4-p16__slots_crash.first-start.log").exists()
     assert "- standalone-t4-p16/slots:die: exited (rc 5) during c1 round 0" in md
     # --plugin-env reached the plugin arms only; each slot's last self-check line is reported.
     assert servers["standalone-t4-p16/plugin"]["slot_checks"] == ["draft_extend_glue_graph check: 10 checks, 0 mismatches"]
@@ -701,6 +704,28 @@ def test_whole_run_against_fake_servers(tmp_path, monkeypatch, capsys):
     again = json.load(open(tmp_path / "again" / "e2e.json"))
     assert again["cells"] == result["cells"] and md.endswith(md_again)
     assert time.perf_counter() - t0 < 300
+
+
+def test_a_server_that_exits_during_the_shared_start_is_started_again_alone(tmp_path, monkeypatch):
+    """As SGLang's KV sizing did on the H200 with five servers loading at once (2026-12-05-h200-c): the
+    arm that exited is started once more, alone, serves, and the report says so."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "run"
+    argv = ["--server-module", "fake_sglang_server", "--configs", "standalone-t4-p16", "--arms", "stock",
+            "--slots", "crash_once", "--concurrency", "1", "--rounds", "1", "--requests", "2", "--max-new-tokens", "8",
+            "--identity-tokens", "4", "--port", str(free_port_base(2)), "--out", str(out),
+            "--plugin-env", f"FAKE_CRASH_ONCE={tmp_path / 'crashed'}"]
+    assert run.main(argv) == 0
+    result = json.load(open(out / "e2e.json"))
+    srv = result["servers"]["standalone-t4-p16/slots:crash_once"]
+    assert srv["ready_s"] is not None and srv["restarted_alone"] == "fake server: crashing before ready, once"
+    assert "restarted_alone" not in result["servers"]["standalone-t4-p16/stock"]
+    assert result["identity"]["standalone-t4-p16/slots:crash_once"]["identical"]
+    first = (out / "standalone-t4-p16__slots_crash_once.first-start.log").read_text()
+    assert "crashing before ready, once" in first
+    assert "crashing" not in (out / srv["log"]).read_text()
+    assert "| standalone-t4-p16/slots:crash_once | " in (out / "e2e.md").read_text()
+    assert " (restarted alone) |" in (out / "e2e.md").read_text()
 
 
 def test_a_killed_run_stops_its_servers_and_reports_the_rounds_that_finished(tmp_path):

@@ -267,6 +267,7 @@ def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, res
         live = {}
         ready = client.wait_ready_all({name: (srv.base, srv.t0, srv.alive) for name, srv in servers.items()},
                                       args.ready_timeout)
+        restart_alone(servers, ready, args.ready_timeout)
         for name, srv in servers.items():
             key = f"{config.name}/{name}"
             try:
@@ -347,6 +348,27 @@ def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, res
             srv.info["slot_checks"] = srv.slot_checks()
     finally:
         stop_all(servers.values())
+
+
+def restart_alone(servers: dict, ready: dict, ready_timeout: float) -> None:
+    """Each server that exited during a start shared with others, once more on its own (another
+    server's weights loading while SGLang profiled its memory failed its KV-cache sizing on the
+    H200, 2026-12-05). Its first log is kept beside (``.first-start.log``) and the restart named in
+    ``e2e.json`` and ``e2e.md``; a server that fails alone too is reported failed, as before."""
+    if len(servers) < 2:
+        return
+    for name, srv in list(servers.items()):
+        if not isinstance(ready[name], client.ClientError) or srv.alive():
+            continue  # ready, or still starting at the deadline: not a start-time exit
+        first = srv.log_tail(5).strip().splitlines()
+        srv.stop()
+        os.replace(srv.launch.log, srv.launch.log[:-len(".log")] + ".first-start.log")
+        say(f"{srv.launch.config}/{name}: exited during the shared start ({first[-1] if first else 'no log'}); "
+            "starting it again alone")
+        again = Server(srv.launch)
+        again.info["restarted_alone"] = first[-1] if first else ""
+        servers[name] = again
+        ready[name] = client.wait_ready_all({name: (again.base, again.t0, again.alive)}, ready_timeout)[name]
 
 
 def _died(srv: Server, key: str, when: str) -> None:

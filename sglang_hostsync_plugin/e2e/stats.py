@@ -405,7 +405,8 @@ def markdown(cell_rows: list[dict], servers: dict[str, dict], identity: dict[str
         ident = identity.get(name)
         verdict = "reference" if ident is None else ("yes" if ident["identical"] else f"NO: {ident['first_mismatch']}")
         lines.append(
-            f"| {name} | {fmt(s.get('ready_s'), '.1f', 'failed')} | {fmt(s.get('first_request_s'), '.3f')} | {verdict} | "
+            f"| {name} | {fmt(s.get('ready_s'), '.1f', 'failed')}{' (restarted alone)' if 'restarted_alone' in s else ''} | "
+            f"{fmt(s.get('first_request_s'), '.3f')} | {verdict} | "
             f"{'-' if ident is None else ('yes' if ident['logprobs_compared'] else 'no')} | {s.get('distinct_tokens', '-')} |"
         )
     died = [(name, s["died"]) for name, s in servers.items() if s.get("died")]
