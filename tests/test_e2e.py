@@ -728,6 +728,19 @@ def test_a_server_that_exits_during_the_shared_start_is_started_again_alone(tmp_
     assert " (restarted alone) |" in (out / "e2e.md").read_text()
 
 
+def test_where_no_server_of_the_start_came_up_none_is_started_again():
+    class Exited:
+        def alive(self):
+            return False
+
+        def stop(self):
+            raise AssertionError("restarted")
+
+    servers = {"stock": Exited(), "plugin": Exited()}
+    failed = {name: client.ClientError("exited before it was ready") for name in servers}
+    run.restart_alone(servers, failed, 1.0)  # would raise on a restart
+
+
 def test_a_killed_run_stops_its_servers_and_reports_the_rounds_that_finished(tmp_path):
     """A timeout's SIGTERM mid-run (the H200's device calls end that way): every server stops, and
     e2e.json and e2e.md hold the rounds that finished, marked as interrupted. Before, the report was

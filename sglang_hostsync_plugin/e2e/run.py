@@ -354,9 +354,10 @@ def restart_alone(servers: dict, ready: dict, ready_timeout: float) -> None:
     """Each server that exited during a start shared with others, once more on its own (another
     server's weights loading while SGLang profiled its memory failed its KV-cache sizing on the
     H200, 2026-12-05). Its first log is kept beside (``.first-start.log``) and the restart named in
-    ``e2e.json`` and ``e2e.md``; a server that fails alone too is reported failed, as before."""
-    if len(servers) < 2:
-        return
+    ``e2e.json`` and ``e2e.md``; a server that fails alone too is reported failed, as before. Only where
+    another server of the start became ready."""
+    if not any(not isinstance(r, client.ClientError) for r in ready.values()):
+        return  # none started: nothing any other server did (a bad model path, a missing package)
     for name, srv in list(servers.items()):
         if not isinstance(ready[name], client.ClientError) or srv.alive():
             continue  # ready, or still starting at the deadline: not a start-time exit
