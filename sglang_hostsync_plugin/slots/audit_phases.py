@@ -135,7 +135,6 @@ OTHER = "other"
 CLOCK = "@clock"  # the phase timers' estimated cost per step (their calls, timed or passing through)
 BOOKKEEPING = "@audit"  # the audit's own work after run_batch per step (inside ``other``), measured
 ATTRIBUTION = "@attribution"  # of which the attribution (segments against the GPU-idle interval, its trace cells)
-NAMES: tuple[str, ...] = tuple(dict.fromkeys((RUN_BATCH, *(name for name, _ in PHASES + FINE_PHASES + BLOCK_PHASES + NGRAM_PHASES))))
 
 
 # --- arithmetic (pure, CPU-testable) --------------------------------------------
