@@ -277,6 +277,32 @@ def test_the_audited_arms_of_the_dflash_dspark_and_ngram_configurations_time_the
                 assert (slot in names) is want, (config.name, arm.name, env["SGLANG_HOSTSYNC_SLOTS"])
 
 
+def test_where_one_audited_arm_times_the_fine_phases_every_audited_arm_does():
+    """Each timer costs host time: stock code's arm gets ``audit_fine`` where a plugin arm selects
+    it, so host work compares under the same timers; unaudited arms and ``-audit_fine`` stay as asked."""
+    from sglang_hostsync_plugin import config as plugin_config, registry
+
+    def fine(arms):
+        out = {}
+        for a in arms:
+            if a.slots is not None:
+                names = plugin_config.parse_slot_spec(a.slots, registry.catalogue()).names
+                out[a.name] = "audit_fine" in names
+        return out
+
+    assert fine(matrix.parse_arms("stock,audit,plugin", ["default,eagle_host"])) == {
+        "audit": False, "plugin": False, "slots:default,eagle_host": False}
+    arms = matrix.parse_arms("stock,audit,plugin,plugin-noaudit",
+                             ["default,eagle_host,audit_fine", "default,-audit", "default,-audit_fine"])
+    assert fine(arms) == {"audit": True, "plugin": True, "plugin-noaudit": False,
+                          "slots:default,eagle_host,audit_fine": True, "slots:default,-audit": False,
+                          "slots:default,-audit_fine": False}
+    assert [a.name for a in arms] == ["stock", "audit", "plugin", "plugin-noaudit",
+                                      "slots:default,eagle_host,audit_fine", "slots:default,-audit",
+                                      "slots:default,-audit_fine"]
+    assert arms[1].slots == "audit,audit_fine" and matrix.STOCK_CODE.slots == "audit"  # the table's arm untouched
+
+
 def test_a_dflash_run_without_flashinfer_stops_before_any_server_starts(tmp_path, capsys):
     """SGLang's DFlash worker imports flashinfer minutes into its start (every arm, stock's too,
     2026-12-05 on the H200); the e2e says so at once. The test venv has no flashinfer."""

@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..config import ENV_ENABLE, ENV_SLOTS
 from ..slots.audit import ENV_EVERY, ENV_TRACE
 from ..slots.audit_block import NAME as AUDIT_BLOCK
+from ..slots.audit_fine import NAME as AUDIT_FINE
 from ..slots.audit_ngram import NAME as AUDIT_NGRAM
 
 # Dummy-weight models written by the benchmark (no download): a Llama-3-8B-shaped (or,
@@ -140,8 +141,12 @@ class Arm:
         return {ENV_ENABLE: "1", ENV_SLOTS: self.slots}
 
     @property
+    def tokens(self) -> list[str]:
+        return [t.strip() for t in (self.slots or "").split(",") if t.strip()]
+
+    @property
     def audited(self) -> bool:
-        return self.slots is not None and "audit" in [t.strip() for t in self.slots.split(",")]
+        return "audit" in self.tokens
 
 
 STOCK = Arm("stock")
@@ -300,4 +305,15 @@ def parse_arms(spec: str, extra_slots: list[str]) -> list[Arm]:
     arms = [ARMS[n] for n in names] + [extra_arm(s) for s in extra_slots]
     if STOCK not in arms:
         raise ValueError("the stock arm is the reference for ratios and output identity; keep it")
-    return arms
+    return same_timers(arms)
+
+
+def same_timers(arms: list[Arm]) -> list[Arm]:
+    """Where one audited arm selects ``audit_fine``, every audited arm (stock code's too) gets it:
+    each timer costs host time, so host work compares only under the same timers. A
+    ``-audit_fine`` in an arm's list still removes it."""
+    if not any(AUDIT_FINE in a.tokens for a in arms if a.audited):
+        return arms
+    return [replace(a, slots=f"{a.slots},{AUDIT_FINE}")
+            if a.audited and AUDIT_FINE not in a.tokens and f"-{AUDIT_FINE}" not in a.tokens else a
+            for a in arms]
