@@ -302,6 +302,16 @@ def test_where_one_audited_arm_times_the_fine_phases_every_audited_arm_does():
                                       "slots:default,-audit_fine"]
     assert arms[1].slots == "audit,audit_fine" and matrix.STOCK_CODE.slots == "audit"  # the table's arm untouched
 
+    def header(arms):
+        meta = {"date": "d", "command": "c", "rounds": 1, "max_new_tokens": 8,
+                "arm_slots": {a.name: a.slots for a in arms}}
+        return run._header([meta])
+
+    assert ("Named arms with the timers another audited arm selects (host work compares under the same "
+            "timers): audit `audit,audit_fine`; plugin `default,audit,audit_fine`.") in header(arms)
+    assert "Named arms" not in header(matrix.parse_arms("stock,audit,plugin", ["default,eagle_host"]))
+    assert "Named arms" not in run._header([{"date": "d", "command": "c", "rounds": 1, "max_new_tokens": 8}])
+
 
 def test_a_dflash_run_without_flashinfer_stops_before_any_server_starts(tmp_path, capsys):
     """SGLang's DFlash worker imports flashinfer minutes into its start (every arm, stock's too,

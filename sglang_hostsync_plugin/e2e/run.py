@@ -437,7 +437,21 @@ def _header(metas: list[dict]) -> str:
     return (f"# hostsync e2e\n\n{runs}\n\n"
             f"Rounds {', '.join(str(m['rounds']) for m in metas)}; {metas[0]['max_new_tokens']} new tokens per request; "
             "the arms of a configuration start together on one GPU (ready times include that contention) and "
-            "are driven one at a time, arm order reversed every other round.\n\n")
+            "are driven one at a time, arm order reversed every other round.\n\n" + _named_arm_slots(metas))
+
+
+def _named_arm_slots(metas: list[dict]) -> str:
+    """The named arms whose slots the run changed (``matrix.same_timers``), so a reader of the
+    tables knows which timers stock code's arm ran with."""
+    changed = {}
+    for m in metas:
+        for name, slots in (m.get("arm_slots") or {}).items():  # .get: an e2e.json from before the field
+            if name in matrix.ARMS and slots != matrix.ARMS[name].slots:
+                changed[name] = slots
+    if not changed:
+        return ""
+    arms = "; ".join(f"{name} `{slots}`" for name, slots in changed.items())
+    return f"Named arms with the timers another audited arm selects (host work compares under the same timers): {arms}.\n\n"
 
 
 def write_report(out_dir: str, metas: list[dict], cell_rows: list[dict], servers: dict, identity: dict) -> str:
