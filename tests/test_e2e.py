@@ -310,7 +310,10 @@ def test_where_one_audited_arm_times_the_fine_phases_every_audited_arm_does():
     assert ("Named arms with the timers another audited arm selects (host work compares under the same "
             "timers): audit `audit,audit_fine`; plugin `default,audit,audit_fine`.") in header(arms)
     assert "Named arms" not in header(matrix.parse_arms("stock,audit,plugin", ["default,eagle_host"]))
-    assert "Named arms" not in run._header([{"date": "d", "command": "c", "rounds": 1, "max_new_tokens": 8}])
+    old = {"date": "d", "command": "c", "rounds": 1, "max_new_tokens": 8}  # an e2e.json without arm_slots
+    assert "Named arms" not in run._header([old])
+    merged = run._header([old, {**old, "arm_slots": {a.name: a.slots for a in arms}}])  # --merge of both
+    assert "selects (host work compares under the same timers): run 2: audit `audit,audit_fine`; plugin " in merged
 
 
 def test_a_dflash_run_without_flashinfer_stops_before_any_server_starts(tmp_path, capsys):

@@ -443,15 +443,16 @@ def _header(metas: list[dict]) -> str:
 def _named_arm_slots(metas: list[dict]) -> str:
     """The named arms whose slots the run changed (``matrix.same_timers``), so a reader of the
     tables knows which timers stock code's arm ran with."""
-    changed = {}
-    for m in metas:
-        for name, slots in (m.get("arm_slots") or {}).items():  # .get: an e2e.json from before the field
-            if name in matrix.ARMS and slots != matrix.ARMS[name].slots:
-                changed[name] = slots
-    if not changed:
+    lines = []
+    for i, m in enumerate(metas):  # per run: a merged report may join runs from before same_timers
+        changed = [f"{name} `{slots}`" for name, slots in (m.get("arm_slots") or {}).items()  # .get: older e2e.json
+                   if name in matrix.ARMS and slots != matrix.ARMS[name].slots]
+        if changed:
+            lines.append((f"run {i + 1}: " if len(metas) > 1 else "") + "; ".join(changed))
+    if not lines:
         return ""
-    arms = "; ".join(f"{name} `{slots}`" for name, slots in changed.items())
-    return f"Named arms with the timers another audited arm selects (host work compares under the same timers): {arms}.\n\n"
+    return ("Named arms with the timers another audited arm selects (host work compares under the same timers): "
+            + "; ".join(lines) + ".\n\n")
 
 
 def write_report(out_dir: str, metas: list[dict], cell_rows: list[dict], servers: dict, identity: dict) -> str:
