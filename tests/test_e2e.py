@@ -663,6 +663,52 @@ def test_ready_times_do_not_include_another_servers_first_request(tmp_path, monk
     assert abs(plugin["ready_s"] - stock["ready_s"]) < 2.5, (stock["ready_s"], plugin["ready_s"])
 
 
+def test_a_port_that_already_answers_stops_the_run_before_any_server_starts(tmp_path, capsys):
+    """A server left on one of the arms' ports (an earlier run's) would answer the e2e's /health
+    polls and requests in place of the server it starts, whose own bind then fails."""
+    import socket
+    port = free_port_base(2)
+    stale = socket.socket()
+    stale.bind(("127.0.0.1", port + 1))
+    stale.listen()
+    out = tmp_path / "run"
+    argv = ["--server-module", "fake_sglang_server", "--configs", "standalone-t4-p16", "--arms", "stock,plugin",
+            "--port", str(port), "--out", str(out)]
+    try:
+        assert run.ports_answering(port, 2) == [port + 1]
+        assert run.main(argv) == 2
+    finally:
+        stale.close()
+    err = capsys.readouterr().err
+    assert f"port(s) {port + 1} on 127.0.0.1 already answer" in err and f"(it uses {port}-{port + 1})" in err
+    assert not out.exists()  # nothing written, nothing started
+    assert run.ports_answering(port, 2) == []
+
+
+def test_a_configuration_whose_ports_still_answer_is_not_started(tmp_path, monkeypatch):
+    # Between configurations the previous servers are stopped; one that lingers on a port fails the
+    # next configuration's arms as not started (named), instead of being measured as theirs.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+    port = free_port_base(2)
+    calls = []
+
+    def answering(first, count):
+        calls.append(first)
+        return [] if len(calls) == 1 else [first]
+
+    monkeypatch.setattr(run, "ports_answering", answering)
+    out = tmp_path / "run"
+    argv = ["--server-module", "fake_sglang_server", "--configs", "standalone-t4-p16", "--arms", "stock,plugin",
+            "--port", str(port), "--out", str(out)]
+    assert run.main(argv) == 1  # the main check passed (first call), the configuration's failed
+    assert calls == [port, port]
+    servers = json.load(open(out / "e2e.json"))["servers"]
+    for arm in ("stock", "plugin"):
+        s = servers[f"standalone-t4-p16/{arm}"]
+        assert s["ready_s"] is None and f"port(s) {port} on 127.0.0.1 already answer" in s["error"]
+    assert not list(out.glob("*.log"))  # no server was launched
+
+
 def test_ready_all_reports_each_server_on_its_own():
     dead = "http://127.0.0.1:9"
     t0 = time.perf_counter()

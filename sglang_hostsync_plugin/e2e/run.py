@@ -22,6 +22,7 @@ import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -143,6 +144,28 @@ def preflight(needs: dict[str, list[str]], opts: matrix.Options) -> str | None:
                      for m in missing) + "; install it or leave those out"
 
 
+def ports_answering(first: int, count: int) -> list[int]:
+    """The ports of ``first .. first+count-1`` where something already accepts on 127.0.0.1: a
+    server there (one an earlier run left, say) would answer the e2e's polls in place of its own."""
+    busy = []
+    for port in range(first, first + count):
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                busy.append(port)
+        except OSError:
+            pass
+    return busy
+
+
+def ports_problem(first: int, count: int) -> str | None:
+    busy = ports_answering(first, count)
+    if not busy:
+        return None
+    return (f"port(s) {', '.join(map(str, busy))} on 127.0.0.1 already answer (a server of an earlier run?): "
+            f"the e2e would poll and measure that instead of its own server; stop it or pass another --port "
+            f"(it uses {first}-{first + count - 1})")
+
+
 class Server:
     def __init__(self, launch: matrix.Launch):
         self.launch = launch
@@ -258,6 +281,12 @@ class Budget:
 
 
 def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, result, budget: Budget) -> None:
+    busy = ports_problem(port, len(arms))  # the previous configuration's servers are stopped, not always gone
+    if busy:
+        say(f"{config.name}: not started: {busy}")
+        for arm in arms:
+            result["servers"][f"{config.name}/{arm.name}"] = {"ready_s": None, "error": busy}
+        return
     servers = {}
     for i, arm in enumerate(arms):
         ln = matrix.launch(config, arm, port + i, opts, models, out_dir)
@@ -514,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         for ln in launches(configs, arms, opts, out_dir, models, args.port):
             print(f"{ln.config} / {ln.arm}:\n  {ln.shell()}")
         return 0
-    problem = preflight(matrix.server_needs(configs, opts), opts)
+    problem = preflight(matrix.server_needs(configs, opts), opts) or ports_problem(args.port, len(arms))
     if problem:
         print(f"e2e: {problem}", file=sys.stderr)
         return 2
