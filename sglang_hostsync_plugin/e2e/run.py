@@ -157,8 +157,15 @@ def ports_answering(first: int, count: int) -> list[int]:
     return busy
 
 
-def ports_problem(first: int, count: int) -> str | None:
+PORT_WAIT_S = 15.0  # between configurations: how long a stopped server's port may take to close
+
+
+def ports_problem(first: int, count: int, wait_s: float = 0.0) -> str | None:
+    deadline = time.monotonic() + wait_s
     busy = ports_answering(first, count)
+    while busy and time.monotonic() < deadline:
+        time.sleep(0.5)
+        busy = ports_answering(first, count)
     if not busy:
         return None
     return (f"port(s) {', '.join(map(str, busy))} on 127.0.0.1 already answer (a server of an earlier run?): "
@@ -281,7 +288,7 @@ class Budget:
 
 
 def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, result, budget: Budget) -> None:
-    busy = ports_problem(port, len(arms))  # the previous configuration's servers are stopped, not always gone
+    busy = ports_problem(port, len(arms), PORT_WAIT_S)  # the previous configuration's servers are stopped, not always gone
     if busy:
         say(f"{config.name}: not started: {busy}")
         for arm in arms:
