@@ -708,6 +708,9 @@ def test_a_configuration_whose_ports_still_answer_is_not_started(tmp_path, monke
         s = servers[f"standalone-t4-p16/{arm}"]
         assert s["ready_s"] is None and f"port(s) {port} on 127.0.0.1 already answer" in s["error"]
     assert not list(out.glob("*.log"))  # no server was launched
+    md = (out / "e2e.md").read_text()
+    assert f"- standalone-t4-p16/plugin: port(s) {port} on 127.0.0.1 already answer" in md
+    assert "| standalone-t4-p16/plugin | failed | - | - |" in md  # no identity verdict for what never served
 
 
 def test_a_port_that_closes_while_the_next_configuration_waits_is_started(monkeypatch):

@@ -403,12 +403,19 @@ def markdown(cell_rows: list[dict], servers: dict[str, dict], identity: dict[str
               "| --- | --- | --- | --- | --- | --- |"]
     for name, s in servers.items():
         ident = identity.get(name)
-        verdict = "reference" if ident is None else ("yes" if ident["identical"] else f"NO: {ident['first_mismatch']}")
+        if ident is not None:
+            verdict = "yes" if ident["identical"] else f"NO: {ident['first_mismatch']}"
+        else:  # no verdict: the stock arm itself, or a server that never served
+            verdict = "reference" if name.rsplit("/", 1)[-1] == "stock" else "-"
         lines.append(
             f"| {name} | {fmt(s.get('ready_s'), '.1f', 'failed')}{' (restarted alone)' if 'restarted_alone' in s else ''} | "
             f"{fmt(s.get('first_request_s'), '.3f')} | {verdict} | "
             f"{'-' if ident is None else ('yes' if ident['logprobs_compared'] else 'no')} | {s.get('distinct_tokens', '-')} |"
         )
+    unstarted = [(name, s["error"]) for name, s in servers.items() if s.get("ready_s") is None and s.get("error")]
+    if unstarted:
+        lines += ["", "Servers that did not start (the log tail, where one was started, is in e2e.json):", ""]
+        lines += [f"- {name}: {why.splitlines()[0] if why else why}" for name, why in unstarted]
     died = [(name, s["died"]) for name, s in servers.items() if s.get("died")]
     if died:
         lines += ["", "Servers that died while serving (rows after that are missing; the log tail is in e2e.json):", ""]
