@@ -128,6 +128,20 @@ def test_e2e_pools_phases_per_cell_and_prints_the_table():
     text = "\n".join(stats.attribution_tables([cell]))
     assert "| phase | audit c1 |" in text and "| verify | 300 (50) |" in text
     assert "| **step window (GPU idle)** | 1000 (50) |" in text
+    assert "waits for the previous one inside" not in text
+    # A step that waits inside run_batch (NGRAM, FlashInfer): the idle column misses the idle after that wait.
+    waits = [audit.TraceStep(k, float(k), float(k) + 0.5, True, 900.0, (), 0.0,
+                             {"seq_lens_resolve": (5000.0, 0.0), "verify": (300.0, 0.0)}) for k in range(2)]
+    ngram = {"config": "ngram-p1", "concurrency": 1, "arm": "audit",
+             "audit": {"attribution": stats.pool_audit([waits])["attribution"], "late_share": 0.4429}}
+    short = [audit.TraceStep(k, float(k), float(k) + 0.5, True, 900.0, (), 0.0,
+                             {"seq_lens_resolve": (100.0, 0.0), "verify": (300.0, 0.0)}) for k in range(2)]
+    eagle = {"config": "ngram-p1", "concurrency": 1, "arm": "plugin",
+             "audit": {"attribution": stats.pool_audit([short])["attribution"], "late_share": 0.0}}
+    notes = [ln for ln in stats.attribution_tables([ngram, eagle]) if ln.startswith("- ")]
+    assert notes == ["- audit c1: each step waits for the previous one inside `run_batch` (`seq_lens_resolve` "
+                     "5000 µs per step), and the GPU idles after that wait, which the column in parentheses "
+                     "leaves out: late launches 44.29% of the decode time."]
     # Ranked: GPU-idle time first, then host time (the phases of no idle time by their host time).
     ranked = [{"phase": p, "host_us_per_step": h, "gpu_idle_us_per_step": i, "share_of_gpu_idle": 0.0}
               for p, h, i in (("a", 10.0, 0.0), ("b", 30.0, 0.0), ("c", 5.0, 4.0), ("d", 30.0, 0.0))]

@@ -302,7 +302,25 @@ def attribution_tables(cell_rows: list[dict]) -> list[str]:
         totals = [f"{fmt(c['audit']['attribution']['window_us_per_step'], '.0f')} "
                   f"({fmt(c['audit']['attribution']['gpu_idle_us_per_step'], '.0f')})" for c in cs]
         lines.append("| **step window (GPU idle)** | " + " | ".join(totals) + " |")
+        lines += waits_inside_lines(cs)
     return lines
+
+
+WAIT_INSIDE_US = 1000.0  # seq_lens_resolve per step from which a step counts as waiting inside run_batch
+
+
+def waits_inside_lines(cs: list[dict]) -> list[str]:
+    """The cells whose steps wait for the previous one inside ``run_batch`` (FlashInfer, NGRAM): the
+    GPU idles after that wait, which the idle column (idle before ``run_batch`` begins) does not see."""
+    notes = []
+    for c in cs:
+        wait = phase_us(c["audit"]["attribution"], SEQ_LENS_PHASE)
+        if wait is not None and wait >= WAIT_INSIDE_US:
+            notes.append(f"- {c['arm']} c{c['concurrency']}: each step waits for the previous one inside `run_batch` "
+                         f"(`{SEQ_LENS_PHASE}` {wait:.0f} µs per step), and the GPU idles after that wait, which the "
+                         f"column in parentheses leaves out: late launches "
+                         f"{fmt(c['audit'].get('late_share'), '.2%')} of the decode time.")
+    return [""] + notes if notes else []
 
 
 AB_MIN_US = 50.0  # phases shorter than this do not vote on the two processes' host speed
