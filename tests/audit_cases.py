@@ -39,6 +39,7 @@ class StubMeter:
 
     def __init__(self):
         self.pending = collections.deque()
+        self.mark_pending = collections.deque()  # no GPU markers
 
     def began(self, step: int) -> None:
         audit._audit.state.gpu_begin[step] = time.perf_counter()

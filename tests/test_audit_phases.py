@@ -138,7 +138,12 @@ def test_e2e_pools_phases_per_cell_and_prints_the_table():
                              {"seq_lens_resolve": (100.0, 0.0), "verify": (300.0, 0.0)}) for k in range(2)]
     eagle = {"config": "ngram-p1", "concurrency": 1, "arm": "plugin",
              "audit": {"attribution": stats.pool_audit([short])["attribution"], "late_share": 0.0}}
-    notes = [ln for ln in stats.attribution_tables([ngram, eagle]) if ln.startswith("- ")]
+    marked = [audit.TraceStep(k, float(k), float(k) + 0.5, True, 900.0, (), 0.0,
+                              {"seq_lens_resolve": (5000.0, 0.0), "verify": (300.0, 250.0), "@marks": (40.0, 0.0)})
+              for k in range(2)]
+    with_marks = {"config": "ngram-p1", "concurrency": 1, "arm": "slots:default,audit",
+                  "audit": {"attribution": stats.pool_audit([marked])["attribution"], "late_share": 0.4}}
+    notes = [ln for ln in stats.attribution_tables([ngram, eagle, with_marks]) if ln.startswith("- ")]
     assert notes == ["- audit c1: each step waits for the previous one inside `run_batch` (`seq_lens_resolve` "
                      "5000 µs per step), and the GPU idles after that wait, which the column in parentheses "
                      "leaves out: late launches 44.29% of the decode time."]
@@ -407,6 +412,109 @@ def test_attribute_matches_its_plain_definition_on_random_timelines():
         got, want = ph.attribute(segs, window, idle), _attribute_reference(segs, window, idle)
         assert got.keys() == want.keys() and all(
             got[k][0] == pytest.approx(want[k][0]) and got[k][1] == pytest.approx(want[k][1]) for k in got), (segs, window, idle)
+
+
+def _attribute_reference_many(segments, window, idle):
+    """The plain definition with several idle intervals: each segment against their union."""
+    w0, w1 = window
+    ivs = ph.idle_intervals(idle)
+    out = {}
+    for phase, t0, t1 in segments:
+        c0, c1 = max(t0, w0), min(t1, w1)
+        if c1 > c0:
+            h, i = out.get(phase, (0, 0))
+            out[phase] = (h + c1 - c0, i + sum(ph.overlap(c0, c1, a, b) for a, b in ivs))
+    out["other"] = (max(0, (w1 - w0) - sum(h for h, _ in out.values())),
+                    max(0, sum(ph.overlap(w0, w1, a, b) for a, b in ivs) - sum(i for _, i in out.values())))
+    return out
+
+
+def test_attribute_with_several_idle_intervals_matches_the_plain_definition():
+    import random
+
+    assert ph.idle_intervals(None) == [] and ph.idle_intervals((3, 1)) == []
+    assert ph.idle_intervals([(5, 9), (1, 2), (8, 12), (2, 3), (4, 4)]) == [(1, 3), (5, 12)]
+    rng = random.Random(11)
+    names = [n for n, _ in ph.PHASES]
+    for _ in range(500):
+        t, segs = rng.randint(0, 100), []
+        for _ in range(rng.randint(0, 40)):
+            d = rng.randint(-10, 200)
+            segs.append((rng.choice(names), t, t + d))
+            t += max(d, 0)
+        if rng.random() < 0.1:
+            rng.shuffle(segs)  # out of time order: the sweep starts over
+        window = (rng.randint(0, 50), t + rng.randint(-50, 50))
+        idle = [(a, a + rng.randint(-20, 300)) for a in (rng.randint(-50, t + 50) for _ in range(rng.randint(0, 8)))]
+        got, want = ph.attribute(segs, window, idle), _attribute_reference_many(segs, window, idle)
+        assert got.keys() == want.keys() and all(
+            got[k][0] == pytest.approx(want[k][0]) and got[k][1] == pytest.approx(want[k][1]) for k in got), (segs, window, idle)
+
+
+def test_idle_from_marks_on_a_synthetic_timeline():
+    # (recorded, executed) in one clock; a marker on a drained stream executes 5 after its record.
+    marks = [(0, 5),      # drained at the window's first transition
+             (100, 105),  # still drained: 0..100 idle (host prep, short launches)
+             (200, 450),  # a long launch in 100..200: busy until 450
+             (300, 455),  # still busy at 300: nothing
+             (500, 505),  # drained again: idle from the drain (455 - 5) to 500
+             (520, 540)]  # 540 - 520 = 20 <= 5 + slack 20: drained, from 505 - 5 = 500 (the record at 500) to 520
+    assert ph.idle_from_marks(marks, 5, 20) == [(0, 100), (450, 500), (500, 520)]
+    assert ph.idle_from_marks(marks, 5, 10) == [(0, 100), (450, 500)]  # a tighter slack: 540 counts as busy
+    assert ph.idle_from_marks(marks[:1], 5, 20) == [] and ph.idle_from_marks([], 5, 20) == []
+    # A host always ahead (every marker executes long after its record): no idle at all.
+    ahead = [(t, t + 3000 + 7 * k) for k, t in enumerate(range(0, 1000, 100))]
+    assert ph.idle_from_marks(ahead, 5, 20) == []
+    # After a long idle a marker runs later: a share of the time since the previous marker is slack too.
+    slow = [(0, 5), (2000, 2095), (2100, 2300)]  # 90 over the latency after 2000 idle; 200 after 100
+    assert ph.idle_from_marks(slow, 5, 20) == [] and ph.idle_from_marks(slow, 5, 20, 0.05) == [(0, 2000)]
+    # The window's least latency when lower than the armed one (the clocks moved): it is the reference.
+    assert ph.idle_from_marks([(m[0], m[1] - 4) for m in marks], 5, 10) == [(0, 100), (450, 500)]
+
+
+def test_clock_calls_its_marker_at_every_transition():
+    c = ph.PhaseClock(thread_id=0, now=iter([0, 10, 30, 35, 50]).__next__)
+    seen = []
+    c.marker = seen.append
+    c.enter("run_batch")
+    c.enter("verify")
+    c.exit()
+    c.exit()
+    assert seen == [0, 10, 30, 35]
+    import threading
+    hook = ph.make_hook("verify_prep")
+    clock = ph.PhaseClock(thread_id=threading.get_ident())
+    got = []
+    clock.marker = got.append
+    saved = ph._clock
+    ph._clock = clock
+    try:
+        assert hook(lambda x: x + 1, 1) == 2
+    finally:
+        ph._clock = saved
+    assert len(got) == 2 and got == sorted(got) and [p for p, _, _ in clock.segments] == ["verify_prep"]
+
+
+def test_a_failing_marker_switches_the_markers_off_and_never_raises(monkeypatch):
+    import collections
+    import threading
+
+    class Broken:
+        def record(self, stream):
+            raise RuntimeError("CUDA error")
+
+    meter = audit.RunAheadMeter.__new__(audit.RunAheadMeter)  # no CUDA: the fields mark() reads
+    meter.state, meter.stream = audit.AuditState(steps=3), None
+    meter.mark_ring, meter.mark_free, meter.mark_pending = [Broken()], [0], collections.deque()
+    clock = ph.PhaseClock(thread_id=threading.get_ident())
+    clock.marker = meter.mark
+    monkeypatch.setattr(ph, "_armed", clock)
+    monkeypatch.setattr(ph, "_clock", clock)
+    assert ph.make_hook("verify")(lambda: 7) == 7  # the call went through
+    assert clock.marker is None and meter.state.marks_lost == {3} and not meter.mark_pending
+    meter.mark_free = []
+    meter.mark(0)  # a full ring: the window is marked lost, nothing raised
+    assert meter.state.marks_lost == {3}
 
 
 def test_audit_fine_is_reported_undone_when_the_phase_clock_is_off(monkeypatch):

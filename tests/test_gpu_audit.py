@@ -91,3 +91,76 @@ def test_gpu_meter_run_ahead_and_stall(fresh_audit):
     assert ahead["run_ahead_fraction"] >= 0.99 and ahead["launch_lead_ms_median"] > 0
     assert stalled["run_ahead_fraction"] <= 0.01 and stalled["launch_lead_ms_median"] < 0
     assert ahead["measured_steps"] >= 290
+
+
+def _idle_by_phase(body, steps: int = 40) -> tuple[dict, dict]:
+    """Runs ``body`` as ``steps`` decode steps, every window timed; the attribution's rows by phase."""
+    sched = FakeScheduler(torch.cuda.current_stream())
+    for _ in range(steps):
+        run_step(body, sched)
+    torch.cuda.synchronize()
+    run_step(lambda: None, sched)
+    audit._process(write=False)
+    summary = audit._audit.state.summary()
+    return {r["phase"]: r for r in summary["attribution"]["phases"]}, summary
+
+
+@pytest.mark.parametrize("marks", ["0", "1"])
+def test_gpu_markers_find_the_idle_inside_a_step(fresh_audit, monkeypatch, marks):
+    """An NGRAM-like step: it waits for the previous step inside run_batch, prepares on the host
+    (2 ms) while the GPU idles, then launches 1 ms of GPU work. The begin event alone sees no idle
+    (it is recorded before the wait); the markers put the prep's 2 ms in GPU idle."""
+    import time
+
+    from sglang_hostsync_plugin.slots import audit_phases as ph
+
+    monkeypatch.setenv(audit.ENV_MARKS, marks)
+    monkeypatch.setenv(ph.ENV_PHASE_EVERY, "1")
+    monkeypatch.setattr(ph, "_armed", None)
+    monkeypatch.setattr(ph, "_clock", None)
+    prep, launch = ph.make_hook("prep"), ph.make_hook("launch")
+
+    def body():
+        torch.cuda.current_stream().synchronize()  # the wait inside run_batch
+        prep(lambda: time.sleep(0.002))
+        launch(lambda: torch.cuda._sleep(2_000_000))
+
+    rows, summary = _idle_by_phase(body)
+    print(f"marks={marks}: prep {rows['prep']['host_us_per_step']:.0f} us/step, of it in GPU idle "
+          f"{rows['prep']['gpu_idle_us_per_step']:.0f}; launch in GPU idle {rows['launch']['gpu_idle_us_per_step']:.0f}; "
+          f"marker latency {summary['mark_latency_us']:.1f} us, windows with markers {summary['marked_windows']}, "
+          f"@marks {rows.get('@marks', {}).get('host_us_per_step', 0):.1f} us")
+    if marks == "1":
+        assert summary["marked_windows"] >= 30
+        assert rows["prep"]["gpu_idle_us_per_step"] > 0.8 * rows["prep"]["host_us_per_step"] > 1500
+        assert rows["launch"]["gpu_idle_us_per_step"] < 300
+    else:
+        assert summary["marked_windows"] == 0 and rows["prep"]["gpu_idle_us_per_step"] < 300
+
+
+def test_gpu_markers_see_no_idle_while_the_host_runs_ahead(fresh_audit, monkeypatch):
+    """The overlap loop with the host two steps ahead: every marker finds the stream busy."""
+    import time
+
+    from sglang_hostsync_plugin.slots import audit_phases as ph
+
+    monkeypatch.setenv(audit.ENV_MARKS, "1")
+    monkeypatch.setenv(ph.ENV_PHASE_EVERY, "1")
+    monkeypatch.setattr(ph, "_armed", None)
+    monkeypatch.setattr(ph, "_clock", None)
+    prep, launch = ph.make_hook("prep"), ph.make_hook("launch")
+    inflight = []
+
+    def body():
+        if len(inflight) > 2:
+            inflight.pop(0).synchronize()
+        prep(lambda: time.sleep(0.0005))
+        launch(lambda: torch.cuda._sleep(4_000_000))  # about 2 ms of GPU per step
+        inflight.append(torch.cuda.Event())
+        inflight[-1].record()
+
+    rows, summary = _idle_by_phase(body)
+    print(f"ahead: prep in GPU idle {rows['prep']['gpu_idle_us_per_step']:.0f} of {rows['prep']['host_us_per_step']:.0f} us/step, "
+          f"run-ahead {summary['run_ahead_fraction']:.3f}")
+    assert summary["marked_windows"] >= 30 and summary["run_ahead_fraction"] > 0.9
+    assert rows["prep"]["gpu_idle_us_per_step"] < 50

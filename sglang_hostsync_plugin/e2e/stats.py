@@ -116,6 +116,7 @@ RESULT_PHASE = "result"  # process_batch_result: where the host waits for the GP
 # synchronize); elsewhere a gather of a few µs. Timed since 2026-12-05: earlier traces have no such phase.
 SEQ_LENS_PHASE = "seq_lens_resolve"
 SIMULATE_PHASE = "simulate"  # SGLang's simulated acceptance: benchmark-only host work, in every arm
+MARKS_PHASE = "@marks"  # present where the audit recorded GPU markers (SGLANG_HOSTSYNC_AUDIT_MARKS=1)
 
 
 def phase_us(attribution: dict, phase: str) -> float | None:
@@ -310,12 +311,13 @@ WAIT_INSIDE_US = 1000.0  # seq_lens_resolve per step from which a step counts as
 
 
 def waits_inside_lines(cs: list[dict]) -> list[str]:
-    """The cells whose steps wait for the previous one inside ``run_batch`` (FlashInfer, NGRAM): the
-    GPU idles after that wait, which the idle column (idle before ``run_batch`` begins) does not see."""
+    """The cells whose steps wait for the previous one inside ``run_batch`` (FlashInfer, NGRAM) and
+    ran without GPU markers: the GPU idles after that wait, which their idle column (idle before
+    ``run_batch`` begins) does not see."""
     notes = []
     for c in cs:
         wait = phase_us(c["audit"]["attribution"], SEQ_LENS_PHASE)
-        if wait is not None and wait >= WAIT_INSIDE_US:
+        if wait is not None and wait >= WAIT_INSIDE_US and not phase_us(c["audit"]["attribution"], MARKS_PHASE):
             notes.append(f"- {c['arm']} c{c['concurrency']}: each step waits for the previous one inside `run_batch` "
                          f"(`{SEQ_LENS_PHASE}` {wait:.0f} µs per step), and the GPU idles after that wait, which the "
                          f"column in parentheses leaves out: late launches "

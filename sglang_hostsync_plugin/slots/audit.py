@@ -103,6 +103,10 @@ ALLOWLIST = (
      "copy_done: grammar requests need the sampled ids on the host"),
 )
 EVENT_RING = 64  # timing events in flight; a step's is read back once complete
+ENV_MARKS = "SGLANG_HOSTSYNC_AUDIT_MARKS"
+MARK_RING = 1024  # GPU markers in flight: about two per timed call, read back once complete
+MARK_SLACK_NS = 20_000  # a marker within this of the least record-to-execution latency found the stream drained,
+MARK_SLACK_SHARE = 0.05  # or within this share of the time since the previous marker (an idle GPU runs it later)
 LEADS_KEPT = 65536  # the median lead is over the most recent pairs
 # Decode steps after a prefill before a pair counts as steady state: each prefill restarts the
 # pipeline with the GPU idle and the host a step behind (the e2e's ramp table uses the same).
@@ -168,6 +172,13 @@ class AuditState:
     steady_pairs: int = 0  # decode pairs more than RAMP_STEPS decode steps after a prefill
     steady_ahead: int = 0  # of which with a positive lead
     meter_ns: int = 0  # host time the meter itself spent
+    # GPU markers (SGLANG_HOSTSYNC_AUDIT_MARKS): timed step -> [(recorded ns, executed ns)], a step
+    # that lost one (ring full) in marks_lost; their record calls' host time in the window.
+    marks: dict[int, list] = field(default_factory=dict)
+    marks_lost: set = field(default_factory=set)
+    mark_ns: dict[int, int] = field(default_factory=dict)
+    marked_windows: int = 0
+    mark_latency_ns: float = 0.0  # a marker's record-to-execution on a drained stream (measured at arm time)
     # Phase attribution: step -> (window, segments) until its idle interval is known,
     # then step -> (gpu idle ns, {phase: (host ns, idle ns)}) for the trace.
     pending_segments: dict[int, tuple] = field(default_factory=dict)
@@ -245,6 +256,8 @@ class AuditState:
             "launch_lead_ms_median": statistics.median(leads) * 1e3 if leads else None,
             "measured_steps": self.lead_pairs,
             "meter_us_per_step": self.meter_ns / steps / 1e3,
+            "marked_windows": self.marked_windows,
+            "mark_latency_us": self.mark_latency_ns / 1e3,
             "phase_every": self.phase_every,
             "timed_windows": self.timed_windows,
             "phase_clock_us_per_step": self.clock_ns_per_step() / 1e3,
@@ -267,17 +280,27 @@ class AuditState:
             (w0, w1), segments, calls = self.pending_segments.pop(step)
             book, attribution = self.own_cost_ns.pop(step, (0.0, 0.0))
             finish, begin = self.gpu_finish.get(step - 1), self.gpu_begin.get(step)
+            marks, lost, mark_ns = self.marks.pop(step, None), step in self.marks_lost, self.mark_ns.pop(step, 0)
+            self.marks_lost.discard(step)
             if finish is None or begin is None or not (self.decode.get(step - 1) and self.decode.get(step)):
                 continue
             window = (w0 * 1e9, w1 * 1e9)  # the segments are perf_counter_ns
-            idle = (finish * 1e9, begin * 1e9) if begin > finish else None
+            idle = [(finish * 1e9, begin * 1e9)] if begin > finish else []
+            if marks and not lost:
+                # In-step idle: where the stream drained between two phase transitions (NGRAM's and
+                # FlashInfer's wait inside run_batch, stock code's syncs), not only before run_batch.
+                idle = phases.idle_intervals(idle + phases.idle_from_marks(marks, self.mark_latency_ns, MARK_SLACK_NS,
+                                                                                     MARK_SLACK_SHARE))
+                self.marked_windows += 1
             row = phases.attribute(segments, window, idle)
             # Per-step averages (timed and passing calls; bookkeeping), not this window's own cost.
             every = self.phase_every
             row[phases.CLOCK] = (calls * (self.phase_call_ns + (every - 1) * self.phase_pass_ns) / every, 0.0)
             row[phases.BOOKKEEPING] = (book, 0.0)
             row[phases.ATTRIBUTION] = (attribution, 0.0)
-            idle_ns = phases.overlap(*window, *idle) if idle else 0.0  # the part inside this step's window
+            if mark_ns:
+                row[phases.MARKS] = (mark_ns, 0.0)
+            idle_ns = sum(phases.overlap(*window, a, b) for a, b in idle)  # the part inside this step's window
             self.phase_totals.add(window[1] - window[0], idle_ns, row)
             self.phase_rows[step] = (idle_ns, row)
         self.attribution_total_ns += time.perf_counter_ns() - t_start
@@ -393,11 +416,31 @@ class RunAheadMeter:
         self.ring = [torch.cuda.Event(enable_timing=True) for _ in range(EVENT_RING)]
         self.pending: collections.deque = collections.deque()  # (event index, step, is_begin)
         self.free = list(range(EVENT_RING))
+        self.mark_ring: list = []
+        self.mark_pending: collections.deque = collections.deque()  # (event index, step, recorded ns)
+        self.mark_free: list[int] = []
         self.ref = torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
         self.ref.record(stream)
         self.ref.synchronize()
         self.t_ref = time.perf_counter_ns() / 1e9
+
+    def enable_marks(self, size: int = MARK_RING, probes: int = 15) -> None:
+        """The marker ring, and a drained stream's record-to-execution latency (the median of
+        ``probes`` markers each recorded after a synchronize), the reference ``idle_from_marks`` needs."""
+        import torch
+
+        self.mark_ring = [torch.cuda.Event(enable_timing=True) for _ in range(size)]
+        self.mark_free = list(range(size))
+        latencies = []
+        probe = self.mark_ring[0]
+        for _ in range(probes):
+            self.stream.synchronize()
+            recorded = time.perf_counter_ns()
+            probe.record(self.stream)
+            probe.synchronize()
+            latencies.append(event_to_host(self.t_ref, self.ref.elapsed_time(probe)) * 1e9 - recorded)
+        self.state.mark_latency_ns = statistics.median(latencies)
 
     def began(self, step: int) -> None:
         """Step ``step``'s run_batch starts (a timed window's): where the GPU resumes after an idle gap."""
@@ -407,6 +450,29 @@ class RunAheadMeter:
             self.ring[index].record(self.stream)
             self.pending.append((index, step, True))
         self.state.meter_ns += time.perf_counter_ns() - t0
+
+    def mark(self, t_ns: int) -> None:
+        """A GPU marker at a phase transition of a timed window (``PhaseClock.marker``)."""
+        t0 = time.perf_counter_ns()
+        state = self.state
+        step = state.steps
+        if self.mark_free:
+            index = self.mark_free.pop()
+            try:
+                self.mark_ring[index].record(self.stream)
+            except Exception:  # noqa: BLE001  (called inside SGLang's functions: never raise into serving)
+                logger.exception("hostsync audit: a GPU marker failed; markers are off in this process from now on")
+                clock = phases.armed()
+                if clock is not None:
+                    clock.marker = None
+                state.marks_lost.add(step)
+                return
+            self.mark_pending.append((index, step, t_ns))
+        else:
+            state.marks_lost.add(step)
+        spent = time.perf_counter_ns() - t0
+        state.mark_ns[step] = state.mark_ns.get(step, 0) + spent
+        state.meter_ns += spent
 
     def finished_launching(self) -> None:
         """The step just counted (``state.steps - 1``) has all its work enqueued."""
@@ -429,6 +495,12 @@ class RunAheadMeter:
             times = self.state.gpu_begin if is_begin else self.state.gpu_finish
             times[step] = event_to_host(self.t_ref, ref.elapsed_time(ring[index]))
             self.free.append(index)
+        marks, mark_ring, marks_of = self.mark_pending, self.mark_ring, self.state.marks
+        while marks and mark_ring[marks[0][0]].query():
+            index, step, recorded = marks.popleft()
+            executed = event_to_host(self.t_ref, ref.elapsed_time(mark_ring[index])) * 1e9
+            marks_of.setdefault(step, []).append((recorded, executed))
+            self.mark_free.append(index)
         self.state.meter_ns += time.perf_counter_ns() - t0
 
 
@@ -586,7 +658,9 @@ def _resolved_upto() -> int:
     """The last step whose GPU finish is known or will never be (no event)."""
     last = _audit.state.steps - 1
     if _meter is not None and _meter.pending:
-        return min(last, _meter.pending[0][1] - 1)
+        last = min(last, _meter.pending[0][1] - 1)
+    if _meter is not None and _meter.mark_pending:  # a step is attributed once its markers are back too
+        last = min(last, _meter.mark_pending[0][1] - 1)
     return last
 
 
@@ -656,6 +730,9 @@ def _arm(scheduler) -> None:
 
     if torch.cuda.is_available():
         _meter = RunAheadMeter(state, scheduler.forward_stream)
+        if clock is not None and marks_enabled(os.environ):
+            _meter.enable_marks()
+            clock.marker = _meter.mark
     atexit.register(_log_summary, "shutdown")
 
 
@@ -778,12 +855,19 @@ def check_outputs(env=None) -> None:
             os.remove(path)
 
 
+def marks_enabled(env) -> bool:
+    from ..config import env_bool
+
+    return env_bool(ENV_MARKS, False, env)
+
+
 def check_config(env=None) -> None:
     summary_every(env)
     check_outputs(env)
     env = os.environ if env is None else env
     phases.enabled(env)
     phases.phase_every(env)
+    marks_enabled(env)
 
 
 SLOT = Slot(

@@ -22,6 +22,14 @@ Sampling. The clock times one step window in ``SGLANG_HOSTSYNC_AUDIT_PHASE_EVERY
 table is over the timed windows, and the GPU-idle interval of a timed window is known
 because the meter records its begin event for timed windows only.
 
+GPU markers (``SGLANG_HOSTSYNC_AUDIT_MARKS=1``, off by default). The begin event cannot see idle
+inside a step: a wait or sync inside ``run_batch`` (NGRAM's and FlashInfer's resolve, stock code's
+syncs) drains the stream after the begin event executed, and the GPU then idles while the host
+prepares. With markers the meter records an event at every phase transition of a timed window;
+between two transitions the stream idled when the later marker found it drained
+(``idle_from_marks``), and those intervals join the begin interval. Kernels launched between two
+transitions are taken as short, so a drained stretch bounds the idle from above.
+
 Cost. A timed call costs two ``perf_counter_ns`` calls and one list append more than a
 passing one; both go through SGLang's AROUND wrapper and the installer's gate. At arm time
 the clock measures both through that same chain (``call_ns``, ``pass_ns``), and the audit
@@ -135,6 +143,7 @@ OTHER = "other"
 CLOCK = "@clock"  # the phase timers' estimated cost per step (their calls, timed or passing through)
 BOOKKEEPING = "@audit"  # the audit's own work after run_batch per step (inside ``other``), measured
 ATTRIBUTION = "@attribution"  # of which the attribution (segments against the GPU-idle interval, its trace cells)
+MARKS = "@marks"  # GPU markers' record calls in a timed window (SGLANG_HOSTSYNC_AUDIT_MARKS); inside its phases' time
 
 
 # --- arithmetic (pure, CPU-testable) --------------------------------------------
@@ -143,17 +152,34 @@ def overlap(a0: float, a1: float, b0: float, b1: float) -> float:
     return max(0.0, min(a1, b1) - max(a0, b0))
 
 
+def idle_intervals(idle) -> list[tuple[float, float]]:
+    """``idle`` (None, one ``(start, end)`` or a list of them) as sorted disjoint non-empty intervals."""
+    if idle is None:
+        return []
+    if len(idle) == 2 and not isinstance(idle[0], (tuple, list)):
+        idle = [idle]
+    out: list[list[float]] = []
+    for a, b in sorted(i for i in idle if i[1] > i[0]):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
 def attribute(segments: Iterable[tuple[str, float, float]], window: tuple[float, float],
-              idle: tuple[float, float] | None) -> dict[str, tuple[float, float]]:
+              idle) -> dict[str, tuple[float, float]]:
     """Phase -> (host time, of which while the GPU idled) over one step window; the
-    uncovered rest of the window is ``other``. ``idle``: the GPU-idle interval, or None.
-    Any one unit (the audit passes ns); per step on the scheduler thread, so kept lean."""
+    uncovered rest of the window is ``other``. ``idle``: the GPU-idle interval, a list of
+    them (``idle_intervals``), or None. Any one unit (the audit passes ns); per timed step on
+    the scheduler thread, so kept lean: one sweep over time-ordered segments."""
     w0, w1 = window
-    i0, i1 = idle if idle is not None and idle[1] > idle[0] else (w0, w0)  # empty: nothing overlaps
+    ivs = [(max(a, w0), min(b, w1)) for a, b in idle_intervals(idle) if b > w0 and a < w1]
     host: dict[str, float] = {}
     in_idle: dict[str, float] = {}
     get = host.get
     covered = covered_idle = 0
+    j, n, last_t0 = 0, len(ivs), w0
     for phase, t0, t1 in segments:
         if t0 < w0:
             t0 = w0
@@ -164,12 +190,45 @@ def attribute(segments: Iterable[tuple[str, float, float]], window: tuple[float,
         d = t1 - t0
         host[phase] = get(phase, 0) + d
         covered += d
-        if t1 > i0 and t0 < i1:
-            o = (t1 if t1 < i1 else i1) - (t0 if t0 > i0 else i0)
+        if t0 < last_t0:  # out of time order: sweep the intervals from the start again
+            j = 0
+        last_t0 = t0
+        while j < n and ivs[j][1] <= t0:
+            j += 1
+        k, o = j, 0
+        while k < n and ivs[k][0] < t1:
+            a, b = ivs[k]
+            o += (t1 if t1 < b else b) - (t0 if t0 > a else a)
+            k += 1
+        if o:
             in_idle[phase] = in_idle.get(phase, 0) + o
             covered_idle += o
     out = {p: (h, in_idle.get(p, 0.0)) for p, h in host.items()}
-    out[OTHER] = (max(0.0, (w1 - w0) - covered), max(0.0, overlap(w0, w1, i0, i1) - covered_idle))
+    out[OTHER] = (max(0.0, (w1 - w0) - covered), max(0.0, sum(b - a for a, b in ivs) - covered_idle))
+    return out
+
+
+def idle_from_marks(marks: Sequence[tuple[float, float]], latency: float, slack: float,
+                    share: float = 0.0) -> list[tuple[float, float]]:
+    """GPU-idle intervals inside a step window from stream markers ``(recorded, executed)`` (host
+    time of the record call, the marker's execution on the GPU mapped onto the host clock), in
+    record order. ``latency``: record-to-execution of a marker on a drained stream, measured when
+    the markers were armed (the window's least, if lower). A marker that executed within ``slack``
+    of it, or within ``share`` of the time since the previous marker if more (a GPU idle that long
+    takes longer to run a marker), found the stream drained. When the later of two neighbours did,
+    the stream idled from
+    the earlier one's drain (its execution less the latency, or its record if later) to the later
+    record: the kernels launched in between are taken as short (host prep launches), so this
+    bounds the idle from above there. When it found the stream busy, the interval counts nothing."""
+    if len(marks) < 2:
+        return []
+    lat = min(latency, min(g - r for r, g in marks))
+    out = []
+    for (r0, g0), (r1, g1) in zip(marks, marks[1:]):
+        if g1 - r1 <= lat + max(slack, share * (r1 - r0)):
+            start = max(r0, g0 - lat)
+            if r1 > start:
+                out.append((start, r1))
     return out
 
 
@@ -241,6 +300,7 @@ class PhaseClock:
         self.calls = 0
         self.call_ns = 0.0  # measured cost of one timed call through the installed chain
         self.pass_ns = 0.0  # and of one that passes through it untimed
+        self.marker = None  # called with the time of every phase transition (GPU markers, audit)
 
     def enter(self, phase: str) -> None:
         now = self.now()
@@ -249,6 +309,8 @@ class PhaseClock:
         self.stack.append(phase)
         self.started = now
         self.calls += 1
+        if self.marker is not None:
+            self.marker(now)
 
     def exit(self) -> None:
         now = self.now()
@@ -256,6 +318,8 @@ class PhaseClock:
             return
         self.segments.append((self.stack.pop(), self.started, now))
         self.started = now
+        if self.marker is not None:
+            self.marker(now)
 
     def take(self) -> list[tuple[str, int, int]]:
         """The segments so far (an open phase is cut at now and goes on)."""
@@ -365,6 +429,9 @@ def make_hook(phase: str):
         stack.append(phase)
         c.started = t
         c.calls += 1
+        mark = c.marker
+        if mark is not None:
+            mark(t)
         try:
             return original(*args, **kwargs)
         finally:
@@ -372,6 +439,8 @@ def make_hook(phase: str):
             if stack:  # unbalanced (armed mid-call): never raises into serving
                 c.segments.append((stack.pop(), c.started, t))
                 c.started = t
+                if mark is not None:
+                    mark(t)
 
     phase_hook.__name__ = f"phase_{phase}"
     return phase_hook
