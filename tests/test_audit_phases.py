@@ -380,6 +380,49 @@ def test_phase_every_is_validated_with_the_slot(monkeypatch):
     assert audit.SLOT.precheck().startswith("bad configuration: SGLANG_HOSTSYNC_AUDIT_PHASE_EVERY='0'")
 
 
+def test_settle_adds_the_markers_idle_inside_the_step():
+    """A window of step 5 (host 0..10 ms, in ns): the begin event saw no idle (the GPU was busy when
+    run_batch began); the markers show the stream drained from 3 ms (after a wait) to the launch at 7 ms."""
+    ms = 1_000_000
+
+    def state_with(marks, lost=False):
+        st = audit.AuditState(steps=6, mark_latency_ns=10_000.0)
+        st.decode.update({4: True, 5: True})
+        st.gpu_finish[4] = 2e-3  # s, on the host clock
+        st.gpu_begin[5] = 1e-3  # before the finish: no idle before run_batch
+        segments = [("run_batch", 1 * ms, 3 * ms), ("prep", 3 * ms, 7 * ms), ("graph_execute", 7 * ms, 7.1 * ms),
+                    ("run_batch", 7.1 * ms, 7.2 * ms)]
+        st.pending_segments[5] = ((0.0, 10e-3), segments, 4)
+        if marks is not None:
+            st.marks[5] = marks
+            st.mark_ns[5] = 123
+        if lost:
+            st.marks_lost.add(5)
+        st.settle(5)
+        return st
+
+    # run_batch begins with the GPU busy until 2.99 ms; it waits; prep from 3 ms with the stream drained;
+    # the graph's launch at 7 ms keeps it busy until 9 ms.
+    marks = [(1 * ms, 2.99 * ms), (3 * ms, 3 * ms + 10_000), (7 * ms, 7 * ms + 10_000), (7.1 * ms, 9 * ms),
+             (7.2 * ms, 9 * ms + 10_000)]
+    st = state_with(marks)
+    idle_ns, row = st.phase_rows[5]
+    # run_batch's wait: from the drain (2.99 ms less the latency) to 3 ms; prep: all of it.
+    assert row["prep"] == (4 * ms, 4 * ms) and row["graph_execute"] == (0.1 * ms, 0)
+    assert row["run_batch"] == (2.1 * ms, pytest.approx(20_000)) and idle_ns == pytest.approx(4 * ms + 20_000)
+    assert row["@marks"] == (123, 0.0) and st.marked_windows == 1
+    assert not st.marks and not st.mark_ns  # consumed with the window
+    for plain in (state_with(None), state_with(marks, lost=True)):  # no markers, or one lost: the begin event only
+        idle_ns, row = plain.phase_rows[5]
+        assert idle_ns == 0 and row["prep"] == (4 * ms, 0) and plain.marked_windows == 0 and not plain.marks_lost
+
+
+def test_markers_setting_is_validated_with_the_slot(monkeypatch):
+    assert audit.marks_enabled({}) is False and audit.marks_enabled({audit.ENV_MARKS: "1"}) is True
+    monkeypatch.setenv(audit.ENV_MARKS, "maybe")
+    assert audit.SLOT.precheck().startswith("bad configuration: SGLANG_HOSTSYNC_AUDIT_MARKS='maybe'")
+
+
 def _attribute_reference(segments, window, idle):
     """The attribution's definition, written plainly: clip each segment to the window, sum
     per phase, and the overlap of each clipped segment with the idle interval."""
