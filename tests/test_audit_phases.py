@@ -247,6 +247,22 @@ def test_the_audit_reports_its_own_work_per_step_at_each_timed_window(audit_env,
     assert state.summary()["bookkeeping_us_per_step"] == pytest.approx(state.bookkeeping_total_ns / 5 / 1e3)
 
 
+def test_markers_are_read_back_before_their_ring_runs_out(audit_env):
+    from audit_cases import StubMeter, run_step
+
+    meter = StubMeter()
+    drained = []
+    meter.drain = lambda: drained.append(audit._audit.state.steps)
+    audit_env.setattr(audit, "_meter", meter)
+    run_step(lambda: None)  # step 0: arms
+    meter.mark_pending.extend(range(audit.MARK_RING // 2))
+    run_step(lambda: None)  # half the ring in flight: the pass every PROCESS_EVERY steps is not due yet
+    assert drained == []
+    meter.mark_pending.append(0)
+    run_step(lambda: None)
+    assert drained == [3]
+
+
 def test_the_attribution_reports_its_own_part_of_the_audits_work(audit_env, tmp_path):
     from audit_cases import StubMeter, run_step
 

@@ -822,6 +822,8 @@ def _account(batch, clock) -> None:
     idle = step > 0 and launches[step] - launches[step - 1] > IDLE_S
     if idle or state.steps % PROCESS_EVERY == 0:
         _process(write=idle)
+    elif _meter is not None and len(_meter.mark_pending) > MARK_RING // 2:
+        _meter.drain()  # every window timed with many phases: the markers come back before their ring runs out
     if state.steps % _every == 0:
         _log_summary(f"every {_every} steps")
     if phases.armed() is not None:
