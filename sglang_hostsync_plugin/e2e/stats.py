@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 
 from ..slots.audit import RAMP_STEPS, TraceStep, run_ahead_fraction
-from ..slots.audit_phases import pool_phases
+from ..slots.audit_phases import MARKS as MARKS_PHASE, pool_phases
 from .client import Result
 from .matrix import STOCK_CODE
 
@@ -116,7 +116,6 @@ RESULT_PHASE = "result"  # process_batch_result: where the host waits for the GP
 # synchronize); elsewhere a gather of a few µs. Timed since 2026-12-05: earlier traces have no such phase.
 SEQ_LENS_PHASE = "seq_lens_resolve"
 SIMULATE_PHASE = "simulate"  # SGLang's simulated acceptance: benchmark-only host work, in every arm
-MARKS_PHASE = "@marks"  # present where the audit recorded GPU markers (SGLANG_HOSTSYNC_AUDIT_MARKS=1)
 
 
 def phase_us(attribution: dict, phase: str) -> float | None:

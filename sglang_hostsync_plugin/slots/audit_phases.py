@@ -216,10 +216,10 @@ def idle_from_marks(marks: Sequence[tuple[float, float]], latency: float, slack:
     the markers were armed (the window's least, if lower). A marker that executed within ``slack``
     of it, or within ``share`` of the time since the previous marker if more (a GPU idle that long
     takes longer to run a marker), found the stream drained. When the later of two neighbours did,
-    the stream idled from
-    the earlier one's drain (its execution less the latency, or its record if later) to the later
-    record: the kernels launched in between are taken as short (host prep launches), so this
-    bounds the idle from above there. When it found the stream busy, the interval counts nothing."""
+    the stream idled from the earlier one's drain (its execution less the latency, or its record if
+    later) to the later record: the kernels launched in between are taken as short (host prep
+    launches), so this bounds the idle from above there. When it found the stream busy, the
+    interval counts nothing."""
     if len(marks) < 2:
         return []
     lat = min(latency, min(g - r for r, g in marks))
