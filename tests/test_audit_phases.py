@@ -12,16 +12,16 @@ from sglang_hostsync_plugin.slots import audit, audit_phases as ph
 def test_attribute_splits_the_window_and_the_idle_interval():
     # window 0..10; GPU idle 4..7; phases: schedule 1..5, verify 5..6, result 8..9.
     segs = [("schedule", 1.0, 5.0), ("verify", 5.0, 6.0), ("result", 8.0, 9.0)]
-    got = ph.attribute(segs, (0.0, 10.0), (4.0, 7.0))
+    got = ph.attribute(segs, (0.0, 10.0), [(4.0, 7.0)])
     assert got == {"schedule": (4.0, 1.0), "verify": (1.0, 1.0), "result": (1.0, 0.0), "other": (4.0, 1.0)}
     assert sum(h for h, _ in got.values()) == 10.0  # phases + other cover the window
     assert sum(i for _, i in got.values()) == 3.0  # and the idle interval
 
 
 def test_attribute_clips_to_the_window_and_ignores_no_idle():
-    got = ph.attribute([("a", -5.0, 2.0), ("b", 9.0, 20.0)], (0.0, 10.0), (6.0, 5.0))  # begin before finish
+    got = ph.attribute([("a", -5.0, 2.0), ("b", 9.0, 20.0)], (0.0, 10.0), [(6.0, 5.0)])  # begin before finish
     assert got == {"a": (2.0, 0.0), "b": (1.0, 0.0), "other": (7.0, 0.0)}
-    assert ph.attribute([], (0.0, 3.0), None) == {"other": (3.0, 0.0)}
+    assert ph.attribute([], (0.0, 3.0), []) == {"other": (3.0, 0.0)}
 
 
 def test_clock_time_is_exclusive_and_take_cuts_open_phases():
@@ -439,22 +439,6 @@ def test_markers_setting_is_validated_with_the_slot(monkeypatch):
     assert audit.SLOT.precheck().startswith("bad configuration: SGLANG_HOSTSYNC_AUDIT_MARKS='maybe'")
 
 
-def _attribute_reference(segments, window, idle):
-    """The attribution's definition, written plainly: clip each segment to the window, sum
-    per phase, and the overlap of each clipped segment with the idle interval."""
-    w0, w1 = window
-    i0, i1 = idle if idle is not None and idle[1] > idle[0] else (w0, w0)
-    out = {}
-    for phase, t0, t1 in segments:
-        c0, c1 = max(t0, w0), min(t1, w1)
-        if c1 > c0:
-            h, i = out.get(phase, (0, 0))
-            out[phase] = (h + c1 - c0, i + ph.overlap(c0, c1, i0, i1))
-    out["other"] = (max(0, (w1 - w0) - sum(h for h, _ in out.values())),
-                    max(0, ph.overlap(w0, w1, i0, i1) - sum(i for _, i in out.values())))
-    return out
-
-
 def test_attribute_matches_its_plain_definition_on_random_timelines():
     import random
 
@@ -468,13 +452,15 @@ def test_attribute_matches_its_plain_definition_on_random_timelines():
             t += max(d, 0)
         window = (rng.randint(0, 50), t + rng.randint(-50, 50))
         idle = rng.choice([None, (t - 60, t + 5), (5, 2), (window[0] - 10, window[0] + 30), (0, t)])
-        got, want = ph.attribute(segs, window, idle), _attribute_reference(segs, window, idle)
+        ivs = [idle] if idle else []
+        got, want = ph.attribute(segs, window, ivs), _attribute_reference_many(segs, window, ivs)
         assert got.keys() == want.keys() and all(
             got[k][0] == pytest.approx(want[k][0]) and got[k][1] == pytest.approx(want[k][1]) for k in got), (segs, window, idle)
 
 
 def _attribute_reference_many(segments, window, idle):
-    """The plain definition with several idle intervals: each segment against their union."""
+    """The attribution's definition, written plainly: clip each segment to the window, sum per
+    phase, and the overlap of each clipped segment with the union of the idle intervals."""
     w0, w1 = window
     ivs = ph.idle_intervals(idle)
     out = {}
@@ -491,7 +477,7 @@ def _attribute_reference_many(segments, window, idle):
 def test_attribute_with_several_idle_intervals_matches_the_plain_definition():
     import random
 
-    assert ph.idle_intervals(None) == [] and ph.idle_intervals((3, 1)) == []
+    assert ph.idle_intervals([]) == [] and ph.idle_intervals([(3, 1)]) == []
     assert ph.idle_intervals([(5, 9), (1, 2), (8, 12), (2, 3), (4, 4)]) == [(1, 3), (5, 12)]
     rng = random.Random(11)
     names = [n for n, _ in ph.PHASES]
@@ -559,18 +545,22 @@ def test_a_failing_marker_switches_the_markers_off_and_never_raises(monkeypatch)
     import threading
 
     class Broken:
+        calls = 0
+
         def record(self, stream):
+            Broken.calls += 1
             raise RuntimeError("CUDA error")
 
     meter = audit.RunAheadMeter.__new__(audit.RunAheadMeter)  # no CUDA: the fields mark() reads
     meter.state, meter.stream = audit.AuditState(steps=3), None
-    meter.mark_ring, meter.mark_free, meter.mark_pending = [Broken()], [0], collections.deque()
+    meter.mark_ring, meter.mark_free, meter.mark_pending = [Broken(), Broken()], [0, 1], collections.deque()
     clock = ph.PhaseClock(thread_id=threading.get_ident())
     clock.marker = meter.mark
     monkeypatch.setattr(ph, "_armed", clock)
     monkeypatch.setattr(ph, "_clock", clock)
     assert ph.make_hook("verify")(lambda: 7) == 7  # the call went through
     assert clock.marker is None and meter.state.marks_lost == {3} and not meter.mark_pending
+    assert Broken.calls == 1  # the phase's exit, already under way, did not try (and log) again
     meter.mark_free = []
     meter.mark(0)  # a full ring: the window is marked lost, nothing raised
     assert meter.state.marks_lost == {3}

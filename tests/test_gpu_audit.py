@@ -105,19 +105,26 @@ def _idle_by_phase(body, steps: int = 40) -> tuple[dict, dict]:
     return {r["phase"]: r for r in summary["attribution"]["phases"]}, summary
 
 
+@pytest.fixture
+def timed_every_step(fresh_audit, monkeypatch):
+    """Every window timed by a fresh phase clock; yields the phase module."""
+    from sglang_hostsync_plugin.slots import audit_phases as ph
+
+    monkeypatch.setenv(ph.ENV_PHASE_EVERY, "1")
+    monkeypatch.setattr(ph, "_armed", None)
+    monkeypatch.setattr(ph, "_clock", None)
+    yield ph
+
+
 @pytest.mark.parametrize("marks", ["0", "1"])
-def test_gpu_markers_find_the_idle_inside_a_step(fresh_audit, monkeypatch, marks):
+def test_gpu_markers_find_the_idle_inside_a_step(timed_every_step, monkeypatch, marks):
     """An NGRAM-like step: it waits for the previous step inside run_batch, prepares on the host
     (2 ms) while the GPU idles, then launches 1 ms of GPU work. The begin event alone sees no idle
     (it is recorded before the wait); the markers put the prep's 2 ms in GPU idle."""
     import time
 
-    from sglang_hostsync_plugin.slots import audit_phases as ph
-
+    ph = timed_every_step
     monkeypatch.setenv(audit.ENV_MARKS, marks)
-    monkeypatch.setenv(ph.ENV_PHASE_EVERY, "1")
-    monkeypatch.setattr(ph, "_armed", None)
-    monkeypatch.setattr(ph, "_clock", None)
     prep, launch = ph.make_hook("prep"), ph.make_hook("launch")
 
     def body():
@@ -138,16 +145,12 @@ def test_gpu_markers_find_the_idle_inside_a_step(fresh_audit, monkeypatch, marks
         assert summary["marked_windows"] == 0 and rows["prep"]["gpu_idle_us_per_step"] < 300
 
 
-def test_gpu_markers_see_no_idle_while_the_host_runs_ahead(fresh_audit, monkeypatch):
+def test_gpu_markers_see_no_idle_while_the_host_runs_ahead(timed_every_step, monkeypatch):
     """The overlap loop with the host two steps ahead: every marker finds the stream busy."""
     import time
 
-    from sglang_hostsync_plugin.slots import audit_phases as ph
-
+    ph = timed_every_step
     monkeypatch.setenv(audit.ENV_MARKS, "1")
-    monkeypatch.setenv(ph.ENV_PHASE_EVERY, "1")
-    monkeypatch.setattr(ph, "_armed", None)
-    monkeypatch.setattr(ph, "_clock", None)
     prep, launch = ph.make_hook("prep"), ph.make_hook("launch")
     inflight = []
 

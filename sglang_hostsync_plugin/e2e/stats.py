@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from ..slots.audit import RAMP_STEPS, TraceStep, run_ahead_fraction
 from ..slots.audit_phases import MARKS as MARKS_PHASE, pool_phases
 from .client import Result
-from .matrix import STOCK_CODE
+from .matrix import STOCK, STOCK_CODE
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -425,7 +425,7 @@ def markdown(cell_rows: list[dict], servers: dict[str, dict], identity: dict[str
         if ident is not None:
             verdict = "yes" if ident["identical"] else f"NO: {ident['first_mismatch']}"
         else:  # no verdict: the stock arm itself, or a server that never served
-            verdict = "reference" if name.rsplit("/", 1)[-1] == "stock" else "-"
+            verdict = "reference" if name.rsplit("/", 1)[-1] == STOCK.name else "-"
         lines.append(
             f"| {name} | {fmt(s.get('ready_s'), '.1f', 'failed')}{' (restarted alone)' if 'restarted_alone' in s else ''} | "
             f"{fmt(s.get('first_request_s'), '.3f')} | {verdict} | "
@@ -434,7 +434,7 @@ def markdown(cell_rows: list[dict], servers: dict[str, dict], identity: dict[str
     unstarted = [(name, s["error"]) for name, s in servers.items() if s.get("ready_s") is None and s.get("error")]
     if unstarted:
         lines += ["", "Servers that did not start (the log tail, where one was started, is in e2e.json):", ""]
-        lines += [f"- {name}: {why.splitlines()[0] if why else why}" for name, why in unstarted]
+        lines += [f"- {name}: {why.splitlines()[0]}" for name, why in unstarted]
     died = [(name, s["died"]) for name, s in servers.items() if s.get("died")]
     if died:
         lines += ["", "Servers that died while serving (rows after that are missing; the log tail is in e2e.json):", ""]

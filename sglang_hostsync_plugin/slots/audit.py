@@ -465,6 +465,7 @@ class RunAheadMeter:
                 clock = phases.armed()
                 if clock is not None:
                     clock.marker = None
+                self.mark_free = []  # a call already under way (a phase's exit) takes the lost branch
                 state.marks_lost.add(step)
                 return
             self.mark_pending.append((index, step, t_ns))

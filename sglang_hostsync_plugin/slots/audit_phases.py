@@ -152,12 +152,8 @@ def overlap(a0: float, a1: float, b0: float, b1: float) -> float:
     return max(0.0, min(a1, b1) - max(a0, b0))
 
 
-def idle_intervals(idle) -> list[tuple[float, float]]:
-    """``idle`` (None, one ``(start, end)`` or a list of them) as sorted disjoint non-empty intervals."""
-    if idle is None:
-        return []
-    if len(idle) == 2 and not isinstance(idle[0], (tuple, list)):
-        idle = [idle]
+def idle_intervals(idle: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    """``(start, end)`` intervals as sorted disjoint non-empty ones (overlapping ones merged)."""
     out: list[list[float]] = []
     for a, b in sorted(i for i in idle if i[1] > i[0]):
         if out and a <= out[-1][1]:
@@ -168,10 +164,10 @@ def idle_intervals(idle) -> list[tuple[float, float]]:
 
 
 def attribute(segments: Iterable[tuple[str, float, float]], window: tuple[float, float],
-              idle) -> dict[str, tuple[float, float]]:
+              idle: Iterable[tuple[float, float]]) -> dict[str, tuple[float, float]]:
     """Phase -> (host time, of which while the GPU idled) over one step window; the
-    uncovered rest of the window is ``other``. ``idle``: the GPU-idle interval, a list of
-    them (``idle_intervals``), or None. Any one unit (the audit passes ns); per timed step on
+    uncovered rest of the window is ``other``. ``idle``: the GPU-idle intervals (any order,
+    overlapping or empty ones too). Any one unit (the audit passes ns); per timed step on
     the scheduler thread, so kept lean: one sweep over time-ordered segments."""
     w0, w1 = window
     ivs = [(max(a, w0), min(b, w1)) for a, b in idle_intervals(idle) if b > w0 and a < w1]
