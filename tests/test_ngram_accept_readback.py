@@ -83,6 +83,17 @@ def _stash(fm, hooked, indices, tokens, lens):
         fm.stash(idx, payload)
 
 
+def random_stash(rng, maps):
+    """One step's relay stash of random rows into each ``(future_map, hooked)``; its rows and lens."""
+    k = rng.randint(1, 6)
+    rows = rng.sample(range(1, POOL), k)
+    tokens = torch.randint(0, 32000, (k, NDT), dtype=torch.int32)
+    lens = torch.tensor([rng.randint(1, NDT) for _ in rows], dtype=torch.int32)
+    for fm, hooked in maps:
+        _stash(fm, hooked, rows, tokens, lens)
+    return rows, lens
+
+
 def _resolve(fm, hooked, batch, stream_ordered=False):
     if hooked:
         slot.resolve_seq_lens_cpu_hook(FutureMap.resolve_seq_lens_cpu, fm, batch, stream_ordered=stream_ordered)
@@ -106,12 +117,7 @@ def test_host_accept_tokens_equal_stock_over_random_steps():
     hooked, log = _future_map()
     steps = 0
     for _ in range(60):
-        k = rng.randint(1, 6)
-        rows = rng.sample(range(1, POOL), k)
-        tokens = torch.randint(0, 32000, (k, NDT), dtype=torch.int32)
-        lens = torch.tensor([rng.randint(1, NDT) for _ in rows], dtype=torch.int32)
-        for fm, h in ((stock, False), (hooked, True)):
-            _stash(fm, h, rows, tokens, lens)
+        random_stash(rng, ((stock, False), (hooked, True)))
         if rng.random() < 0.7:
             batch_rows = rng.sample(range(1, POOL), rng.randint(1, 8))
             want = _resolve(stock, False, _batch(batch_rows))

@@ -35,6 +35,7 @@ OWNED = (
     ("fused_draft_page_locs", "fused_draft_page_locs", False),
     ("greedy_row_argmax", "greedy_row_argmax", False),
     ("ngram_full_mask", "ngram_full_mask", False),
+    ("ngram_late_wait", "ngram_late_wait", False),
     ("draft_extend_fused_layout", "draft_extend_fused_layout", False),
     ("fused_relay_stash", "fused_relay_stash", False),
     ("draft_extend_topk_graph", "draft_extend_topk_graph", False),

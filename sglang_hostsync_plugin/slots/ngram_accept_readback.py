@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from ..slot import HookTarget, Slot, SlotKind, TargetKind, not_speculative
+from . import ngram_late_wait
 
 NAME = "ngram_accept_readback"
 FUTURE_MAP = "sglang.srt.managers.overlap_utils.FutureMap"
@@ -106,7 +107,10 @@ def _stage(fm, batch, stream_ordered: bool) -> Readback | None:
 
 
 def resolve_seq_lens_cpu_hook(original, self, batch, stream_ordered=False):
+    ngram_late_wait.finish()  # a wait slot ngram_late_wait left over reads the mirrors _stage rewrites
     st = _stage(self, batch, stream_ordered) if self.spec_algo.is_ngram() else None
+    if st is not None and ngram_late_wait.defer(original, self, batch, st, stream_ordered):
+        return  # slot ngram_late_wait: the synchronize runs at the draft prep
     original(self, batch, stream_ordered=stream_ordered)
     if st is not None:  # SGLang's synchronize of the private stream has returned
         idx = batch.req_pool_indices_cpu
