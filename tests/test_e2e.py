@@ -521,6 +521,24 @@ def load_row(config, conc, arm, rnd, per_user, total):
                      "tok_s_total": total, "accept_length": 3.0, "tok_s_user_all": per_user}}
 
 
+def test_plugin_arms_against_each_other_by_round():
+    """Two plugin arms of a run, round by round (B over A), their median and the rounds B won; an
+    audited arm is compared with audited ones only, stock and stock code's arm with none."""
+    rows = [load_row("c", 1, "stock", r, [100], 100) for r in range(3)]
+    rows += [load_row("c", 1, "slots:a", r, [v], v) for r, v in enumerate([110, 120, 100])]
+    rows += [load_row("c", 1, "slots:b", r, [v], v) for r, v in enumerate([121, 114, 105])]
+    rows += [load_row("c", 1, "audit", r, [90], 90) for r in range(3)]
+    rows += [load_row("c", 1, "slots:c", r, [v], v) for r, v in enumerate([130, 130, 130])]
+    windows = {("c", 1, arm): [[step(0, 0, 0.01), step(1, 0.005, 0.02)]] for arm in ("audit", "slots:c")}
+    lines = stats.arm_ab_lines(stats.cells(rows, windows))
+    assert lines[-1] == "| c | 1 | slots:a | slots:b | 1.050 | 1.100, 0.950, 1.050 | 2/3 |"
+    assert len(lines) == 6 and not any("audit" in line or "slots:c" in line for line in lines[5:])
+    lone = [r for r in rows if r["arm"] != "slots:b" or r["round"] == 0]  # one round in common: no ratio
+    assert stats.arm_ab_lines(stats.cells(lone, windows)) == []
+    md = stats.markdown(stats.cells(rows, windows), {}, {})
+    assert "Plugin arms against each other" in md and "| slots:a | slots:b | 1.050 |" in md
+
+
 def test_cells_pool_rounds_and_divide_by_stock():
     rows = [load_row("c", 1, "stock", 0, [100, 102], 200), load_row("c", 1, "stock", 1, [98, 100], 190),
             load_row("c", 1, "plugin", 0, [110, 112], 220), load_row("c", 1, "plugin", 1, [114, 116], 230)]

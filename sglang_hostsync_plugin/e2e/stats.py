@@ -359,6 +359,34 @@ def phase_ab_lines(cell_rows: list[dict]) -> list[str]:
     return lines
 
 
+def arm_ab_lines(cell_rows: list[dict]) -> list[str]:
+    """Per (configuration, concurrency), each pair of plugin arms alike in being audited or not: B's
+    tok/s/user over A's in each round both ran (back to back in it), their median and the rounds B
+    was faster. A slot's A/B read this way is free of the drift between rounds that each arm's ratio
+    to stock carries."""
+    grouped: dict[tuple, list[dict]] = collections.defaultdict(list)
+    for c in sorted(cell_rows, key=lambda c: (c["config"], c["concurrency"], c["arm"])):
+        if c["arm"] not in NOT_PLUGIN:
+            grouped[(c["config"], c["concurrency"])].append(c)
+    rows = []
+    for (config, conc), cs in grouped.items():
+        for i, a in enumerate(cs):
+            for b in cs[i + 1:]:
+                if (a["audit"] is None) != (b["audit"] is None):
+                    continue  # the audit's own cost would count as the slots' difference
+                ra, rb = a["tok_s_user_by_round"], b["tok_s_user_by_round"]
+                by = [r for k in sorted(ra.keys() & rb.keys()) if (r := _ratio(rb[k], ra[k])) is not None]
+                if len(by) > 1:
+                    rows.append(f"| {config} | {conc} | {a['arm']} | {b['arm']} | {median(by):.3f} | "
+                                f"{', '.join(f'{r:.3f}' for r in by)} | {sum(r > 1 for r in by)}/{len(by)} |")
+    if not rows:
+        return []
+    return ["", "Plugin arms against each other, tok/s/user of B over A in each round both ran (arms alike in "
+                "being audited or not):", "",
+            "| config | conc | A | B | B / A median | by round | rounds B faster |",
+            "| --- | --- | --- | --- | --- | --- | --- |", *rows]
+
+
 def rank_lines(cell_rows: list[dict]) -> list[str]:
     """The further ranks' schedulers of multi-process servers (rank 0 is the table above)."""
     ranked = [c for c in cell_rows if c.get("other_ranks")]
@@ -442,6 +470,7 @@ def markdown(cell_rows: list[dict], servers: dict[str, dict], identity: dict[str
     lines += rank_lines(cell_rows)
     lines += ramp_lines(cell_rows)
     lines += attribution_tables(cell_rows)
+    lines += arm_ab_lines(cell_rows)
     lines += phase_ab_lines(cell_rows)
     sites = collections.Counter()
     for c in cell_rows:
