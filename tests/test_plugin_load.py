@@ -102,7 +102,7 @@ def test_enabled_applies_verifies_and_logs_status_block():
     assert status == {**{n: ["upstream present", ""] for n in BUILTINS},
                       **{n: ["skipped", "not selected"] for n in [*SWITCH_FLAGS, *HOST_PLAN_FLAGS, "audit", "pinned_d2h_ring",
                                                                  "draft_extend_glue_graph", "fused_tree_compact", "fused_draft_page_locs",
-                                                                 "greedy_row_argmax", "ngram_full_mask", "draft_decode_glue_graph",
+                                                                 "greedy_row_argmax", "ngram_full_mask", "ngram_late_wait", "draft_decode_glue_graph",
                                                                  "fused_relay_stash", "draft_extend_topk_graph", "small_copy_launch", "draft_vocab_topk",
                                                                  "triton_replay_launch", "spec_kernel_replay", "mamba_verdict_once",
                                                                  "isolation_snapshot", "decode_lens_lazy_h2d", "chain_tree_full_mask",
