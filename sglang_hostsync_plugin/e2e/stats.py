@@ -374,7 +374,7 @@ def arm_ab_lines(cell_rows: list[dict]) -> list[str]:
             for b in cs[i + 1:]:
                 if (a["audit"] is None) != (b["audit"] is None):
                     continue  # the audit's own cost would count as the slots' difference
-                ra, rb = a["tok_s_user_by_round"], b["tok_s_user_by_round"]
+                ra, rb = a.get("tok_s_user_by_round") or {}, b.get("tok_s_user_by_round") or {}  # as ratio_cell
                 by = [r for k in sorted(ra.keys() & rb.keys()) if (r := _ratio(rb[k], ra[k])) is not None]
                 if len(by) > 1:
                     rows.append(f"| {config} | {conc} | {a['arm']} | {b['arm']} | {median(by):.3f} | "
