@@ -143,7 +143,7 @@ def test_the_wait_stays_where_sglang_has_it(case, monkeypatch):
         assert [e[0] for e in log][-1] == "sync" and batch.seq_lens_sum == int(batch.seq_lens_cpu.sum())
 
 
-def test_a_wait_left_over_completes_before_the_next_resolve():
+def test_a_wait_left_over_completes_before_the_next_resolve_and_stops_the_deferral(caplog):
     late._live = True
     fm, log = _future_map()
     _stash(fm, True, [4], torch.full((1, NDT), 9, dtype=torch.int32), torch.tensor([2], dtype=torch.int32))
@@ -155,7 +155,10 @@ def test_a_wait_left_over_completes_before_the_next_resolve():
     _resolve(fm, _batch([6]), hooked=True)
     assert log[0][0] == "sync"  # the left-over wait, before this resolve queues anything
     assert first.spec_info.accept_tokens.tolist() == [9] * NDT and first.seq_lens_sum == 104
-    assert late.deferred == 2
+    assert first.spec_info.accept_lens.tolist() == [2] and first.seq_lens_cpu.tolist() == [104]
+    # No draft prep took it: this resolve waited where SGLang does, and so will the next ones.
+    assert late.deferred == 1 and not late._live and late._pending is None and log[-1][0] == "sync"
+    assert "was not taken by the draft prep" in caplog.text
 
 
 def test_sglang_reads_neither_between_the_resolve_and_the_worker():

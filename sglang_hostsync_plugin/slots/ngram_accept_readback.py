@@ -107,7 +107,7 @@ def _stage(fm, batch, stream_ordered: bool) -> Readback | None:
 
 
 def resolve_seq_lens_cpu_hook(original, self, batch, stream_ordered=False):
-    ngram_late_wait.finish()  # a wait slot ngram_late_wait left over reads the mirrors _stage rewrites
+    ngram_late_wait.left_over()  # a wait slot ngram_late_wait left over reads the mirrors _stage rewrites
     st = _stage(self, batch, stream_ordered) if self.spec_algo.is_ngram() else None
     if st is not None and ngram_late_wait.defer(original, self, batch, st, stream_ordered):
         return  # slot ngram_late_wait: the synchronize runs at the draft prep

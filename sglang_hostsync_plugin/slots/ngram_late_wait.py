@@ -31,7 +31,8 @@ conditions), for a decode batch, without SGLang's debug asserts (``SGLANG_IS_IN_
 poison the device rows the copy reads), and once the wait point's hook has run in this process:
 the first NGRAM decode step waits where stock does. A wait left over (never expected: every
 decode step's draft prep takes it) completes when the next resolve starts, before the
-readback queues copies into the mirrors it gathers from. Opt-in, like
+readback queues copies into the mirrors it gathers from, and the process stops deferring (a warning
+in the log). Opt-in, like
 ``ngram_full_mask``: ``ngram_worker`` imports only beside ``sgl_kernel``. Hook target:
 ``NGRAMWorker._prepare_draft_tokens`` (AROUND); the deferral is in ``ngram_accept_readback``'s
 ``resolve_seq_lens_cpu`` hook, behind this slot's wait point.
@@ -40,12 +41,15 @@ readback queues copies into the mirrors it gathers from. Opt-in, like
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass
 
 import torch
 
 from ..checks import read_source
 from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck, not_speculative
+
+logger = logging.getLogger("sglang.srt.plugins.hostsync")
 
 NAME = "ngram_late_wait"
 NGRAM_WORKER = "sglang.srt.speculative.ngram_worker.NGRAMWorker"
@@ -105,16 +109,27 @@ def defer(original, fm, batch, readback, stream_ordered: bool) -> bool:
 
 def finish() -> None:
     """The deferred wait: SGLang's synchronize of its private stream, then the host gathers it
-    would have made at the resolve, into the tensors the batch already holds."""
+    would have made at the resolve, straight into the tensors the batch already holds."""
     global _pending
     p, _pending = _pending, None
     if p is None:
         return
     p.future_map.fwd_prepare_d2h_stream.synchronize()
-    p.seq_lens_cpu.copy_(p.future_map.new_seq_lens_cpu_pinned[p.index])
+    torch.index_select(p.future_map.new_seq_lens_cpu_pinned, 0, p.index, out=p.seq_lens_cpu)
     p.batch.seq_lens_sum = int(p.seq_lens_cpu.sum())
-    p.tokens.copy_(p.readback.tokens[p.index].flatten())
-    p.lens.copy_(p.readback.lens[p.index])
+    torch.index_select(p.readback.tokens, 0, p.index, out=p.tokens.view(p.index.shape[0], -1))
+    torch.index_select(p.readback.lens, 0, p.index, out=p.lens)
+
+
+def left_over() -> None:
+    """At the next resolve: a deferred wait no draft prep took (never expected) completes, and the
+    process defers no more, since its batch ran on host tensors filled only now."""
+    global _live
+    if _pending is not None:
+        finish()
+        _live = False
+        logger.warning("hostsync: %s: a deferred wait was not taken by the draft prep; NGRAM waits where "
+                       "SGLang does from now on", NAME)
 
 
 def draft_tokens_hook(original, self, batch):
