@@ -20,6 +20,7 @@ import sys
 from . import backends, config, plan as plans, registry, report, version
 from .slot import ServingFacts, Status, inert_reason
 from .slots import audit, audit_block, audit_ngram
+from .slots.ngram_full_mask import NGRAM_PRESET
 from .slots.upstream_host_plans import FLASHINFER_PRESET
 
 
@@ -51,28 +52,42 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-# What the FlashInfer preset's switches were worth on the H200 (real servers, 2-3 rounds).
+# What the opt-in presets' slots were worth in real servers (tok/s/user over the selection without them).
 FLASHINFER_PRESET_GAIN = ("on the H200, default,flashinfer gave 1.06-1.11x stock's tok/s/user against the default "
                           "slots' 0.99-1.07x (benchmarks/results/2026-12-01-h200-flashinfer-matrix/); in later runs "
                           "1.12-1.19x, once 0.94x (2026-12-02-h200-c/)")
+NGRAM_PRESET_GAIN = ("NGRAM page 1 c1, default,eagle_host,ngram_host gave 1.085x stock's tok/s/user on an H100 (10 rounds, "
+                     "1.013x default,eagle_host,ngram_full_mask's, faster in each; 1.008x on an H200) and 1.065x under "
+                     "FlashInfer (benchmarks/results/2026-12-05-h100-h/)")
+# Preset -> (does it concern these server facts, what its slots do, what they were worth).
+PRESET_HINTS = (
+    (FLASHINFER_PRESET,
+     lambda f: "flashinfer" in (*f.attention_backends, f.draft_attention_backend),
+     "SGLang's opt-in FlashInfer host plans and the one-launch draft-extend layout, outputs unchanged",
+     FLASHINFER_PRESET_GAIN),
+    (NGRAM_PRESET, ServingFacts.is_ngram,
+     "NGRAM's verify mask in one launch and its per-step wait moved to the draft prep, outputs unchanged",
+     NGRAM_PRESET_GAIN),
+)
 
 
 def preset_hints(plan, catalogue, facts) -> list[str]:
-    """The ``flashinfer`` preset's opt-in slots (SGLang's FlashInfer host-plan switches, opt-in as
-    upstream ships them, and ``draft_extend_fused_layout``) that these server args would use but
-    the selection leaves off."""
+    """Each opt-in preset's slots (``flashinfer``: SGLang's FlashInfer host-plan switches, opt-in as
+    upstream ships them, and ``draft_extend_fused_layout``; ``ngram_host``: the NGRAM host-work slots)
+    that these server args would use but the selection leaves off."""
     if facts is None:
         return []
-    if "flashinfer" not in (*facts.attention_backends, facts.draft_attention_backend):
-        return []
-    useful = [name for name, slot in catalogue.items()
-              if FLASHINFER_PRESET in slot.presets and not slot.default and name not in plan.selected
-              and inert_reason(slot, facts) is None]
-    if not useful:
-        return []
-    return [f"SGLANG_HOSTSYNC_SLOTS={plan.spec},flashinfer also turns on {', '.join(useful)} "
-            f"(SGLang's opt-in FlashInfer host plans and the one-launch draft-extend layout, outputs unchanged); "
-            f"{FLASHINFER_PRESET_GAIN}"]
+    hints = []
+    for preset, concerns, what, gain in PRESET_HINTS:
+        if not concerns(facts):
+            continue
+        useful = [name for name, slot in catalogue.items()
+                  if preset in slot.presets and not slot.default and name not in plan.selected
+                  and inert_reason(slot, facts) is None]
+        if useful:
+            hints.append(f"SGLANG_HOSTSYNC_SLOTS={plan.spec},{preset} also turns on {', '.join(useful)} ({what}); "
+                         f"{gain}")
+    return hints
 
 
 def audit_hints(plan, catalogue, facts) -> list[str]:

@@ -73,6 +73,19 @@ def test_flashinfer_and_eagle_host_presets_need_the_glue_graph_removed():
     assert "flashinfer_verify_host_plan" in names and "metadata_glue_graph" not in names
 
 
+def test_ngram_host_preset_is_the_ngram_host_slots_and_needs_the_default_readback():
+    cat = registry.catalogue()
+    members = {n for n, s in cat.items() if "ngram_host" in s.presets}
+    assert members == {"ngram_full_mask", "ngram_late_wait"}
+    names = parse_slot_spec("default,eagle_host,ngram_host", cat).names
+    assert {"ngram_accept_readback", "ngram_full_mask", "ngram_late_wait"} <= set(names)
+    assert set(parse_slot_spec("default,ngram_host,-ngram_late_wait", cat).names) == (
+        set(parse_slot_spec("default", cat).names) | {"ngram_full_mask"})
+    # ngram_late_wait requires ngram_accept_readback (a default slot): nothing is added behind the user's back.
+    with pytest.raises(HostsyncConfigError, match="'ngram_late_wait' requires slot 'ngram_accept_readback'"):
+        parse_slot_spec("ngram_host", cat)
+
+
 def test_real_catalogue_default_and_kebab_case():
     cat = registry.catalogue()
     assert "dspark_dp_meta" in cat

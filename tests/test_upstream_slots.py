@@ -350,7 +350,26 @@ def test_doctor_hints_the_flashinfer_preset_where_its_switches_would_run(capsys,
     assert "also turns on draft_extend_fused_layout, flashinfer_draft_host_indptr (" in hint
     for argv, env in ((("--attention-backend", "triton", "--speculative-algorithm", "EAGLE"), "default"),
                       (("--attention-backend", "flashinfer", "--speculative-algorithm", "EAGLE"), "default,flashinfer"),
-                      (("--attention-backend", "flashinfer", "--speculative-algorithm", "NGRAM"), "default")):
+                      (("--attention-backend", "flashinfer", "--speculative-algorithm", "NGRAM"), "default,ngram_host")):
         monkeypatch.setenv("SGLANG_HOSTSYNC_SLOTS", env)
         code, cap = _doctor(capsys, "--json", *argv)
         assert code == 0 and json.loads(cap.out)["hints"] == [], (argv, env)
+
+
+def test_doctor_hints_the_ngram_preset_for_ngram_servers_only(capsys, monkeypatch):
+    monkeypatch.delenv("SGLANG_HOSTSYNC_SLOTS", raising=False)
+    code, cap = _doctor(capsys, "--json", "--attention-backend", "triton", "--speculative-algorithm", "NGRAM")
+    assert code == 0, cap.err
+    (hint,) = json.loads(cap.out)["hints"]
+    assert hint.startswith("SGLANG_HOSTSYNC_SLOTS=default,ngram_host also turns on ngram_full_mask, ngram_late_wait (")
+    # Under FlashInfer both presets concern an NGRAM server; the flashinfer preset's switches are EAGLE-only.
+    code, cap = _doctor(capsys, "--json", "--attention-backend", "flashinfer", "--speculative-algorithm", "NGRAM")
+    assert [h.split(" (")[0] for h in json.loads(cap.out)["hints"]] == [
+        "SGLANG_HOSTSYNC_SLOTS=default,ngram_host also turns on ngram_full_mask, ngram_late_wait"]
+    monkeypatch.setenv("SGLANG_HOSTSYNC_SLOTS", "default,ngram_full_mask")
+    code, cap = _doctor(capsys, "--json", "--attention-backend", "triton", "--speculative-algorithm", "NGRAM")
+    (hint,) = json.loads(cap.out)["hints"]
+    assert "default,ngram_full_mask,ngram_host also turns on ngram_late_wait (" in hint
+    monkeypatch.delenv("SGLANG_HOSTSYNC_SLOTS")
+    code, cap = _doctor(capsys, "--json", "--attention-backend", "triton", "--speculative-algorithm", "EAGLE")
+    assert code == 0 and json.loads(cap.out)["hints"] == []

@@ -38,6 +38,9 @@ from ..slot import Slot, SlotKind, config_precheck, not_speculative
 from ..source_edit import PinnedEdit
 
 NAME = "ngram_full_mask"
+# NGRAM's host-work slots, one A/B handle: ``SGLANG_HOSTSYNC_SLOTS=default,eagle_host,ngram_host``
+# (its real-server figures: README, docs/results.md).
+NGRAM_PRESET = "ngram_host"
 PREPARE = "sglang.srt.speculative.ngram_worker.NGRAMWorker._prepare_for_speculative_decoding"
 PREPARE_SHA = "7417a9ce177df775"
 BLOCK = 1024
@@ -113,6 +116,7 @@ SLOT = Slot(
     origin="hostsync (NGRAM USE_FULL_MASK verify mask; issue 15)",
     summary="NGRAM's full verify mask in one Triton launch, not per-request fills and pageable copies",
     default=False,
+    presets=(NGRAM_PRESET,),
     precheck=config_precheck(None, PREPARE_ONCE.check),
     inert=inert,
     targets=(PREPARE_ONCE.target(),),

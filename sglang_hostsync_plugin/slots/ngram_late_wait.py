@@ -48,6 +48,7 @@ import torch
 
 from ..checks import read_source
 from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck, not_speculative
+from .ngram_full_mask import NGRAM_PRESET
 
 logger = logging.getLogger("sglang.srt.plugins.hostsync")
 
@@ -159,6 +160,7 @@ SLOT = Slot(
             "reads its values: the scheduler and worker glue in between runs under step N-1's GPU work",
     default=False,
     requires=("ngram_accept_readback", "ngram_full_mask"),
+    presets=(NGRAM_PRESET,),
     precheck=config_precheck(None, check_pins),
     inert=lambda f: not_speculative(f, "only NGRAM waits for step N-1 to draft", bool(f.speculative_algorithm)
                                     and f.is_ngram()),
