@@ -19,7 +19,10 @@ function, in % of the arm's samples.
 
 ``--callers`` (repeatable) adds, per arm, the working samples through a frame containing the
 substring, grouped by that frame and its callers, in µs per decode step (how the
-``mambaish_config`` walk inside the verify commit was found, 2026-12-04).
+``mambaish_config`` walk inside the verify commit was found, 2026-12-04). ``--under`` (repeatable)
+groups the working samples below such a frame by the frames it calls: with
+``--under "forward_batch_generation (ngram_worker.py" --depth 2``, NGRAM's host work between its
+per-step wait and the verify launch, by line (2026-12-05, ``benchmarks/results/2026-12-05-h200-d/``).
 """
 
 from __future__ import annotations
@@ -121,11 +124,12 @@ def _short(path: str) -> str:
     return path
 
 
-def load(path: str, thread: str | None, callers: tuple[str, ...] = (), depth: int = 3):
+def load(path: str, thread: str | None, callers: tuple[str, ...] = (), depth: int = 3, under: tuple[str, ...] = ()):
     """(samples, self by line, inclusive by function, waits, caller chains) of ``thread``, else the
     main thread (the scheduler loop), else the busiest one. Caller chains: for each substring in
     ``callers``, the working (not waiting) samples through the outermost frame that contains it,
-    keyed by that frame's function and up to ``depth`` of its callers (with their lines)."""
+    keyed by that frame's function and up to ``depth`` of its callers (with their lines); for each
+    in ``under``, keyed by up to ``depth`` of the frames it calls (with their lines)."""
     per_thread = collections.defaultdict(list)
     for raw in open(path, errors="replace"):
         stack, _, count = raw.replace("\0", "").rstrip("\n").rpartition(" ")
@@ -151,6 +155,11 @@ def load(path: str, thread: str | None, callers: tuple[str, ...] = (), depth: in
                 chain = " <- ".join([_short_frame(frames[at], line=False),
                                      *(_short_frame(f) for f in reversed(frames[max(0, at - depth): at]))])
                 chains[(pattern, chain)] += count
+        for pattern in under if not wait else ():
+            at = next((i for i, f in enumerate(frames) if pattern in f), None)
+            if at is not None:
+                below = [_short_frame(f) for f in frames[at + 1:] if not _plumbing(f)][:depth]
+                chains[(UNDER, pattern, " > ".join([_short_frame(frames[at]), *below]))] += count
         parsed = [FRAME.match(f) for f in frames]
         names = [(m["fn"], _short(m["file"]), m["line"]) if m else (f, "", "") for f, m in zip(frames, parsed)]
         if names:
@@ -161,6 +170,18 @@ def load(path: str, thread: str | None, callers: tuple[str, ...] = (), depth: in
     return total, self_line, incl, waits, chains
 
 
+UNDER = "under"  # chain keys of ``under`` patterns: (UNDER, pattern, chain)
+# Hook plumbing between a hooked SGLang function's caller and the slot's code (SGLang's HookRegistry
+# wrapper, the plugin's installer gate and source-edit hook): left out of ``under`` chains, as the
+# frames that say where the time goes are below them (their own time stays in the self-time table).
+_PLUMBING = ("wrapper (plugins/hook_registry.py:", "gated (sglang_hostsync_plugin/installer.py:",
+             "hook (sglang_hostsync_plugin/source_edit.py:")
+
+
+def _plumbing(frame: str) -> bool:
+    return frame.startswith(_PLUMBING)
+
+
 def _short_frame(frame: str, line: bool = True) -> str:
     m = FRAME.match(frame)
     if not m:
@@ -168,11 +189,16 @@ def _short_frame(frame: str, line: bool = True) -> str:
     return f"{m['fn']} ({_short(m['file'])}:{m['line']})" if line else f"{m['fn']} ({_short(m['file'])})"
 
 
-# Where the scheduler thread waits rather than works (SGLang 0.5.23 EAGLE v2): the result
-# readback's event wait, stock's tail-copy sync (boolean-mask gather, eagle_worker_common.py:102/105)
-# and the idle loop between requests.
+# Where the scheduler thread waits rather than works (SGLang 0.5.23): NGRAM's and FlashInfer's per-step
+# wait for step N-1 (the synchronize in FutureMap.resolve_seq_lens_cpu, or where ngram_late_wait moved it),
+# the result readback's wait, stock's tail-copy sync (boolean-mask gather, eagle_worker_common.py:102/105)
+# and the idle loop between requests. py-spy names a method with or without its class
+# ("Event.synchronize" or "synchronize"), so the CUDA waits are matched by file.
+_CUDA_WAIT = re.compile(r"(^|;)(\w+\.)?synchronize \(torch/cuda/streams\.py:\d+\)")
 WAITS = (
-    ("result wait", lambda stack: "Event.synchronize (torch/cuda/streams.py" in stack),
+    ("step wait", lambda stack: bool(_CUDA_WAIT.search(stack)) and ("resolve_seq_lens_cpu" in stack
+                                                                   or "ngram_late_wait.py" in stack)),
+    ("result wait", lambda stack: bool(_CUDA_WAIT.search(stack))),
     ("stock tail-copy sync", lambda stack: stack.endswith(("duplicate_prefix_tail_to_draft_branches (eagle_worker_common.py:102)",
                                                          "duplicate_prefix_tail_to_draft_branches (eagle_worker_common.py:105)"))),
     ("idle loop", lambda stack: "Scheduler.on_idle (" in stack),
@@ -206,7 +232,7 @@ def report(ns) -> int:
             m = re.match(r"(\d+\.\d+)-(\d+\.\d+)\.txt$", f)
             if m and any(a <= float(m[1]) and float(m[2]) <= b for a, b, _ in spans):
                 files.append(os.path.join(folder, f))
-        runs[name] = (*merge(load(f, None, tuple(ns.callers), ns.depth) for f in files), len(files))
+        runs[name] = (*merge(load(f, None, tuple(ns.callers), ns.depth, tuple(ns.under)) for f in files), len(files))
         steps[name] = sorted(st for _, _, st in spans)[len(spans) // 2] if spans else float("nan")
     names = list(runs)
     print("\n## Scheduler thread inside the timed windows: waiting and working\n")
@@ -233,6 +259,15 @@ def report(ns) -> int:
         for n in names:
             total, chains = runs[n][0], runs[n][4]
             mine = sorted(((c, k[1]) for k, c in chains.items() if k[0] == pattern), key=lambda x: (-x[0], x[1]))
+            print(f"- {n}: {sum(c for c, _ in mine) / max(total, 1) * steps[n]:.1f} in all")
+            for c, chain in mine[: ns.top]:
+                print(f"  - {c / max(total, 1) * steps[n]:.1f}: `{chain}`")
+    for pattern in ns.under:
+        print(f"\n## Working samples under `{pattern}`, by the {ns.depth} frames below it (µs per decode step)\n")
+        for n in names:
+            total, chains = runs[n][0], runs[n][4]
+            mine = sorted(((c, k[2]) for k, c in chains.items() if k[0] is UNDER and k[1] == pattern),
+                          key=lambda x: (-x[0], x[1]))
             print(f"- {n}: {sum(c for c, _ in mine) / max(total, 1) * steps[n]:.1f} in all")
             for c, chain in mine[: ns.top]:
                 print(f"  - {c / max(total, 1) * steps[n]:.1f}: `{chain}`")
@@ -269,7 +304,9 @@ def main():
     p.add_argument("--top", type=int, default=40)
     p.add_argument("--callers", action="append", default=[], metavar="SUBSTRING",
                    help="also list the working samples through the first frame containing this, by caller chain; repeatable")
-    p.add_argument("--depth", type=int, default=3, help="callers shown per chain (--callers)")
+    p.add_argument("--under", action="append", default=[], metavar="SUBSTRING",
+                   help="also list the working samples under the first frame containing this, by the frames it calls; repeatable")
+    p.add_argument("--depth", type=int, default=3, help="callers (--callers) or callees (--under) shown per chain")
     ns = ap.parse_args()
     return record(ns) if ns.cmd == "record" else report(ns)
 

@@ -216,12 +216,12 @@ def test_pyspy_report_keeps_the_timed_windows_and_splits_waits_from_work(tmp_pat
              "load": {"accept_length": 3.0, "tok_s_user_median": 375.0}}]
     (tmp_path / "e2e.json").write_text(json.dumps({"rows": rows}))
     ns = type("NS", (), dict(folder=str(tmp_path), e2e_json=str(tmp_path / "e2e.json"), concurrency=1, top=5,
-                             callers=[], depth=3))()
+                             callers=[], depth=3, under=[]))()
     assert ps.report(ns) == 0
     out = capsys.readouterr().out
     # 200 main-thread samples in the two chunks inside the window; a step is 3 / 375 s = 8000 µs;
     # host work = (130 run_batch) / 200 = 65% -> 5200 µs per step.
-    assert "| cfg/slots:x | 200 (2) | 8000 | 30.0% | 0.0% | 5.0% | 65.0% | 5200 |" in out
+    assert "| cfg/slots:x | 200 (2) | 8000 | 0.0% | 30.0% | 0.0% | 5.0% | 65.0% | 5200 |" in out
     assert "| `eagle_utils.py:9 (prepare)` | 65.0 |" in out and "x.py" not in out and "w.py" not in out
 
 
@@ -242,13 +242,56 @@ def test_pyspy_report_lists_the_working_samples_through_a_frame_by_caller(tmp_pa
              "load": {"accept_length": 2.0, "tok_s_user_median": 250.0}}]  # 8000 µs per step
     (tmp_path / "e2e.json").write_text(json.dumps({"rows": rows}))
     ns = type("NS", (), dict(folder=str(tmp_path), e2e_json=str(tmp_path / "e2e.json"), concurrency=1, top=5,
-                             callers=["mambaish_config"], depth=1))()
+                             callers=["mambaish_config"], depth=1, under=[]))()
     assert ps.report(ns) == 0
     out = capsys.readouterr().out.split("## Working samples through `mambaish_config`", 1)[1]
     # 200 samples; the waiting one (40) is left out: 60 working samples through the walk = 2400 µs.
     assert "- cfg/stock: 2400.0 in all" in out
     assert "  - 2000.0: `mambaish_config (configs/hybrid_arch.py) <- commit (spec_utils.py:1025)`" in out
     assert "  - 400.0: `mambaish_config (configs/hybrid_arch.py) <- prepare (forward_batch_info.py:1853)`" in out
+
+
+def test_pyspy_report_counts_ngrams_step_wait_and_lists_the_work_under_a_frame(tmp_path, capsys):
+    ps = _pyspy()
+    loop = "thread (7): MainThread;run (scheduler.py:1);run_batch (scheduler.py:4704)"
+    fwd = "forward_batch_generation (speculative/ngram_worker.py:{})"
+    prep = f"{fwd.format(430)};_prepare_for_speculative_decoding (speculative/ngram_worker.py:{{}})"
+    lines = [  # py-spy names methods without their class here: "synchronize", not "Stream.synchronize"
+        f"{loop};resolve_seq_lens_cpu (managers/overlap_utils.py:639);synchronize (torch/cuda/streams.py:108) 300",
+        f"{loop};{prep.format(334)};draft_tokens_hook (sglang_hostsync_plugin/slots/ngram_late_wait.py:139);"
+        "finish (sglang_hostsync_plugin/slots/ngram_late_wait.py:117);synchronize (torch/cuda/streams.py:108) 200",
+        f"{loop};{prep.format(335)} 30",
+        f"{loop};{prep.format(356)};full_mask (sglang_hostsync_plugin/slots/ngram_full_mask.py:95) 20",
+        f"{loop};{fwd.format(437)};forward_batch_generation (managers/tp_worker.py:675) 40",
+        f"{loop};{fwd.format(479)} 10",
+        "thread (7): MainThread;run (scheduler.py:1);process_batch_result (scheduler.py:3);"
+        "synchronize (torch/cuda/streams.py:254) 100",
+        "thread (7): MainThread;run (scheduler.py:1);other (y.py:2) 300"]
+    arm_dir = tmp_path / "ngram__p"
+    arm_dir.mkdir()
+    (arm_dir / "10.000-11.000.txt").write_text("\n".join(lines) + "\n")
+    (tmp_path / "arms.tsv").write_text("ngram\tp\t1\tngram__p\n")
+    rows = [{"config": "ngram", "arm": "p", "concurrency": 1, "t_start": 9.0, "t_end": 12.0,
+             "load": {"accept_length": 2.0, "tok_s_user_median": 200.0}}]  # 10000 µs per step
+    (tmp_path / "e2e.json").write_text(json.dumps({"rows": rows}))
+    ns = type("NS", (), dict(folder=str(tmp_path), e2e_json=str(tmp_path / "e2e.json"), concurrency=1, top=5,
+                             callers=[], depth=2, under=["forward_batch_generation (speculative/ngram_worker.py"]))()
+    assert ps.report(ns) == 0
+    out = capsys.readouterr().out
+    # 1000 samples: 500 in the step wait (at the resolve or at the late wait), 100 in the result wait.
+    assert "| ngram/p | 1000 (1) | 10000 | 50.0% | 10.0% | 0.0% | 0.0% | 40.0% | 4000 |" in out
+    under = out.split("## Working samples under `forward_batch_generation (speculative/ngram_worker.py`", 1)[1]
+    # The working samples below the worker's forward (the waits left out): 100 of 1000 = 1000 µs per step.
+    assert "- ngram/p: 1000.0 in all" in under
+    assert ("  - 400.0: `forward_batch_generation (speculative/ngram_worker.py:437) > "
+            "forward_batch_generation (managers/tp_worker.py:675)`") in under
+    assert ("  - 300.0: `forward_batch_generation (speculative/ngram_worker.py:430) > "
+            "_prepare_for_speculative_decoding (speculative/ngram_worker.py:335)`") in under
+    assert ("  - 200.0: `forward_batch_generation (speculative/ngram_worker.py:430) > "
+            "_prepare_for_speculative_decoding (speculative/ngram_worker.py:356) > "
+            "full_mask (sglang_hostsync_plugin/slots/ngram_full_mask.py:95)`") in under
+    assert "  - 100.0: `forward_batch_generation (speculative/ngram_worker.py:479)`" in under
+    assert "ngram_late_wait.py" not in under
 
 
 def test_ramp_pace_lists_each_prefill_with_its_start_lead_and_catch_up(tmp_path, capsys):
