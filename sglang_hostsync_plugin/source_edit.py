@@ -86,6 +86,7 @@ class PinnedEdit:
                  site: "EditSite | None" = None):
         self.slot, self.path, self.edits, self.bind, self.sha, self.site = slot, path, edits, bind, sha, site
         self._edited = None
+        self.failed = False  # the first call's edit failed: SGLang's function runs
 
         def hook(original, *args, **kwargs):  # one object: the installer finds it in the live chain
             return self(original)(*args, **kwargs)
@@ -135,9 +136,13 @@ class PinnedEdit:
             except Exception as exc:  # noqa: BLE001 (SGLang's own function runs instead)
                 logging.getLogger("sglang.srt.plugins.hostsync").error(
                     "hostsync: %s: %s runs unedited: %s", self.slot, self.path.rsplit(".", 1)[-1], exc)
-                fn = original
+                fn, self.failed = original, True
             self._edited = fn
         return fn
+
+    def live(self) -> bool:
+        """The edited function has run in this process (not SGLang's, after a failed edit)."""
+        return self._edited is not None and not self.failed
 
 
 class EditSite:

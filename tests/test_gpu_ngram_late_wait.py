@@ -18,6 +18,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 from sglang.srt.managers.overlap_utils import FutureMap, RelayPayload  # noqa: E402
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
 from sglang_hostsync_plugin.slots import ngram_accept_readback as readback  # noqa: E402
+from sglang_hostsync_plugin.slots import ngram_full_mask as nfm  # noqa: E402
 from sglang_hostsync_plugin.slots import ngram_late_wait as late  # noqa: E402
 
 POOL, NDT = 64, 8
@@ -35,6 +36,7 @@ def test_resolve_returns_under_the_forward_and_the_draft_prep_reads_stocks_value
     monkeypatch.setattr(late, "_live", False)  # step 0 waits where SGLang does, as a server's first step
     monkeypatch.setattr(late, "_pending", None)
     monkeypatch.setattr(late, "deferred", 0)
+    monkeypatch.setattr(nfm.PREPARE_ONCE, "live", lambda: True)  # the verify prep's edit runs (not driven here)
     rng = random.Random(4)
     pool = SimpleNamespace(req_to_token=torch.zeros(POOL, 16, dtype=torch.int32, device="cuda"))
     fm = FutureMap(torch.device("cuda"), SpeculativeAlgorithm.NGRAM, pool, needs_cpu_seq_lens=True)

@@ -164,7 +164,7 @@ def test_recompiled_prepare_hands_verify_the_stock_mask(ngram_worker, monkeypatc
     assert torch.equal(stock, stock_full_mask(tree, mask, lens or batch.seq_lens_cpu.tolist(), d))
     assert plugin.dtype == stock.dtype and plugin.shape == stock.shape and torch.equal(plugin, stock)
     assert calls == [(bs, d)]  # one launch for the batch
-    assert nfm.PREPARE_ONCE._edited not in (None, original)
+    assert nfm.PREPARE_ONCE._edited not in (None, original) and nfm.PREPARE_ONCE.live()
 
 
 def test_what_the_kernel_does_not_take_runs_the_stock_loop(ngram_worker, monkeypatch):

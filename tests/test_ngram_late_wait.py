@@ -33,6 +33,8 @@ def _fresh(monkeypatch):
     monkeypatch.setattr(late, "_live", False)
     monkeypatch.setattr(late, "_pending", None)
     monkeypatch.setattr(late, "deferred", 0)
+    # ngram_full_mask's verify-prep edit has run (the tests that drive it run the real one)
+    monkeypatch.setattr(nfm.PREPARE_ONCE, "live", lambda: True)
 
 
 def _batch(indices, mode=DECODE):
@@ -212,3 +214,42 @@ def test_the_readback_hands_the_tensors_the_wait_fills():
     _draft_prep(batch)
     assert tokens.tolist() == list(range(NDT, 2 * NDT)) + list(range(NDT))
     assert np.array_equal(batch.spec_info.accept_lens.numpy(), [1, 3])
+
+
+def test_a_batch_left_to_stocks_mask_loop_takes_the_wait_before_it_reads_the_lengths(ngram_worker, monkeypatch):
+    """Where ngram_full_mask's kernel does not fit (here: a tree-mask buffer that is not bool), the edited
+    verify prep runs stock's per-request loop, which reads the host lengths before the draft prep."""
+    w = ngram_worker
+    original = getattr(w.NGRAMWorker._prepare_for_speculative_decoding, "__wrapped__",
+                       w.NGRAMWorker._prepare_for_speculative_decoding)
+    bs, d = 2, 4
+    self, batch, seen, (tree, mask, lens) = _fake_worker(w, monkeypatch, d, bs, None, seed=7)
+    self.tree_mask = self.tree_mask.to(torch.uint8)
+    true_lens = batch.seq_lens_cpu.clone()
+    batch.seq_lens_cpu.fill_(1 << 40)  # ones((D, 2**40)) if read before the wait
+    fm = types.SimpleNamespace(fwd_prepare_d2h_stream=types.SimpleNamespace(synchronize=lambda: None),
+                               new_seq_lens_cpu_pinned=true_lens)
+    rb = types.SimpleNamespace(tokens=torch.zeros(bs, NDT, dtype=torch.int32), lens=torch.zeros(bs, dtype=torch.int32))
+    late._pending = late.Pending(fm, batch, torch.arange(bs), rb, batch.seq_lens_cpu,
+                                 torch.empty(bs * NDT, dtype=torch.int32), torch.empty(bs, dtype=torch.int32))
+    fake_draft = self._prepare_draft_tokens
+    self._prepare_draft_tokens = lambda b: late.draft_tokens_hook(lambda _s, bb: fake_draft(bb), self, b)
+    nfm.PREPARE_ONCE.hook(original, self, batch)
+    assert late._pending is None and torch.equal(batch.seq_lens_cpu, true_lens)
+    assert torch.equal(seen[-1]["custom_mask"], stock_full_mask(tree, mask, true_lens.tolist(), d))
+
+
+def test_no_deferral_while_the_verify_prep_runs_sglangs_unedited_function(monkeypatch):
+    """A failed first-call edit of ngram_full_mask leaves SGLang's function, which reads the host lengths
+    before the draft prep: the resolve then keeps stock's wait."""
+    late._live = True
+    monkeypatch.delattr(nfm.PREPARE_ONCE, "live")  # the fixture's stand-in: PinnedEdit.live itself
+    monkeypatch.setattr(nfm.PREPARE_ONCE, "_edited", lambda *a: None)
+    monkeypatch.setattr(nfm.PREPARE_ONCE, "failed", True)
+    assert not nfm.PREPARE_ONCE.live()
+    fm, _ = _future_map()
+    _stash(fm, True, [1], torch.arange(NDT, dtype=torch.int32).view(1, NDT), torch.tensor([2], dtype=torch.int32))
+    batch = _batch([1])
+    _resolve(fm, batch, hooked=True)
+    assert late.deferred == 0 and late._pending is None and batch.seq_lens_cpu is not None
+    assert fm.fwd_prepare_d2h_stream.log[-1][0] == "sync"

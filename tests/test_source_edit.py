@@ -113,10 +113,12 @@ def test_hook_under_another_plugins_wrapper_calls_it_and_says_so(monkeypatch, ca
         return "theirs"
 
     monkeypatch.setattr(tdm.PREPARE, "_edited", None)
+    monkeypatch.setattr(tdm.PREPARE, "failed", False)
+    assert not tdm.PREPARE.live()  # not called yet
     with caplog.at_level("ERROR", logger="sglang.srt.plugins.hostsync"):
         assert tdm.PREPARE.hook(other_plugins_wrapper, "batch", "runner") == "theirs"
         assert tdm.PREPARE.hook(other_plugins_wrapper, "batch", "runner") == "theirs"
-    assert calls == [("batch", "runner")] * 2
+    assert calls == [("batch", "runner")] * 2 and tdm.PREPARE.failed and not tdm.PREPARE.live()
     assert caplog.text.count("target_dp_meta: prepare_mlp_sync_batch runs unedited") == 1
 
 

@@ -84,10 +84,17 @@ def _full_mask_kernel(tree_ptr, seq_lens_ptr, out_ptr, total, D: tl.constexpr, B
 
 
 def fits(batch, tree_mask: torch.Tensor) -> bool:
+    """Whether the kernel builds this batch's mask; where not, stock's loop reads the host lengths
+    before the draft prep, so a wait ``ngram_late_wait`` deferred to the draft prep is taken first."""
     seq_lens = batch.seq_lens
-    return (len(batch.reqs) > 0 and batch.seq_lens_cpu is not None and tree_mask.dtype == torch.bool
-            and isinstance(seq_lens, torch.Tensor) and seq_lens.device == tree_mask.device
-            and (tree_mask.is_cuda or _INTERPRET))
+    ok = (len(batch.reqs) > 0 and batch.seq_lens_cpu is not None and tree_mask.dtype == torch.bool
+          and isinstance(seq_lens, torch.Tensor) and seq_lens.device == tree_mask.device
+          and (tree_mask.is_cuda or _INTERPRET))
+    if not ok:
+        from . import ngram_late_wait  # it imports this module
+
+        ngram_late_wait.finish()
+    return ok
 
 
 def full_mask(tree_mask: torch.Tensor, seq_lens: torch.Tensor, seq_lens_cpu, num_draft: int) -> torch.Tensor:

@@ -24,7 +24,9 @@ Nothing between the two reads them: ``run_batch`` from the resolve to the worker
 glue and ``_prepare_for_speculative_decoding`` up to the draft prep read neither
 ``seq_lens_cpu``'s values nor ``seq_lens_sum`` (pinned sources; ``tests/test_ngram_late_wait.py``
 reads them) once ``ngram_full_mask`` sizes the verify mask after the draft prep. Stock's per-request
-``torch.ones((D, seq_lens_cpu[i]))`` would read them before it, so the slot requires that slot.
+``torch.ones((D, seq_lens_cpu[i]))`` would read them before it, so the slot requires that slot,
+defers only while that slot's edit runs (not after a failed edit, where SGLang's function runs),
+and a batch the edit leaves to stock's loop takes the wait first (``ngram_full_mask.fits``).
 
 It defers only where SGLang's resolve would have synchronized that stream (the readback's own
 conditions), for a decode batch, without SGLang's debug asserts (``SGLANG_IS_IN_CI``, which
@@ -48,6 +50,7 @@ import torch
 
 from ..checks import read_source
 from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck, not_speculative
+from . import ngram_full_mask
 from .ngram_full_mask import NGRAM_PRESET
 
 logger = logging.getLogger("sglang.srt.plugins.hostsync")
@@ -85,7 +88,9 @@ def defer(original, fm, batch, readback, stream_ordered: bool) -> bool:
     global _pending, deferred
     from sglang.srt.managers import overlap_utils
 
-    if not _live or overlap_utils._DEBUG_ASSERT or not batch.forward_mode.is_decode():
+    # Stock's verify prep reads the host lengths before the draft prep: only ngram_full_mask's edit does not.
+    if (not _live or not ngram_full_mask.PREPARE_ONCE.live() or overlap_utils._DEBUG_ASSERT
+            or not batch.forward_mode.is_decode()):
         return False
     fm.needs_cpu_seq_lens = False  # SGLang's own event wait and device gather, without the D2H
     try:
