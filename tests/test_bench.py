@@ -1,5 +1,6 @@
 """The decode-loop bench runs, reduced, on the CPU and says what needs a GPU."""
 
+import argparse
 import json
 
 import pytest
@@ -196,8 +197,24 @@ def _pyspy():
     return mod
 
 
+def _pyspy_report(tmp_path, capsys, config, arm, chunks, step, window=(9.0, 12.0), **opts):
+    """``pyspy_schedulers.py report`` over one arm's py-spy chunks (monotonic span -> collapsed stacks),
+    its timed window and a decode step of ``step`` µs at concurrency 1 (accept length 2); its output."""
+    sub = f"{config}__{arm.replace(':', '_')}"
+    (tmp_path / sub).mkdir()
+    for span, lines in chunks.items():
+        (tmp_path / sub / f"{span}.txt").write_text("\n".join(lines) + "\n")
+    (tmp_path / "arms.tsv").write_text(f"{config}\t{arm}\t1\t{sub}\n")
+    rows = [{"config": config, "arm": arm, "concurrency": 1, "t_start": window[0], "t_end": window[1],
+             "load": {"accept_length": 2.0, "tok_s_user_median": 2e6 / step}}]
+    (tmp_path / "e2e.json").write_text(json.dumps({"rows": rows}))
+    ns = dict(folder=str(tmp_path), e2e_json=str(tmp_path / "e2e.json"), concurrency=1, top=5, callers=[], depth=3,
+              under=[]) | opts
+    assert _pyspy().report(argparse.Namespace(**ns)) == 0
+    return capsys.readouterr().out
+
+
 def test_pyspy_report_keeps_the_timed_windows_and_splits_waits_from_work(tmp_path, capsys):
-    ps = _pyspy()
     loop = "thread (7): MainThread;run (scheduler.py:1);event_loop_overlap (scheduler.py:2)"
     chunks = {  # monotonic span -> collapsed stacks (py-spy raw)
         "10.000-11.000": [f"{loop};process_batch_result (scheduler.py:3);Event.synchronize (torch/cuda/streams.py:254) 60",
@@ -207,18 +224,7 @@ def test_pyspy_report_keeps_the_timed_windows_and_splits_waits_from_work(tmp_pat
         "11.000-12.000": [f"{loop};run_batch (scheduler.py:4);prepare (eagle_utils.py:9) 100"],
         "20.000-21.000": [f"{loop};run_batch (scheduler.py:4);other (x.py:1) 999"],  # outside every window
     }
-    arm_dir = tmp_path / "cfg__slots_x"
-    arm_dir.mkdir()
-    for span, lines in chunks.items():
-        (arm_dir / f"{span}.txt").write_text("\n".join(lines) + "\n")
-    (tmp_path / "arms.tsv").write_text("cfg\tslots:x\t123\tcfg__slots_x\n")
-    rows = [{"config": "cfg", "arm": "slots:x", "concurrency": 1, "t_start": 9.5, "t_end": 12.5,
-             "load": {"accept_length": 3.0, "tok_s_user_median": 375.0}}]
-    (tmp_path / "e2e.json").write_text(json.dumps({"rows": rows}))
-    ns = type("NS", (), dict(folder=str(tmp_path), e2e_json=str(tmp_path / "e2e.json"), concurrency=1, top=5,
-                             callers=[], depth=3, under=[]))()
-    assert ps.report(ns) == 0
-    out = capsys.readouterr().out
+    out = _pyspy_report(tmp_path, capsys, "cfg", "slots:x", chunks, 8000, window=(9.5, 12.5))
     # 200 main-thread samples in the two chunks inside the window; a step is 3 / 375 s = 8000 µs;
     # host work = (130 run_batch) / 200 = 65% -> 5200 µs per step.
     assert "| cfg/slots:x | 200 (2) | 8000 | 0.0% | 30.0% | 0.0% | 5.0% | 65.0% | 5200 |" in out
@@ -226,7 +232,6 @@ def test_pyspy_report_keeps_the_timed_windows_and_splits_waits_from_work(tmp_pat
 
 
 def test_pyspy_report_lists_the_working_samples_through_a_frame_by_caller(tmp_path, capsys):
-    ps = _pyspy()
     loop = "thread (7): MainThread;run (scheduler.py:1)"
     walk = "mambaish_config (configs/hybrid_arch.py:{})"
     lines = [f"{loop};verify (eagle_worker_common.py:736);commit (spec_utils.py:1025);{walk.format(147)} 30",
@@ -234,17 +239,8 @@ def test_pyspy_report_lists_the_working_samples_through_a_frame_by_caller(tmp_pa
              f"{loop};prepare (forward_batch_info.py:1853);{walk.format(147)} 10",
              f"{loop};wait (x.py:1);mambaish_config (configs/hybrid_arch.py:147);Event.synchronize (torch/cuda/streams.py:254) 40",
              f"{loop};other (y.py:2) 100"]
-    arm_dir = tmp_path / "cfg__stock"
-    arm_dir.mkdir()
-    (arm_dir / "10.000-11.000.txt").write_text("\n".join(lines) + "\n")
-    (tmp_path / "arms.tsv").write_text("cfg\tstock\t1\tcfg__stock\n")
-    rows = [{"config": "cfg", "arm": "stock", "concurrency": 1, "t_start": 9.0, "t_end": 12.0,
-             "load": {"accept_length": 2.0, "tok_s_user_median": 250.0}}]  # 8000 µs per step
-    (tmp_path / "e2e.json").write_text(json.dumps({"rows": rows}))
-    ns = type("NS", (), dict(folder=str(tmp_path), e2e_json=str(tmp_path / "e2e.json"), concurrency=1, top=5,
-                             callers=["mambaish_config"], depth=1, under=[]))()
-    assert ps.report(ns) == 0
-    out = capsys.readouterr().out.split("## Working samples through `mambaish_config`", 1)[1]
+    out = _pyspy_report(tmp_path, capsys, "cfg", "stock", {"10.000-11.000": lines}, 8000, callers=["mambaish_config"],
+                        depth=1).split("## Working samples through `mambaish_config`", 1)[1]
     # 200 samples; the waiting one (40) is left out: 60 working samples through the walk = 2400 µs.
     assert "- cfg/stock: 2400.0 in all" in out
     assert "  - 2000.0: `mambaish_config (configs/hybrid_arch.py) <- commit (spec_utils.py:1025)`" in out
@@ -252,7 +248,6 @@ def test_pyspy_report_lists_the_working_samples_through_a_frame_by_caller(tmp_pa
 
 
 def test_pyspy_report_counts_ngrams_step_wait_and_lists_the_work_under_a_frame(tmp_path, capsys):
-    ps = _pyspy()
     loop = "thread (7): MainThread;run (scheduler.py:1);run_batch (scheduler.py:4704)"
     fwd = "forward_batch_generation (speculative/ngram_worker.py:{})"
     prep = f"{fwd.format(430)};_prepare_for_speculative_decoding (speculative/ngram_worker.py:{{}})"
@@ -267,17 +262,8 @@ def test_pyspy_report_counts_ngrams_step_wait_and_lists_the_work_under_a_frame(t
         "thread (7): MainThread;run (scheduler.py:1);process_batch_result (scheduler.py:3);"
         "synchronize (torch/cuda/streams.py:254) 100",
         "thread (7): MainThread;run (scheduler.py:1);other (y.py:2) 300"]
-    arm_dir = tmp_path / "ngram__p"
-    arm_dir.mkdir()
-    (arm_dir / "10.000-11.000.txt").write_text("\n".join(lines) + "\n")
-    (tmp_path / "arms.tsv").write_text("ngram\tp\t1\tngram__p\n")
-    rows = [{"config": "ngram", "arm": "p", "concurrency": 1, "t_start": 9.0, "t_end": 12.0,
-             "load": {"accept_length": 2.0, "tok_s_user_median": 200.0}}]  # 10000 µs per step
-    (tmp_path / "e2e.json").write_text(json.dumps({"rows": rows}))
-    ns = type("NS", (), dict(folder=str(tmp_path), e2e_json=str(tmp_path / "e2e.json"), concurrency=1, top=5,
-                             callers=[], depth=2, under=["forward_batch_generation (speculative/ngram_worker.py"]))()
-    assert ps.report(ns) == 0
-    out = capsys.readouterr().out
+    out = _pyspy_report(tmp_path, capsys, "ngram", "p", {"10.000-11.000": lines}, 10000, depth=2,
+                        under=["forward_batch_generation (speculative/ngram_worker.py"])
     # 1000 samples: 500 in the step wait (at the resolve or at the late wait), 100 in the result wait.
     assert "| ngram/p | 1000 (1) | 10000 | 50.0% | 10.0% | 0.0% | 0.0% | 40.0% | 4000 |" in out
     under = out.split("## Working samples under `forward_batch_generation (speculative/ngram_worker.py`", 1)[1]
