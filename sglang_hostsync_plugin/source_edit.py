@@ -142,6 +142,8 @@ class PinnedEdit:
 
     def live(self) -> bool:
         """The edited function has run in this process (not SGLang's, after a failed edit)."""
+        if self.site is not None:  # the site compiles its parts' variants
+            return self.site.live(self.slot)
         return self._edited is not None and not self.failed
 
 
@@ -156,6 +158,7 @@ class EditSite:
         self.path, self.sha = path, sha
         self.parts: dict[str, PinnedEdit] = {}
         self._variants: dict[tuple[str, ...], types.FunctionType] = {}
+        self._failed: set[tuple[str, ...]] = set()  # variants whose edit failed: SGLang's function runs
 
     def edit(self, slot: str, edits: tuple[tuple[str, str], ...], bind) -> PinnedEdit:
         part = PinnedEdit(slot, self.path, edits, bind, self.sha, site=self)
@@ -197,8 +200,13 @@ class EditSite:
                 logging.getLogger("sglang.srt.plugins.hostsync").error(
                     "hostsync: %s: %s runs unedited: %s", ", ".join(slots), self.path.rsplit(".", 1)[-1], exc)
                 fn = original
+                self._failed.add(slots)
             self._variants[slots] = fn
         return fn
+
+    def live(self, slot: str) -> bool:
+        """A variant with ``slot``'s edits has been compiled in this process (not SGLang's function)."""
+        return any(slot in key and key not in self._failed for key in self._variants)
 
     def hook(self, is_active) -> "types.FunctionType":
         """The one AROUND hook of the site: the variant for the parts ``is_active`` accepts now."""

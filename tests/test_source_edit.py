@@ -153,3 +153,25 @@ def test_read_source_gives_what_inspect_gives():
         read_source("sglang.srt.managers.overlap_utils.FutureMap.no_such_method")
     with pytest.raises(ModuleNotFoundError):
         read_source("sglang.srt.no_such_module.f")
+
+
+def test_an_edit_sites_parts_are_live_only_once_a_variant_with_their_edits_compiled(toy, caplog):
+    """``PinnedEdit.live`` of a site's part asks the site (the part's own ``_edited`` is never set)."""
+    import hashlib
+    import inspect
+
+    from sglang_hostsync_plugin.source_edit import EditSite
+
+    sha = hashlib.sha256("".join(inspect.getsourcelines(toy.Box.total)[0]).encode()).hexdigest()[:16]
+    site = EditSite("toy_mod.Box.total", sha)
+    a = site.edit("a", (("            out += v * SCALE\n", "            out += v * SCALE + 1\n"),), dict)
+    b = site.edit("b", (("        return out\n", "        return -out\n"),), dict)
+    bad = site.edit("bad", (("not in the source", "x"),), dict)
+    assert not a.live() and not b.live()
+    assert site.variant(toy.Box.total, ("a",))(toy.Box(), [1, 2]) == 8
+    assert a.live() and not b.live()
+    with caplog.at_level("ERROR", logger="sglang.srt.plugins.hostsync"):
+        assert site.variant(toy.Box.total, ("b", "bad"))(toy.Box(), [1, 2]) == 6  # SGLang's function
+    assert not b.live() and not bad.live() and a.live()
+    assert site.variant(toy.Box.total, ("a", "b"))(toy.Box(), [1, 2]) == -8
+    assert b.live()
