@@ -484,16 +484,41 @@ def test_ramp_table_separates_the_catch_up_after_a_prefill_from_steady_state():
     rows = [{"config": "c", "concurrency": 1, "arm": "plugin", "audit": stats.pool_audit([steps])}]
     lines = stats.ramp_lines(rows)
     assert ("| config | conc | arm | start lead ms | 1 | 2-3 | 4-10 | 11+ | run-ahead after 10 steps "
-            "| late launches |") in lines
+            "| late launches | host stalls (misses after them / all misses) |") in lines
     # Four misses 1 ms late each; the decode pairs span step 1's finish (0.019) to step 14's (0.152).
     assert rows[0]["audit"]["late_share"] == pytest.approx(4 / 133)
-    assert "| c | 1 | plugin | -4.0 | 1/1 (-1.0) | 2/2 (-1.0) | 0/7 (+2.0) | 1/3 (+2.0) | 0.667 | 3.01% |" in lines
+    # No step's host time stands out (100-114 µs): no stall, none of the four misses after one.
+    assert "| c | 1 | plugin | -4.0 | 1/1 (-1.0) | 2/2 (-1.0) | 0/7 (+2.0) | 1/3 (+2.0) | 0.667 | 3.01% | 0 (0/4) |" in lines
     # A cell from an e2e.json written before the leads were kept (--merge) still renders.
     old = {"buckets": [{"from": lo, "to": hi, "pairs": 1, "misses": 0} for lo, hi in stats.RAMP_BUCKETS],
            "run_ahead_after_ramp": 1.0}
     lines = stats.ramp_lines([{"config": "c", "concurrency": 1, "arm": "old", "audit": {"ramp": old}}])
-    assert "| c | 1 | old | - | 0/1 (-) | 0/1 (-) | 0/1 (-) | 0/1 (-) | 1.000 | - |" in lines
+    assert "| c | 1 | old | - | 0/1 (-) | 0/1 (-) | 0/1 (-) | 0/1 (-) | 1.000 | - | - |" in lines
     assert stats.ramp_lines([{"config": "c", "concurrency": 1, "arm": "stock", "audit": None}]) == []
+
+
+def test_host_stalls_and_the_misses_in_their_wake():
+    # 20 decode steps 10 ms apart on the GPU, host CPU time 9 ms each (it waits for the GPU), except:
+    # step 5 stalls (30 ms: the host falls behind and needs steps 5-7 to catch up), step 12 takes
+    # 17 ms (under 2x the median: no stall) and misses once, and step 16 misses after a normal step.
+    late = {5: -20e-3, 6: -12e-3, 7: -4e-3, 12: -1e-3, 16: -0.5e-3}
+    host = {5: 30e3, 12: 17e3}
+    steps = [TraceStep(k, k * 0.01, k * 0.01 + 0.012, True, host.get(k, 9e3), ()) for k in range(20)]
+    for k, lead in late.items():  # the pair (k-1, k): step k launches `lead` after step k-1 finished
+        steps[k] = TraceStep(k, steps[k - 1].t_finish - lead, steps[k - 1].t_finish - lead + 0.012, True,
+                             host.get(k, 9e3), ())
+    fig = stats.audit_figures(steps)
+    assert sum(lead <= 0 for lead in fig["leads_ms"]) == 5
+    # One stall (step 5); the run of misses it begins (5, 6, 7) is after it; 12 and 16 are not.
+    assert fig["stalls"] == {"stalls": 1, "misses": 5, "misses_after_stalls": 3}
+    # A run of misses that begins before the stall is not the stall's: move the stall to step 6.
+    host6 = [TraceStep(s.step, s.t_launch, s.t_finish, True, 30e3 if s.step == 6 else 9e3, ()) for s in steps]
+    assert stats.audit_figures(host6)["stalls"] == {"stalls": 1, "misses": 5, "misses_after_stalls": 0}
+    # Pooled over two windows, each with its own median.
+    pooled = stats.pool_audit([steps[:10], steps[10:]])
+    assert pooled["stalls"] == {"stalls": 1, "misses": 5, "misses_after_stalls": 3}
+    lines = stats.ramp_lines([{"config": "c", "concurrency": 1, "arm": "plugin", "audit": pooled}])
+    assert lines[-1].endswith("| 1 (3/5) |")
 
 
 def res(ids, lps=None, latency=1.0):

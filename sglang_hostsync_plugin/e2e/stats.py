@@ -63,16 +63,44 @@ def ramp_table(lead_since: Sequence[tuple[int, float]], start_leads: Sequence[fl
             "start_lead_ms_median": median(start_leads), "starts": len(start_leads)}
 
 
+# A decode step whose scheduler CPU time exceeds this many times its window's median is a host stall
+# (the median holds the spin-wait for the GPU where the host is ahead, so it is about a GPU step there);
+# the run of misses it starts, the host catching up afterwards, is counted apart in the ramp table.
+STALL_FACTOR = 2.0
+
+
+def stall_misses(steps: list[TraceStep], lead_pairs: Sequence[tuple[int, float]]) -> dict:
+    """Host stalls and the misses in their wake. ``lead_pairs``: (step N+1, lead of the pair N, N+1).
+    A stall is a decode step with host CPU time over STALL_FACTOR x the window's median; a run of
+    consecutive missed pairs whose first later step is a stall counts whole as after that stall."""
+    host = [s.host_us for s in steps if s.decode and not math.isnan(s.host_us)]
+    limit = STALL_FACTOR * median(host) if host else math.inf
+    stalled = {s.step for s in steps if s.decode and s.host_us > limit}
+    after, misses, run_step, in_run = 0, 0, None, False
+    for later, lead in sorted(lead_pairs):
+        if lead > 0:
+            run_step = None
+            continue
+        misses += 1
+        if run_step is None or later != run_step + 1:  # a new run of misses begins here
+            in_run = later in stalled
+        run_step = later
+        after += in_run
+    return {"stalls": len(stalled), "misses": misses, "misses_after_stalls": after}
+
+
 def audit_figures(steps: list[TraceStep]) -> dict:
     """syncs/step with sites, decode-pair launch leads, run-ahead, host µs/step."""
     by_step = {s.step: s for s in steps}
     since = steps_since_prefill(steps)
-    lead_since = [
-        (since[s.step], (s.t_finish - by_step[s.step + 1].t_launch) * 1e3)
+    pairs = [
+        (s.step + 1, since[s.step], (s.t_finish - by_step[s.step + 1].t_launch) * 1e3)
         for s in steps
         if s.decode and s.step + 1 in by_step and by_step[s.step + 1].decode and not math.isnan(s.t_finish)
     ]
+    lead_since = [(k, lead) for _, k, lead in pairs]
     leads = [lead for _, lead in lead_since]
+    stalls = stall_misses(steps, [(later, lead) for later, _, lead in pairs])
     # Between the GPU finishes of a decode pair: the decode time the misses' late launches are a share of.
     spans = [
         (by_step[s.step + 1].t_finish - s.t_finish) * 1e3
@@ -101,6 +129,7 @@ def audit_figures(steps: list[TraceStep]) -> dict:
         "lead_since": lead_since,
         "start_leads_ms": start_leads,
         "ramp": ramp_table(lead_since, start_leads),
+        "stalls": stalls,
     }
 
 
@@ -162,6 +191,7 @@ def pool_audit(windows: list[list[TraceStep]]) -> dict:
         "simulated_acceptance_us_per_step": phase_us(attribution, SIMULATE_PHASE),
         "ramp": ramp_table([p for f in figures for p in f["lead_since"]],
                            [v for f in figures for v in f["start_leads_ms"]]),
+        "stalls": {k: sum(f["stalls"][k] for f in figures) for k in ("stalls", "misses", "misses_after_stalls")},
     }
 
 
@@ -412,18 +442,22 @@ def ramp_lines(cell_rows: list[dict]) -> list[str]:
     lines = ["", "Run-ahead misses by decode steps after a prefill (misses / decode pairs, median lead ms); start "
                  "lead: the prefill's GPU finish minus the first decode step's launch; late launches: the misses' "
                  "lateness summed, % of the decode time, an upper bound of the GPU idle they cost (loose where most "
-                 "pairs miss: the GPU starts a step's first graphs before its launch completes):", "",
+                 "pairs miss: the GPU starts a step's first graphs before its launch completes); host stalls: decode "
+                 f"steps whose scheduler CPU time was over {STALL_FACTOR:g}x the window's median, and of all misses "
+                 "those in the runs of misses such a step began (the host catching up after it):", "",
              "| config | conc | arm | start lead ms | " + " | ".join(heads) + f" | run-ahead after {RAMP} steps "
-             "| late launches |",
-             "| --- | --- | --- | --- | " + " | ".join("---" for _ in heads) + " | --- | --- |"]
+             "| late launches | host stalls (misses after them / all misses) |",
+             "| --- | --- | --- | --- | " + " | ".join("---" for _ in heads) + " | --- | --- | --- |"]
     for c in sorted(audited, key=lambda c: (c["config"], c["concurrency"], c["arm"])):
         ramp = c["audit"]["ramp"]  # .get: an e2e.json from before these fields (--merge)
         cells_ = " | ".join(f"{b['misses']}/{b['pairs']} ({fmt(b.get('lead_ms_median'), '+.1f')})"
                             for b in ramp["buckets"])
+        stalls = c["audit"].get("stalls")
+        stall_cell = "-" if stalls is None else f"{stalls['stalls']} ({stalls['misses_after_stalls']}/{stalls['misses']})"
         lines.append(f"| {c['config']} | {c['concurrency']} | {c['arm']} | "
                      f"{fmt(ramp.get('start_lead_ms_median'), '+.1f')} | {cells_} | "
                      f"{fmt(ramp['run_ahead_after_ramp'], '.3f')} | "
-                     f"{fmt(c['audit'].get('late_share'), '.2%')} |")
+                     f"{fmt(c['audit'].get('late_share'), '.2%')} | {stall_cell} |")
     return lines
 
 
