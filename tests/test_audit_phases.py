@@ -95,6 +95,26 @@ def test_settle_attributes_decode_pairs_with_a_known_idle_interval():
     assert top["gpu_idle_us_per_step"] == pytest.approx(1.5e6)  # 3 s over 2 steps, in µs
 
 
+def test_the_first_decode_step_after_a_prefill_is_attributed_into_the_trace_only():
+    # step 1 is a prefill; step 2, the first decode step after it, has the window (launch 1, launch 2);
+    # step 3 a steady decode step.
+    s = state_with_steps(4, decode=[True, False, True, True])
+    s.gpu_finish = {1: 12.0, 2: 22.0}
+    s.gpu_begin = {2: 15.0, 3: 25.0}
+    ns = lambda t: int(t * 1e9)  # noqa: E731
+    for k in (2, 3):
+        w = (s.host_launch[k - 1], s.host_launch[k])
+        s.pending_segments[k] = (w, [("decode_prep", ns(w[0] + 1), ns(w[0] + 6))], 2)
+    s.settle(3)
+    assert not s.pending_segments and set(s.phase_rows) == {2, 3}
+    # The prefill finished at 12, the first decode step's run_batch began at 15: 3 s of idle in its window,
+    # all inside decode_prep (11..16).
+    idle2, row2 = s.phase_rows[2]
+    assert idle2 == pytest.approx(3e9) and row2["decode_prep"] == pytest.approx((5e9, 3e9))
+    # The per-step table holds the steady step only.
+    assert s.summary()["attribution"]["attributed_steps"] == 1
+
+
 def test_trace_round_trip_with_phases_and_v1_lines():
     t = audit.TraceStep(5, 1.5, 1.6, True, 900.0, ("a:1 (f)",), 120.0, {"verify": (300.0, 80.0), "other": (600.0, 40.0)})
     line = audit.format_trace_line(t)
@@ -585,6 +605,31 @@ def test_audit_fine_is_reported_undone_when_the_phase_clock_is_off(monkeypatch):
     assert off.status is Status.WOULD_APPLY and off.reason.startswith("undone: ") and ph.ENV_PHASES in off.reason
     bad = verdict("maybe")
     assert bad.status is Status.FAILED and bad.input_caused  # the audit's bad value, never raised here
+
+
+def test_e2e_tables_the_first_decode_step_after_a_prefill_apart():
+    phases_of = lambda prep: {"decode_prep": (prep, 0.0), "other": (500.0, 0.0)}  # noqa: E731
+    # A prefill (step 0) and decode steps 1-3 in each of two windows; step 1 is the first after the prefill.
+    def window(base):
+        return [audit.TraceStep(base, float(base), float(base) + 0.5, False, 900.0, ()),
+                *(audit.TraceStep(base + k, float(base + k), float(base + k) + 0.5, True, 900.0, (), 0.0,
+                                  phases_of(1500.0 if k == 1 else 100.0)) for k in (1, 2, 3))]
+    pooled = stats.pool_audit([window(0), window(10)])
+    assert stats.first_decode_steps(window(0)) == {1}
+    steady, first = pooled["attribution"], pooled["attribution_first"]
+    assert steady["attributed_steps"] == 4 and steady["window_us_per_step"] == pytest.approx(600.0)
+    assert first["attributed_steps"] == 2 and first["window_us_per_step"] == pytest.approx(2000.0)
+    cell = {"config": "c", "concurrency": 1, "arm": "plugin", "audit": pooled}
+    lines = stats.attribution_tables([cell], "attribution_first", stats.FIRST_STEP_HEADING)
+    assert lines[1].startswith("Host µs of the first decode step after a prefill by phase, c (")
+    assert lines[1].endswith("attributed steps: 2):")
+    assert "| decode_prep | 1500 (0) |" in lines
+    assert "| decode_prep | 100 (0) |" in stats.attribution_tables([cell])
+    assert lines[1] in stats.markdown([dict(cell, tok_s_user_median=1.0, tok_s_user_p10=1.0, ratio_tok_s_user=1.0,
+                                            tok_s_total_median=1.0, accept_length=3.0)], {}, {})
+    # Without first steps (a trace from before 2026-12-06, or none timed) there is no such table.
+    old = dict(pooled, attribution_first={})
+    assert stats.attribution_tables([dict(cell, audit=old)], "attribution_first", stats.FIRST_STEP_HEADING) == []
 
 
 def test_e2e_compares_the_plugin_arms_phase_by_phase_beyond_their_host_speed():

@@ -165,6 +165,13 @@ def host_work_us(attribution: dict) -> float | None:
     return attribution["window_us_per_step"] - result - phase_us(attribution, SEQ_LENS_PHASE)
 
 
+def first_decode_steps(steps: Sequence[TraceStep]) -> set[int]:
+    """The decode steps that follow a non-decode step of the window: the audit attributes their window
+    (from that step's launch) into the trace only, kept out of the per-step table as well."""
+    prefills = {s.step for s in steps if not s.decode}
+    return {s.step for s in steps if s.decode and s.step - 1 in prefills}
+
+
 def pool_audit(windows: list[list[TraceStep]]) -> dict:
     """Audit figures over several windows (rounds): steps pooled, pairs kept within a window."""
     figures = [audit_figures(w) for w in windows]
@@ -173,7 +180,8 @@ def pool_audit(windows: list[list[TraceStep]]) -> dict:
     sites = collections.Counter()
     for w in windows:
         sites.update(site for s in w for site in s.sites)
-    attribution = pool_phases([s for w in windows for s in w])
+    first = [first_decode_steps(w) for w in windows]
+    attribution = pool_phases([s for w, f in zip(windows, first) for s in w if s.step not in f])
     return {
         "steps": steps,
         "syncs_per_step": sum(sites.values()) / steps if steps else None,
@@ -186,6 +194,7 @@ def pool_audit(windows: list[list[TraceStep]]) -> dict:
         "host_us_per_step_median": median([s.host_us for w in windows for s in w if s.decode]),
         **late_launch(sum(f["late_ms"] for f in figures), sum(f["decode_span_ms"] for f in figures)),
         "attribution": attribution,
+        "attribution_first": pool_phases([s for w, f in zip(windows, first) for s in w if s.step in f]),
         "host_work_us_per_step": host_work_us(attribution),
         # Part of that work real serving does not do (SGLANG_SIMULATE_ACC_LEN's acceptance draw).
         "simulated_acceptance_us_per_step": phase_us(attribution, SIMULATE_PHASE),
@@ -308,31 +317,40 @@ def ratio_cell(c: dict) -> str:
     return fmt(c["ratio_tok_s_user"], ".3f") + spread
 
 
-def attribution_tables(cell_rows: list[dict]) -> list[str]:
+FIRST_STEP_HEADING = ("Host µs of the first decode step after a prefill by phase, {config} (its window starts at "
+                      "the prefill's launch; in parentheses: while the GPU was idle; attributed steps: {steps}):")
+
+
+def attribution_tables(cell_rows: list[dict], key: str = "attribution",
+                       heading: str = "Host µs per decode step by phase, {config} (in parentheses: while the GPU was idle):"
+                       ) -> list[str]:
     """Per configuration: host µs per decode step by phase, and in parentheses the part
-    that ran while the GPU was idle, for every cell with an attributed trace."""
+    that ran while the GPU was idle, for every cell with an attributed trace (``key``: the
+    audit's steady steps, or ``attribution_first``, the first decode steps after a prefill)."""
     lines: list[str] = []
     by_config: dict[str, list[dict]] = collections.defaultdict(list)
     for c in sorted(cell_rows, key=lambda c: (c["config"], c["arm"], c["concurrency"])):
-        if ((c["audit"] or {}).get("attribution") or {}).get("attributed_steps"):
+        if ((c["audit"] or {}).get(key) or {}).get("attributed_steps"):
             by_config[c["config"]].append(c)
     for config, cs in by_config.items():
         heads = [f"{c['arm']} c{c['concurrency']}" for c in cs]
-        tables = [{r["phase"]: r for r in c["audit"]["attribution"]["phases"]} for c in cs]
+        tables = [{r["phase"]: r for r in c["audit"][key]["phases"]} for c in cs]
         # Ranked by GPU-idle time, then host time (ties broken by name: the same order every run).
         order = sorted({p for t in tables for p in t},
                        key=lambda p: (-max(t.get(p, {}).get("gpu_idle_us_per_step", 0.0) for t in tables),
                                       -max(t.get(p, {}).get("host_us_per_step", 0.0) for t in tables), p))
-        lines += ["", f"Host µs per decode step by phase, {config} (in parentheses: while the GPU was idle):", "",
+        steps = ", ".join(str(c["audit"][key]["attributed_steps"]) for c in cs)
+        lines += ["", heading.format(config=config, steps=steps), "",
                   "| phase | " + " | ".join(heads) + " |", "| --- |" + " --- |" * len(heads)]
         for phase in order:
             cells_ = [f"{fmt(t[phase]['host_us_per_step'], '.0f')} ({fmt(t[phase]['gpu_idle_us_per_step'], '.0f')})"
                       if phase in t else "-" for t in tables]
             lines.append(f"| {phase} | " + " | ".join(cells_) + " |")
-        totals = [f"{fmt(c['audit']['attribution']['window_us_per_step'], '.0f')} "
-                  f"({fmt(c['audit']['attribution']['gpu_idle_us_per_step'], '.0f')})" for c in cs]
+        totals = [f"{fmt(c['audit'][key]['window_us_per_step'], '.0f')} "
+                  f"({fmt(c['audit'][key]['gpu_idle_us_per_step'], '.0f')})" for c in cs]
         lines.append("| **step window (GPU idle)** | " + " | ".join(totals) + " |")
-        lines += waits_inside_lines(cs)
+        if key == "attribution":
+            lines += waits_inside_lines(cs)
     return lines
 
 
@@ -504,6 +522,7 @@ def markdown(cell_rows: list[dict], servers: dict[str, dict], identity: dict[str
     lines += rank_lines(cell_rows)
     lines += ramp_lines(cell_rows)
     lines += attribution_tables(cell_rows)
+    lines += attribution_tables(cell_rows, "attribution_first", FIRST_STEP_HEADING)
     lines += arm_ab_lines(cell_rows)
     lines += phase_ab_lines(cell_rows)
     sites = collections.Counter()

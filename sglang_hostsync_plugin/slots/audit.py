@@ -282,7 +282,8 @@ class AuditState:
             finish, begin = self.gpu_finish.get(step - 1), self.gpu_begin.get(step)
             marks, lost, mark_ns = self.marks.pop(step, None), step in self.marks_lost, self.mark_ns.pop(step, 0)
             self.marks_lost.discard(step)
-            if finish is None or begin is None or not (self.decode.get(step - 1) and self.decode.get(step)):
+            previous = self.decode.get(step - 1)
+            if finish is None or begin is None or previous is None or not self.decode.get(step):
                 continue
             window = (w0 * 1e9, w1 * 1e9)  # the segments are perf_counter_ns
             idle = [(finish * 1e9, begin * 1e9)] if begin > finish else []
@@ -301,7 +302,8 @@ class AuditState:
             if mark_ns:
                 row[phases.MARKS] = (mark_ns, 0.0)
             idle_ns = sum(phases.overlap(*window, a, b) for a, b in idle)  # the part inside this step's window
-            self.phase_totals.add(window[1] - window[0], idle_ns, row)
+            if previous:  # the first decode step after a prefill goes to the trace only (its window holds the prefill's)
+                self.phase_totals.add(window[1] - window[0], idle_ns, row)
             self.phase_rows[step] = (idle_ns, row)
         self.attribution_total_ns += time.perf_counter_ns() - t_start
 

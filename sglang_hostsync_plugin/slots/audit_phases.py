@@ -15,7 +15,8 @@ event when ``run_batch`` starts. For step k the GPU was idle over
 ``[finish(k-1), begin(k)]`` when begin > finish (both on the host clock): an event
 recorded on an idle stream executes at once, and one recorded behind work executes
 after it. Host segments of step k's window that overlap that interval are the host
-time on the critical path. Only decode->decode pairs are attributed, as for the leads.
+time on the critical path. Decode->decode pairs make the per-step table, as for the leads; the
+window of the first decode step after a prefill (from the prefill's launch) goes to the trace only.
 
 Sampling. The clock times one step window in ``SGLANG_HOSTSYNC_AUDIT_PHASE_EVERY``
 (default 8; 1 times every step); in the other windows its hooks only pass through. The
