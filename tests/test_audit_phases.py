@@ -632,6 +632,27 @@ def test_e2e_tables_the_first_decode_step_after_a_prefill_apart():
     assert stats.attribution_tables([dict(cell, audit=old)], "attribution_first", stats.FIRST_STEP_HEADING) == []
 
 
+def test_e2e_tables_host_work_by_decode_steps_after_a_prefill():
+    # A prefill, then 12 decode steps; step k's work 100*k µs beside a 1000 µs result wait, GPU idle 50 µs in
+    # steps 1-3 only; step 12 has no phases (untimed).
+    steps = [audit.TraceStep(0, 0.0, 0.5, False, 900.0, ())]
+    for k in range(1, 13):
+        phases_k = {} if k == 12 else {"verify": (100.0 * k, 50.0 if k <= 3 else 0.0), "result": (1000.0, 0.0)}
+        steps.append(audit.TraceStep(k, float(k), float(k) + 0.5, True, 900.0, (), 0.0, phases_k))
+    pooled = stats.pool_audit([steps])
+    buckets = pooled["ramp_work"]
+    assert [b["attributed_steps"] for b in buckets] == [1, 2, 7, 1]
+    assert [b["host_work_us"] for b in buckets] == [pytest.approx(100.0), pytest.approx(250.0),
+                                                   pytest.approx(700.0), pytest.approx(1100.0)]
+    assert [b["gpu_idle_us"] for b in buckets] == [pytest.approx(50.0), pytest.approx(50.0), 0.0, 0.0]
+    lines = stats.ramp_work_lines([{"config": "c", "concurrency": 1, "arm": "plugin", "audit": pooled}])
+    assert lines[3] == "| config | conc | arm | 1 | 2-3 | 4-10 | 11+ |"
+    assert lines[-1] == "| c | 1 | plugin | 100 (50) [1] | 250 (50) [2] | 700 (0) [7] | 1100 (0) [1] |"
+    # An e2e.json from before these fields (--merge), or a cell without attributed steps: no table.
+    assert stats.ramp_work_lines([{"config": "c", "concurrency": 1, "arm": "old", "audit": {"ramp": {}}}]) == []
+    assert stats.ramp_work_lines([{"config": "c", "concurrency": 1, "arm": "stock", "audit": None}]) == []
+
+
 def test_e2e_compares_the_plugin_arms_phase_by_phase_beyond_their_host_speed():
     """Two plugin arms whose processes run 8% apart, one of them with a slot that halves one phase:
     the median ratio is the 8%, the slot's phase stands out beyond it; stock code, the audit's own

@@ -172,6 +172,13 @@ def first_decode_steps(steps: Sequence[TraceStep]) -> set[int]:
     return {s.step for s in steps if s.decode and s.step - 1 in prefills}
 
 
+def ramp_work(steps: Sequence[TraceStep]) -> dict:
+    """Host work and GPU idle per attributed step over some decode steps (one RAMP_BUCKETS entry)."""
+    a = pool_phases(steps)
+    return {"attributed_steps": a.get("attributed_steps", 0), "host_work_us": host_work_us(a),
+            "gpu_idle_us": a.get("gpu_idle_us_per_step")}
+
+
 def pool_audit(windows: list[list[TraceStep]]) -> dict:
     """Audit figures over several windows (rounds): steps pooled, pairs kept within a window."""
     figures = [audit_figures(w) for w in windows]
@@ -182,6 +189,10 @@ def pool_audit(windows: list[list[TraceStep]]) -> dict:
         sites.update(site for s in w for site in s.sites)
     first = [first_decode_steps(w) for w in windows]
     attribution = pool_phases([s for w, f in zip(windows, first) for s in w if s.step not in f])
+    since = []  # (decode step, decode steps since the last prefill), window by window
+    for w in windows:
+        counts = steps_since_prefill(w)
+        since += [(s, counts[s.step]) for s in w if s.decode]
     return {
         "steps": steps,
         "syncs_per_step": sum(sites.values()) / steps if steps else None,
@@ -195,6 +206,7 @@ def pool_audit(windows: list[list[TraceStep]]) -> dict:
         **late_launch(sum(f["late_ms"] for f in figures), sum(f["decode_span_ms"] for f in figures)),
         "attribution": attribution,
         "attribution_first": pool_phases([s for w, f in zip(windows, first) for s in w if s.step in f]),
+        "ramp_work": [ramp_work([s for s, k in since if k >= lo and (hi is None or k <= hi)]) for lo, hi in RAMP_BUCKETS],
         "host_work_us_per_step": host_work_us(attribution),
         # Part of that work real serving does not do (SGLANG_SIMULATE_ACC_LEN's acceptance draw).
         "simulated_acceptance_us_per_step": phase_us(attribution, SIMULATE_PHASE),
@@ -479,6 +491,22 @@ def ramp_lines(cell_rows: list[dict]) -> list[str]:
     return lines
 
 
+def ramp_work_lines(cell_rows: list[dict]) -> list[str]:
+    """Host work per attributed decode step by decode steps after a prefill, per audited cell."""
+    cells_ = [c for c in cell_rows if any(b["attributed_steps"] for b in (c["audit"] or {}).get("ramp_work") or ())]
+    if not cells_:
+        return []
+    heads = [f"{lo}" if hi == lo else (f"{lo}-{hi}" if hi else f"{lo}+") for lo, hi in RAMP_BUCKETS]
+    lines = ["", "Host work µs per attributed decode step by decode steps after a prefill (in parentheses: GPU idle "
+                 "in the step's window; [attributed steps]); step 1's window starts at the prefill's launch:", "",
+             "| config | conc | arm | " + " | ".join(heads) + " |", "| --- | --- | --- | " + " | ".join("---" for _ in heads) + " |"]
+    for c in sorted(cells_, key=lambda c: (c["config"], c["concurrency"], c["arm"])):
+        row = " | ".join(f"{fmt(b['host_work_us'], '.0f')} ({fmt(b['gpu_idle_us'], '.0f')}) [{b['attributed_steps']}]"
+                         if b["attributed_steps"] else "-" for b in c["audit"]["ramp_work"])
+        lines.append(f"| {c['config']} | {c['concurrency']} | {c['arm']} | {row} |")
+    return lines
+
+
 def markdown(cell_rows: list[dict], servers: dict[str, dict], identity: dict[str, dict]) -> str:
     """The report: one table of cells, one of servers (ready time, identity)."""
     lines = [
@@ -521,6 +549,7 @@ def markdown(cell_rows: list[dict], servers: dict[str, dict], identity: dict[str
         lines += [f"- {name}: {why}" for name, why in died]
     lines += rank_lines(cell_rows)
     lines += ramp_lines(cell_rows)
+    lines += ramp_work_lines(cell_rows)
     lines += attribution_tables(cell_rows)
     lines += attribution_tables(cell_rows, "attribution_first", FIRST_STEP_HEADING)
     lines += arm_ab_lines(cell_rows)
