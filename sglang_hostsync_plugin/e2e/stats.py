@@ -206,7 +206,8 @@ def pool_audit(windows: list[list[TraceStep]]) -> dict:
         **late_launch(sum(f["late_ms"] for f in figures), sum(f["decode_span_ms"] for f in figures)),
         "attribution": attribution,
         "attribution_first": pool_phases([s for w, f in zip(windows, first) for s in w if s.step in f]),
-        "ramp_work": [ramp_work([s for s, k in since if k >= lo and (hi is None or k <= hi)]) for lo, hi in RAMP_BUCKETS],
+        "ramp_work": [ramp_work([s for s, k in since if k >= lo and (hi is None or k <= hi)])
+                      for lo, hi in RAMP_BUCKETS],
         "host_work_us_per_step": host_work_us(attribution),
         # Part of that work real serving does not do (SGLANG_SIMULATE_ACC_LEN's acceptance draw).
         "simulated_acceptance_us_per_step": phase_us(attribution, SIMULATE_PHASE),
@@ -483,7 +484,8 @@ def ramp_lines(cell_rows: list[dict]) -> list[str]:
         cells_ = " | ".join(f"{b['misses']}/{b['pairs']} ({fmt(b.get('lead_ms_median'), '+.1f')})"
                             for b in ramp["buckets"])
         stalls = c["audit"].get("stalls")
-        stall_cell = "-" if stalls is None else f"{stalls['stalls']} ({stalls['misses_after_stalls']}/{stalls['misses']})"
+        stall_cell = ("-" if stalls is None
+                      else f"{stalls['stalls']} ({stalls['misses_after_stalls']}/{stalls['misses']})")
         lines.append(f"| {c['config']} | {c['concurrency']} | {c['arm']} | "
                      f"{fmt(ramp.get('start_lead_ms_median'), '+.1f')} | {cells_} | "
                      f"{fmt(ramp['run_ahead_after_ramp'], '.3f')} | "
@@ -499,7 +501,8 @@ def ramp_work_lines(cell_rows: list[dict]) -> list[str]:
     heads = [f"{lo}" if hi == lo else (f"{lo}-{hi}" if hi else f"{lo}+") for lo, hi in RAMP_BUCKETS]
     lines = ["", "Host work µs per attributed decode step by decode steps after a prefill (in parentheses: GPU idle "
                  "in the step's window; [attributed steps]); step 1's window starts at the prefill's launch:", "",
-             "| config | conc | arm | " + " | ".join(heads) + " |", "| --- | --- | --- | " + " | ".join("---" for _ in heads) + " |"]
+             "| config | conc | arm | " + " | ".join(heads) + " |",
+             "| --- | --- | --- | " + " | ".join("---" for _ in heads) + " |"]
     for c in sorted(cells_, key=lambda c: (c["config"], c["concurrency"], c["arm"])):
         row = " | ".join(f"{fmt(b['host_work_us'], '.0f')} ({fmt(b['gpu_idle_us'], '.0f')}) [{b['attributed_steps']}]"
                          if b["attributed_steps"] else "-" for b in c["audit"]["ramp_work"])
