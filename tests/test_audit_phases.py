@@ -648,6 +648,11 @@ def test_e2e_tables_host_work_by_decode_steps_after_a_prefill():
     lines = stats.ramp_work_lines([{"config": "c", "concurrency": 1, "arm": "plugin", "audit": pooled}])
     assert lines[3] == "| config | conc | arm | 1 | 2-3 | 4-10 | 11+ |"
     assert lines[-1] == "| c | 1 | plugin | 100 (50) [1] | 250 (50) [2] | 700 (0) [7] | 1100 (0) [1] |"
+    # A window that begins mid-decode: its leading decode step's window is a steady one (not after a prefill),
+    # so it is in bucket 1 of neither table; the later steps count from the window's start as in the ramp table.
+    mid = stats.pool_audit([steps[1:]])
+    assert mid["attribution_first"] == {} and mid["attribution"]["attributed_steps"] == 11
+    assert [b["attributed_steps"] for b in mid["ramp_work"]] == [0, 2, 7, 1]
     # An e2e.json from before these fields (--merge), or a cell without attributed steps: no table.
     assert stats.ramp_work_lines([{"config": "c", "concurrency": 1, "arm": "old", "audit": {"ramp": {}}}]) == []
     assert stats.ramp_work_lines([{"config": "c", "concurrency": 1, "arm": "stock", "audit": None}]) == []

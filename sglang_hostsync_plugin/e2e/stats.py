@@ -187,12 +187,13 @@ def pool_audit(windows: list[list[TraceStep]]) -> dict:
     sites = collections.Counter()
     for w in windows:
         sites.update(site for s in w for site in s.sites)
-    first = [first_decode_steps(w) for w in windows]
-    attribution = pool_phases([s for w, f in zip(windows, first) for s in w if s.step not in f])
-    since = []  # (decode step, decode steps since the last prefill), window by window
+    first, since = [], []  # per window: the first decode steps after a prefill; (decode step, steps since it)
     for w in windows:
-        counts = steps_since_prefill(w)
-        since += [(s, counts[s.step]) for s in w if s.decode]
+        counts, f = steps_since_prefill(w), first_decode_steps(w)
+        first.append(f)
+        # The ramp table counts a window's leading decode steps as after a prefill; their windows are not.
+        since += [(s, counts[s.step]) for s in w if s.decode and (counts[s.step] > 1 or s.step in f)]
+    attribution = pool_phases([s for w, f in zip(windows, first) for s in w if s.step not in f])
     return {
         "steps": steps,
         "syncs_per_step": sum(sites.values()) / steps if steps else None,
