@@ -230,3 +230,16 @@ print("RESULT" + json.dumps({"err": err, "status": rt.state.statuses["greedy_row
     res = json.loads(proc.stdout.split("RESULT", 1)[1])
     assert res == {"err": None, "status": "applied", "audit": "applied", "n": 2, "same": True, "edited": True}, res
     assert "Multiple AROUND hooks" not in proc.stderr + proc.stdout
+
+
+def test_sglang_row_argmax_is_not_torch_on_nan_rows():
+    # Why the slot keeps its own kernel: SGLang 0.5.23 ships ``row_argmax`` (spec_utils, DSpark), but
+    # its path for up to 64 rows drops NaN (torch's argmax picks the first NaN), and NaN logits reach
+    # the verify argmax unless SGLANG_SANITIZE_NAN_LOGITS is set. Fails once a pinned SGLang fixes it.
+    from sglang.kernels.ops.speculative.row_argmax import row_argmax as sglang_row_argmax
+
+    x = torch.randn(4, 1000, generator=torch.Generator().manual_seed(0))
+    x[:, ::7] = float("nan")
+    want = torch.argmax(x, dim=-1)
+    assert torch.equal(_same(x), want)
+    assert not torch.equal(sglang_row_argmax(x), want)
