@@ -204,7 +204,8 @@ def test_every_phase_target_exists_in_the_pinned_sglang():
 
     for target in audit.SLOT.targets + audit_fine.SLOT.targets:
         assert check_target(target) is None, target.path
-    assert {t.path for t in audit.SLOT.targets[1:]} == {path for _, path in ph.PHASES}
+    assert [t.path for t in audit.SLOT.targets[:2]] == [audit.RUN_BATCH, audit.ON_IDLE]
+    assert {t.path for t in audit.SLOT.targets[2:]} == {path for _, path in ph.PHASES}
     # The sub-phases are their own tool slot, on top of the audit, and time nothing twice.
     assert {t.path for t in audit_fine.SLOT.targets} == {path for _, path in ph.FINE_PHASES}
     assert not {p for _, p in ph.PHASES} & {p for _, p in ph.FINE_PHASES}
@@ -321,6 +322,81 @@ def test_one_pass_every_process_every_steps_or_after_an_idle_scheduler(audit_env
     run_step(lambda: _time.sleep(0.03))  # after an idle scheduler: a pass, and the lines are written
     assert state.lead_pairs == 5
     assert [s.step for s in audit.parse_trace((tmp_path / "t.tsv").read_text())] == list(range(6))
+
+
+def test_the_idle_pass_runs_in_on_idle_not_before_the_next_requests_first_decode_step(audit_env, tmp_path):
+    """The pass over a finished load's tail runs while SGLang's loop idles (``on_idle``), once; the first
+    step after the idle gap (a new request's prefill) then makes none, so nothing of it lies between that
+    prefill's launch and the first decode step's (H100 2026-12-06: up to 7.7 ms there)."""
+    import time as _time
+
+    from audit_cases import FakeScheduler, StubMeter, run_step
+
+    audit_env.setattr(audit, "PROCESS_EVERY", 100)
+    audit_env.setattr(audit, "IDLE_S", 0.02)
+    audit_env.setattr(audit, "_meter", StubMeter())
+    passes = []
+    original = audit._process
+    audit_env.setattr(audit, "_process", lambda write: (passes.append((audit._audit.state.steps, write)),
+                                                        original(write)))
+    idle_calls = []
+    on_idle = lambda sched: idle_calls.append(sched)  # noqa: E731  (SGLang's on_idle)
+    audit.on_idle_hook(on_idle, FakeScheduler())  # before the first step: nothing armed, nothing to do
+    assert passes == [] and len(idle_calls) == 1
+    for _ in range(3):
+        run_step(lambda: None)
+    for _ in range(4):  # SGLang calls on_idle on every idle loop turn: one pass
+        audit.on_idle_hook(on_idle, FakeScheduler())
+    assert passes == [(3, True)] and len(idle_calls) == 5
+    assert [s.step for s in audit.parse_trace((tmp_path / "t.tsv").read_text())] == [0, 1, 2]
+    _time.sleep(0.03)
+    run_step(lambda: None)  # the launch after the idle gap: no second pass
+    assert passes == [(3, True)]
+    audit.on_idle_hook(on_idle, FakeScheduler())  # the next idle period: its pass
+    assert passes == [(3, True), (4, True)]
+    assert [s.step for s in audit.parse_trace((tmp_path / "t.tsv").read_text())] == [0, 1, 2, 3]
+
+
+def test_an_idle_pass_repeats_while_a_steps_gpu_finish_is_unknown(audit_env):
+    from audit_cases import FakeScheduler, StubMeter, run_step
+
+    audit_env.setattr(audit, "PROCESS_EVERY", 100)
+    meter = StubMeter()
+    audit_env.setattr(audit, "_meter", meter)
+    for _ in range(2):
+        run_step(lambda: None)
+    meter.pending.append((object(), 1))  # step 1's finish event not back yet
+    back = []
+    meter.drain = lambda: meter.pending.clear() if back else None  # the meter's drain drops completed events
+    passes = []
+    original = audit._process
+    audit_env.setattr(audit, "_process", lambda write: (passes.append(write), original(write)))
+    audit.on_idle_hook(lambda sched: None, FakeScheduler())
+    audit.on_idle_hook(lambda sched: None, FakeScheduler())
+    assert len(passes) == 2  # each idle turn tries again
+    back.append(True)  # the event completes: the next pass drains it
+    audit.on_idle_hook(lambda sched: None, FakeScheduler())
+    audit.on_idle_hook(lambda sched: None, FakeScheduler())
+    assert len(passes) == 3  # one more pass resolves it, then none
+
+
+def test_a_failure_in_the_idle_pass_never_reaches_serving(audit_env, caplog):
+    import logging
+
+    from audit_cases import FakeScheduler, StubMeter, run_step
+
+    audit_env.setattr(audit, "_broken", False)
+    audit_env.setattr(audit, "_meter", StubMeter())
+    run_step(lambda: None)
+
+    def broken(write):
+        raise KeyError("a bookkeeping bug")
+
+    audit_env.setattr(audit, "_process", broken)
+    with caplog.at_level(logging.ERROR, logger="sglang.srt.plugins.hostsync"):
+        assert audit.on_idle_hook(lambda sched: "idled", FakeScheduler()) == "idled"
+        assert audit.on_idle_hook(lambda sched: "idled", FakeScheduler()) == "idled"
+    assert audit._broken and caplog.text.count("the audit is off in this process") == 1
 
 
 def test_the_pass_lands_in_timed_windows_no_more_often_than_in_any_window(audit_env):

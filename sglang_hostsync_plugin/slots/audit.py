@@ -35,9 +35,10 @@ server stopped that way logs no last summary: for a short run set the step count
 to one the run reaches, or read the trace. With ``SGLANG_HOSTSYNC_AUDIT_JSON=<path>``, the same summary
 is written there as JSON. With ``SGLANG_HOSTSYNC_AUDIT_TRACE=<path>``, one line per
 step is appended there (``TRACE_HEADER``; written in batches of ``TRACE_BATCH`` lines once
-each step's GPU finish is known, and at once after a step that followed an idle scheduler,
-so the lines of a finished load are on disk when the next request runs): the end-to-end benchmark cuts it into its measurement windows by
-host time (``time.perf_counter_ns``, the same monotonic clock in every process). In a server of
+each step's GPU finish is known, and at once when the scheduler idles (its ``on_idle``), so the
+lines of a finished load are on disk when the next request runs): the end-to-end benchmark cuts it
+into its measurement windows by host time (``time.perf_counter_ns``, the same monotonic clock in
+every process). In a server of
 several scheduler processes (TP, PP, DP ranks) rank 0 writes these paths and rank r
 ``<root>.rank<r><ext>`` (``rank_path``).
 Host µs per step is the scheduler thread's CPU time between two step launches; a
@@ -47,9 +48,11 @@ audit's own code: an error in it is logged once and the audit switches itself of
 
 Cost. Per step the hook takes the launch time, the thread's CPU time and the decode flag
 and records the meter's event; the rest (mapping completed events, the attribution, the
-trace lines, the leads) runs in one pass every ``PROCESS_EVERY`` steps and after an idle
-scheduler. Per-step state is dropped once its pair is collected and its line formatted, so
-memory stays bounded in a long-running server.
+trace lines, the leads) runs in one pass every ``PROCESS_EVERY`` steps and once when the
+scheduler idles (SGLang's ``Scheduler.on_idle``; not between a new request's prefill and its
+first decode step, where it ran up to 7.7 ms on the critical path, H100 2026-12-06). Per-step
+state is dropped once its pair is collected and its line formatted, so memory stays bounded in
+a long-running server.
 
 Phase attribution (``audit_phases``): the host time of each step window by phase,
 and the part of it that ran while the GPU was idle, ranked in the summary and per
@@ -85,6 +88,7 @@ logger = logging.getLogger("sglang.srt.plugins.hostsync")
 
 NAME = "audit"
 RUN_BATCH = "sglang.srt.managers.scheduler.Scheduler.run_batch"
+ON_IDLE = "sglang.srt.managers.scheduler.Scheduler.on_idle"
 ENV_EVERY = "SGLANG_HOSTSYNC_AUDIT_EVERY"
 ENV_JSON = "SGLANG_HOSTSYNC_AUDIT_JSON"
 ENV_TRACE = "SGLANG_HOSTSYNC_AUDIT_TRACE"
@@ -112,11 +116,11 @@ LEADS_KEPT = 65536  # the median lead is over the most recent pairs
 # pipeline with the GPU idle and the host a step behind (the e2e's ramp table uses the same).
 RAMP_STEPS = 10
 TRACE_BATCH = 64  # trace lines per write
-# Steps between the attribution / trace / lead passes (and after an idle scheduler). Prime, so the
+# Steps between the attribution / trace / lead passes (and one when the scheduler idles). Prime, so the
 # pass lands in a timed phase window (1 in SGLANG_HOSTSYNC_AUDIT_PHASE_EVERY) as often as in any
 # window: with 16 and the default 8, every other timed window held a whole pass in ``other``.
 PROCESS_EVERY = 17
-IDLE_S = 0.05  # a step window this long follows an idle scheduler: the trace is written out
+IDLE_S = 0.05  # a step window this long follows an idle scheduler: a pass there unless on_idle made one
 
 
 # --- run-ahead arithmetic (pure, CPU-testable) ---------------------------------
@@ -195,6 +199,7 @@ class AuditState:
     bookkeeping_total_ns: int = 0
     attribution_total_ns: int = 0
     book_mark: tuple[int, int, int] = (0, 0, 0)  # (step, bookkeeping_total_ns, attribution_total_ns) at the last timed window
+    idle_pass_at: int = -1  # ``steps`` when on_idle last made the pass
 
     def counted(self) -> int:
         return sum(s.count for s in self.syncs.values() if not s.allowed)
@@ -778,6 +783,25 @@ def run_batch_hook(original, scheduler, batch=None, *args, **kwargs):
     return result
 
 
+def on_idle_hook(original, scheduler, *args, **kwargs):
+    """SGLang calls ``on_idle`` on every loop turn without a batch: the first one after a step makes
+    the pass and writes the trace out (later ones again while a step's GPU finish is still unknown)."""
+    result = original(scheduler, *args, **kwargs)
+    if _audit is None or _broken:
+        return result
+    try:
+        state = _audit.state
+        if state.idle_pass_at == state.steps and _resolved_upto() >= state.steps - 1:
+            return result
+        t0 = time.perf_counter_ns()
+        _process(write=True)
+        state.idle_pass_at = state.steps
+        state.bookkeeping_total_ns += time.perf_counter_ns() - t0
+    except Exception:
+        _break()
+    return result
+
+
 def _break() -> None:
     """A failure of the audit's own code: logged once, the audit switched off, serving goes on."""
     global _broken
@@ -822,7 +846,8 @@ def _account(batch, clock) -> None:
             state.own_cost_ns[step] = ((state.bookkeeping_total_ns - mark_ns) / n,
                                        (state.attribution_total_ns - mark_attr) / n)
         state.book_mark = (step, state.bookkeeping_total_ns, state.attribution_total_ns)
-    idle = step > 0 and launches[step] - launches[step - 1] > IDLE_S
+    # A loop that idles without on_idle: the pass after its first step.
+    idle = step > 0 and state.idle_pass_at != step and launches[step] - launches[step - 1] > IDLE_S
     if idle or state.steps % PROCESS_EVERY == 0:
         _process(write=idle)
     elif _meter is not None and len(_meter.mark_pending) > MARK_RING // 2:
@@ -885,6 +910,7 @@ SLOT = Slot(
     targets=(
         HookTarget(RUN_BATCH, TargetKind.FUNCTION, hook=run_batch_hook,
                    params=("self", "batch", "pp_proxy_tensors"), source_sha="4e9bb4d5e649e2f1"),
+        HookTarget(ON_IDLE, TargetKind.FUNCTION, hook=on_idle_hook, params=("self",), source_sha="7b36d7bcce30e1b2"),
         *phases.phase_targets(phases.PHASES),
     ),
 )
