@@ -351,6 +351,24 @@ def test_startup_extra_arms_are_unaudited_e2e_arms():
     assert bench.fmt_delta(70.5, 68.0) == "70.5 s (+2.5 s against stock)" and bench.fmt_delta(None, 68.0) == "failed"
 
 
+def test_startup_takes_no_difference_to_a_server_restarted_alone():
+    """A server the e2e restarted by itself (it lost SGLang's KV-sizing memory race in the shared start;
+    H100 2026-12-06) started without contention: its ready time is shown, never a difference to stock's."""
+    spec = importlib.util.spec_from_file_location("bench_startup", os.path.join(REPO, "benchmarks", "bench_startup.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    c, extra = bench.CONFIG, "default,eagle_host,-audit"
+    servers = {f"{c}/stock": {"ready_s": 93.2}, f"{c}/{bench.ARM}": {"ready_s": 91.3},
+               f"{c}/slots:{extra}": {"ready_s": 72.6, "restarted_alone": "kill_process_tree called"}}
+    got = bench.ready_times(servers, [extra])
+    assert got["plugin_minus_stock_s"] == pytest.approx(-1.9) and not got["plugin_restarted_alone"]
+    assert got["extra"][extra] == (72.6, True)
+    assert bench.fmt_delta(72.6, 93.2, alone=True) == "72.6 s (restarted alone: not comparable)"
+    servers[f"{c}/{bench.ARM}"]["restarted_alone"] = "x"
+    got = bench.ready_times(servers, [extra])
+    assert got["plugin_minus_stock_s"] is None and got["plugin_restarted_alone"]
+
+
 def test_plugin_load_report_takes_each_arm_against_no_plugin():
     spec = importlib.util.spec_from_file_location("bench_plugin_load", os.path.join(REPO, "benchmarks", "bench_plugin_load.py"))
     bench = importlib.util.module_from_spec(spec)
