@@ -25,7 +25,7 @@ import subprocess
 import sys
 
 CONFIG = "standalone-t4-p16"
-# What a user starts: the default slots, without the audit (whose 16 timing hooks, 27 with audit_fine, cost
+# What a user starts: the default slots, without the audit (whose 18 hooks, 29 with audit_fine, cost
 # SGLang's HookRegistry a module scan each; runs before 2026-12-01 21:00 UTC measured
 # "default,audit").
 ARM = "plugin-noaudit"
