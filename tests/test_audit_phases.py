@@ -345,9 +345,13 @@ def test_the_idle_pass_runs_in_on_idle_not_before_the_next_requests_first_decode
     assert passes == [] and len(idle_calls) == 1
     for _ in range(3):
         run_step(lambda: None)
+    state = audit._audit.state
+    book, attr = state.bookkeeping_total_ns, state.attribution_total_ns
     for _ in range(4):  # SGLang calls on_idle on every idle loop turn: one pass
         audit.on_idle_hook(on_idle, FakeScheduler())
     assert passes == [(3, True)] and len(idle_calls) == 5
+    # The pass is the audit's own work (@audit), which holds its attribution part (@attribution).
+    assert state.bookkeeping_total_ns - book >= state.attribution_total_ns - attr > 0
     assert [s.step for s in audit.parse_trace((tmp_path / "t.tsv").read_text())] == [0, 1, 2]
     _time.sleep(0.03)
     run_step(lambda: None)  # the launch after the idle gap: no second pass
