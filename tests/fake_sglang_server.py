@@ -7,6 +7,8 @@ Behaviour switches for the tests come from the arm's slot list: a slot token
 ``perturb`` changes the logprob of the last output position, ``crash`` exits before
 ready, ``die`` exits while serving (on its 7th 16-token request: the first one, the four
 warm-ups of a ``--concurrency 1 2`` run, then inside the first timed round).
+``small_kv_once`` (with ``FAKE_SMALL_KV_ONCE``, a marker file) says a 64-token KV pool in
+``/server_info`` on its first start, as SGLang's sizing did when servers started together.
 ``FAKE_SGLANG_FIRST_GENERATE_S`` delays the first ``/generate`` by that many seconds.
 Outputs depend only on the prompt, like greedy decoding."""
 
@@ -41,6 +43,12 @@ def main():
         open(marker, "w").close()
         print("fake server: crashing before ready, once", flush=True)
         sys.exit(4)
+    kv_tokens = 1 << 20
+    small = os.environ.get("FAKE_SMALL_KV_ONCE")
+    if "small_kv_once" in tokens and small and not os.path.exists(small):
+        open(small, "w").close()
+        kv_tokens = 64
+        print("fake server: a KV pool of 64 tokens", flush=True)
     if args.enable_hostsync_plugin:
         print("hostsync: sglang 0.5.23, SGLANG_HOSTSYNC_SLOTS=%r, strict=True" % slots, flush=True)
         print("  audit                        applied", flush=True)
@@ -90,6 +98,8 @@ def main():
             self.wfile.write(data)
 
         def do_GET(self):
+            if self.path == "/server_info":
+                return self._send(200, {"max_total_num_tokens": kv_tokens})
             self._send(200 if self.path == "/health" else 404, {})
 
         def do_POST(self):

@@ -875,6 +875,28 @@ def test_a_server_that_exits_during_the_shared_start_is_started_again_alone(tmp_
     assert " (restarted alone) |" in (out / "e2e.md").read_text()
 
 
+def test_a_server_ready_with_too_small_a_kv_pool_is_started_again_alone(tmp_path, monkeypatch):
+    """As on the H100 with four DFlash servers starting at once (2026-12-06): one became ready with a
+    192-token KV pool and its first 256-token request waited until the client gave up. The arm whose
+    ``/server_info`` says fewer tokens than one request needs is stopped and started once more alone."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "run"
+    argv = ["--server-module", "fake_sglang_server", "--configs", "standalone-t4-p16", "--arms", "stock",
+            "--slots", "small_kv_once", "--concurrency", "1", "--rounds", "1", "--requests", "2", "--max-new-tokens", "8",
+            "--identity-tokens", "4", "--prompt-len", "64", "--port", str(free_port_base(2)), "--out", str(out),
+            "--plugin-env", f"FAKE_SMALL_KV_ONCE={tmp_path / 'small'}"]
+    assert run.main(argv) == 0
+    result = json.load(open(out / "e2e.json"))
+    srv = result["servers"]["standalone-t4-p16/slots:small_kv_once"]
+    assert srv["ready_s"] is not None
+    assert srv["restarted_alone"] == "KV pool of 64 tokens, fewer than the 72 one request at the highest concurrency needs"
+    assert "restarted_alone" not in result["servers"]["standalone-t4-p16/stock"]  # its pool is large enough
+    assert "a KV pool of 64 tokens" in (out / "standalone-t4-p16__slots_small_kv_once.first-start.log").read_text()
+    assert "a KV pool of 64 tokens" not in (out / srv["log"]).read_text()
+    assert result["identity"]["standalone-t4-p16/slots:small_kv_once"]["identical"]
+    assert " (restarted alone) |" in (out / "e2e.md").read_text()
+
+
 def test_where_no_server_of_the_start_came_up_none_is_started_again():
     class Exited:
         def alive(self):

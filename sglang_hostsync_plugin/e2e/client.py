@@ -49,6 +49,17 @@ def health(base: str, timeout: float = 2.0) -> bool:
         return False
 
 
+def kv_tokens(base: str, timeout: float = 5.0) -> int | None:
+    """The KV pool's size in tokens (SGLang's ``/server_info`` field ``max_total_num_tokens``),
+    or None where the server does not say."""
+    try:
+        with urllib.request.urlopen(f"{base}/server_info", timeout=timeout) as resp:
+            value = json.loads(resp.read()).get("max_total_num_tokens")
+    except (urllib.error.URLError, OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) else None
+
+
 def wait_ready(base: str, deadline_s: float, alive=lambda: True, poll_s: float = 0.5) -> float:
     """Seconds until ``/health`` first answers 200; raises when ``alive()`` turns
     False (the server exited) or the deadline passes."""

@@ -303,7 +303,8 @@ def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, res
         live = {}
         ready = client.wait_ready_all({name: (srv.base, srv.t0, srv.alive) for name, srv in servers.items()},
                                       args.ready_timeout)
-        restart_alone(servers, ready, args.ready_timeout)
+        need = max(args.concurrency) * (args.prompt_len + max(args.max_new_tokens, args.identity_tokens))
+        restart_alone(servers, ready, args.ready_timeout, need)
         for name, srv in servers.items():
             key = f"{config.name}/{name}"
             try:
@@ -386,24 +387,32 @@ def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, res
         stop_all(servers.values())
 
 
-def restart_alone(servers: dict, ready: dict, ready_timeout: float) -> None:
-    """Each server that exited during a start shared with others, once more on its own (another
-    server's weights loading while SGLang profiled its memory failed its KV-cache sizing on the
-    H200, 2026-12-05). Its first log is kept beside (``.first-start.log``) and the restart named in
-    ``e2e.json`` and ``e2e.md``; a server that fails alone too is reported failed, as before. Only where
-    another server of the start became ready."""
+def restart_alone(servers: dict, ready: dict, ready_timeout: float, need_tokens: int = 0) -> None:
+    """Each server that lost SGLang's KV sizing to a start shared with others, once more on its own:
+    it exited during the start (another server's weights loading while SGLang profiled its memory,
+    H200 2026-12-05), or it became ready with a KV pool smaller than ``need_tokens`` (one request's
+    prompt and output at the highest concurrency: 192 tokens on the H100 of 2026-12-06, whose
+    first 256-token request then waited until the client's timeout). Its first log is kept beside
+    (``.first-start.log``) and the restart named in ``e2e.json`` and ``e2e.md``; a server that fails
+    alone too is reported failed, as before. Only where another server of the start became ready."""
     if not any(not isinstance(r, client.ClientError) for r in ready.values()):
         return  # none started: nothing any other server did (a bad model path, a missing package)
     for name, srv in list(servers.items()):
-        if not isinstance(ready[name], client.ClientError) or srv.alive():
-            continue  # ready, or still starting at the deadline: not a start-time exit
-        first = srv.log_tail(5).strip().splitlines()
+        if isinstance(ready[name], client.ClientError):
+            if srv.alive():
+                continue  # still starting at the deadline: not a start-time exit
+            first = srv.log_tail(5).strip().splitlines()
+            why = first[-1] if first else "no log"
+        else:
+            kv = client.kv_tokens(srv.base)
+            if kv is None or kv >= need_tokens:
+                continue
+            why = f"KV pool of {kv} tokens, fewer than the {need_tokens} one request at the highest concurrency needs"
         srv.stop()
         os.replace(srv.launch.log, srv.launch.log[:-len(".log")] + ".first-start.log")
-        say(f"{srv.launch.config}/{name}: exited during the shared start ({first[-1] if first else 'no log'}); "
-            "starting it again alone")
+        say(f"{srv.launch.config}/{name}: lost the shared start ({why}); starting it again alone")
         again = Server(srv.launch)
-        again.info["restarted_alone"] = first[-1] if first else ""
+        again.info["restarted_alone"] = why if why != "no log" else ""
         servers[name] = again
         ready[name] = client.wait_ready_all({name: (again.base, again.t0, again.alive)}, ready_timeout)[name]
 

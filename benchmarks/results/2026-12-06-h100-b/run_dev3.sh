@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Device call 3 (2026-12-06 c): docs/gpu.md item 4 -- DSpark, 3 interleaved rounds, stock / audit / default,dspark_mega
+# (three servers: H100 80 GB, --max-total-tokens 16384).
+set -u
+source .device-bundle-fi/setup.sh
+export PYTHONPATH=$PWD/tests:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+G=/tmp/gj3; rm -rf $G; mkdir -p $G
+find sglang_hostsync_plugin -name '*.py' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16 > $G/digest.txt
+HOSTSYNC_BUNDLE=/nonexistent OUT=$G/dspark TESTS=0 BENCHES=e2e E2E_TIMEOUT=560 \
+  E2E_ARGS="--configs dspark-p16 --max-total-tokens 16384 --arms stock,audit --slots default,dspark_mega --concurrency 1 --rounds 3 --ready-timeout 300 --server-arg=--disable-prefill-cuda-graph --time-budget 540" \
+  timeout 580 bash scripts/gpu_run.sh > $G/run.log 2>&1
+echo "gpu_run rc $?" >> $G/run.log
+tail -2 $G/run.log
+sed -n '/^| config/,/^$/p' $G/dspark/e2e/e2e.md | head -8
+sed -n '/^| server/,/^$/p' $G/dspark/e2e/e2e.md
+tar -C /tmp -cJf $OUT/gj3.tar.xz --exclude='*/models/*' gj3
