@@ -9,6 +9,7 @@ ready, ``die`` exits while serving (on its 7th 16-token request: the first one, 
 warm-ups of a ``--concurrency 1 2`` run, then inside the first timed round).
 ``small_kv_once`` (with ``FAKE_SMALL_KV_ONCE``, a marker file) says a 64-token KV pool in
 ``/server_info`` on its first start, as SGLang's sizing did when servers started together.
+``fail_first`` answers its first ``/generate`` with HTTP 500. A SIGTERM is logged with its time.
 ``FAKE_SGLANG_FIRST_GENERATE_S`` delays the first ``/generate`` by that many seconds.
 Outputs depend only on the prompt, like greedy decoding."""
 
@@ -17,6 +18,7 @@ import gzip
 import json
 import math
 import os
+import signal
 import sys
 import threading
 import time
@@ -43,6 +45,11 @@ def main():
         open(marker, "w").close()
         print("fake server: crashing before ready, once", flush=True)
         sys.exit(4)
+    def on_term(*_):
+        print(f"fake server: SIGTERM at {time.perf_counter():.6f}", flush=True)
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
     kv_tokens = 1 << 20
     small = os.environ.get("FAKE_SMALL_KV_ONCE")
     if "small_kv_once" in tokens and small and not os.path.exists(small):
@@ -145,6 +152,8 @@ def main():
         def _generate(self, req, ids, n):
             with lock:
                 first, state["generated"] = "generated" not in state, True
+            if first and "fail_first" in tokens:
+                return self._send(500, {"error": "fake server: failing the first request"})
             if first:  # a first request that pays startup costs (stock's took 1.4 s on the H200)
                 time.sleep(float(os.environ.get("FAKE_SGLANG_FIRST_GENERATE_S", "0")))
             if n == 16:

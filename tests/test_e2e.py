@@ -897,6 +897,25 @@ def test_a_server_ready_with_too_small_a_kv_pool_is_started_again_alone(tmp_path
     assert " (restarted alone) |" in (out / "e2e.md").read_text()
 
 
+def test_a_server_whose_first_request_fails_is_stopped_before_the_rounds(tmp_path, monkeypatch):
+    """On the H100 of 2026-12-06 a DFlash server whose first request never finished stayed up, that
+    request still held, through the other arms' rounds; they read run-ahead 0.000 there and 0.999-1.000
+    in the same command without it. A server that fails is stopped at once."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "run"
+    argv = ["--server-module", "fake_sglang_server", "--configs", "standalone-t4-p16", "--arms", "stock",
+            "--slots", "fail_first", "--concurrency", "1", "--rounds", "1", "--requests", "2", "--max-new-tokens", "8",
+            "--identity-tokens", "4", "--port", str(free_port_base(2)), "--out", str(out)]
+    run.main(argv)
+    result = json.load(open(out / "e2e.json"))
+    srv = result["servers"]["standalone-t4-p16/slots:fail_first"]
+    assert srv["ready_s"] is None and "HTTP 500" in srv["error"]
+    (stopped,) = re.findall(r"fake server: SIGTERM at ([0-9.]+)", (out / srv["log"]).read_text())
+    rounds = [r for r in result["rows"] if r["arm"] == "stock"]
+    assert rounds and float(stopped) < min(r["t_start"] for r in rounds)
+    assert "| standalone-t4-p16/slots:fail_first | failed |" in (out / "e2e.md").read_text()
+
+
 def test_where_no_server_of_the_start_came_up_none_is_started_again():
     class Exited:
         def alive(self):

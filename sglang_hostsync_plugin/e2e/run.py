@@ -207,14 +207,18 @@ class Server:
                 continue
         self.log.close()
 
+    def _flush(self) -> None:
+        if not self.log.closed:  # a server stopped after it failed: its log is complete
+            self.log.flush()
+
     def log_tail(self, n: int = 30) -> str:
-        self.log.flush()
+        self._flush()
         with open(self.launch.log, errors="replace") as f:
             return "".join(f.readlines()[-n:])
 
     def slot_checks(self) -> list[str]:
         """Each slot's last self-check line in this server's log ("hostsync: <slot> check: ...")."""
-        self.log.flush()
+        self._flush()
         last: dict[str, str] = {}
         with open(self.launch.log, errors="replace") as f:
             for line in f:
@@ -226,7 +230,7 @@ class Server:
 
     def status_block(self) -> list[str]:
         """The plugin's startup status lines from this server's log."""
-        self.log.flush()
+        self._flush()
         with open(self.launch.log, errors="replace") as f:
             lines = f.read().splitlines()
         for i, line in enumerate(lines):
@@ -320,6 +324,7 @@ def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, res
             except client.ClientError as exc:
                 srv.info.update(ready_s=None, error=str(exc), log_tail=srv.log_tail())
                 say(f"{key}: FAILED: {exc}\n{srv.info['log_tail']}")
+                srv.stop()  # a server left up with a request it cannot serve disturbed the others' rounds
             result["servers"][key] = srv.info
         if "stock" not in live:
             say(f"{config.name}: the stock server did not start; nothing to compare")
@@ -418,12 +423,13 @@ def restart_alone(servers: dict, ready: dict, ready_timeout: float, need_tokens:
 
 
 def _died(srv: Server, key: str, when: str) -> None:
-    """A server that exits (or stops answering) while serving: its later rounds are skipped and
-    the run fails."""
+    """A server that exits (or stops answering) while serving: its later rounds are skipped, it is
+    stopped at once (one left up disturbs the rounds of the others) and the run fails."""
     rc = srv.proc.poll()
     what = "stopped answering" if rc is None else f"exited (rc {rc})"
     srv.info.update(died=f"{what} during {when}", log_tail=srv.log_tail())
     say(f"{key}: DIED during {when}; its later rounds are skipped\n{srv.info['log_tail']}")
+    srv.stop()
 
 
 def _identity_outputs(srv: Server, identity_prompts, args) -> list[client.Result]:
