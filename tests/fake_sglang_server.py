@@ -8,7 +8,8 @@ Behaviour switches for the tests come from the arm's slot list: a slot token
 ready, ``die`` exits while serving (on its 7th 16-token request: the first one, the four
 warm-ups of a ``--concurrency 1 2`` run, then inside the first timed round).
 ``small_kv_once`` (with ``FAKE_SMALL_KV_ONCE``, a marker file) says a 64-token KV pool in
-``/server_info`` on its first start, as SGLang's sizing did when servers started together.
+``/server_info`` on its first start, as SGLang's sizing did when servers started together;
+``small_kv`` on every start.
 ``fail_first`` answers its first ``/generate`` with HTTP 500. A SIGTERM is logged with its time.
 ``FAKE_SGLANG_FIRST_GENERATE_S`` delays the first ``/generate`` by that many seconds.
 Outputs depend only on the prompt, like greedy decoding."""
@@ -52,8 +53,9 @@ def main():
     signal.signal(signal.SIGTERM, on_term)
     kv_tokens = 1 << 20
     small = os.environ.get("FAKE_SMALL_KV_ONCE")
-    if "small_kv_once" in tokens and small and not os.path.exists(small):
-        open(small, "w").close()
+    if "small_kv" in tokens or ("small_kv_once" in tokens and small and not os.path.exists(small)):
+        if small:
+            open(small, "w").close()
         kv_tokens = 64
         print("fake server: a KV pool of 64 tokens", flush=True)
     if args.enable_hostsync_plugin:

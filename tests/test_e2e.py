@@ -889,7 +889,7 @@ def test_a_server_ready_with_too_small_a_kv_pool_is_started_again_alone(tmp_path
     result = json.load(open(out / "e2e.json"))
     srv = result["servers"]["standalone-t4-p16/slots:small_kv_once"]
     assert srv["ready_s"] is not None
-    assert srv["restarted_alone"] == "KV pool of 64 tokens, fewer than the 72 one request at the highest concurrency needs"
+    assert srv["restarted_alone"] == "KV pool of 64 tokens, fewer than the 72 the highest concurrency holds"
     assert "restarted_alone" not in result["servers"]["standalone-t4-p16/stock"]  # its pool is large enough
     assert "a KV pool of 64 tokens" in (out / "standalone-t4-p16__slots_small_kv_once.first-start.log").read_text()
     assert "a KV pool of 64 tokens" not in (out / srv["log"]).read_text()
@@ -914,6 +914,34 @@ def test_a_server_whose_first_request_fails_is_stopped_before_the_rounds(tmp_pat
     rounds = [r for r in result["rows"] if r["arm"] == "stock"]
     assert rounds and float(stopped) < min(r["t_start"] for r in rounds)
     assert "| standalone-t4-p16/slots:fail_first | failed |" in (out / "e2e.md").read_text()
+
+
+def test_a_server_whose_kv_pool_is_too_small_alone_too_fails_at_once(tmp_path, monkeypatch):
+    """Restarted alone and still too small: reported failed before its first request (which would
+    wait until the client's 300 s timeout) and stopped; the other arms run their rounds."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "run"
+    argv = ["--server-module", "fake_sglang_server", "--configs", "standalone-t4-p16", "--arms", "stock",
+            "--slots", "small_kv", "--concurrency", "1", "--rounds", "1", "--requests", "2", "--max-new-tokens", "8",
+            "--identity-tokens", "4", "--prompt-len", "64", "--port", str(free_port_base(2)), "--out", str(out)]
+    t0 = time.perf_counter()
+    assert run.main(argv) == 1
+    assert time.perf_counter() - t0 < 120
+    result = json.load(open(out / "e2e.json"))
+    srv = result["servers"]["standalone-t4-p16/slots:small_kv"]
+    assert srv["ready_s"] is None and srv["restarted_alone"].startswith("KV pool of 64 tokens")
+    assert srv["error"].endswith("KV pool of 64 tokens, fewer than the 72 the highest concurrency holds")
+    assert "fake server: SIGTERM at" in (out / srv["log"]).read_text()
+    assert [r["arm"] for r in result["rows"]] == ["stock"]
+
+
+def test_a_max_total_tokens_below_the_largest_load_is_refused_before_any_server_starts(tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["--configs", "standalone-t4-p16", "--concurrency", "1", "8", "--max-total-tokens", "3000",
+            "--out", str(out)]  # 8 x (128 + 256) = 3072
+    assert run.main(argv) == 2
+    assert "--max-total-tokens 3000 is fewer than the 3072 KV tokens" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_where_no_server_of_the_start_came_up_none_is_started_again():

@@ -88,11 +88,21 @@ def options(args) -> matrix.Options:
     )
 
 
+def tokens_needed(args) -> int:
+    """KV tokens the run's largest load holds at once: the highest concurrency's requests, each with
+    its prompt and its longest output."""
+    return max(args.concurrency) * (args.prompt_len + max(args.max_new_tokens, args.identity_tokens))
+
+
 def plan(args) -> tuple[list[matrix.Config], list[matrix.Arm], matrix.Options]:
     configs = matrix.parse_configs(args.configs)
     arms = matrix.parse_arms(args.arms, args.slots)
     if args.rounds < 1 or min(args.concurrency) < 1 or args.requests < 1:
         raise ValueError("--rounds, --concurrency and --requests must be positive")
+    if args.max_total_tokens < tokens_needed(args):
+        raise ValueError(f"--max-total-tokens {args.max_total_tokens} is fewer than the {tokens_needed(args)} KV tokens "
+                         "the highest --concurrency holds (requests x (--prompt-len + the longest output)): a request "
+                         "that does not fit waits in SGLang's queue")
     if args.model_path is None and any(c.uses_draft_model for c in configs) and args.draft_model_path:
         raise ValueError("--draft-model-path needs --model-path (the dummy target has its own draft)")
     if args.draft_model_path and len({c.draft for c in configs if c.uses_draft_model}) > 1:
@@ -307,7 +317,7 @@ def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, res
         live = {}
         ready = client.wait_ready_all({name: (srv.base, srv.t0, srv.alive) for name, srv in servers.items()},
                                       args.ready_timeout)
-        need = max(args.concurrency) * (args.prompt_len + max(args.max_new_tokens, args.identity_tokens))
+        need = tokens_needed(args)
         restart_alone(servers, ready, args.ready_timeout, need)
         for name, srv in servers.items():
             key = f"{config.name}/{name}"
@@ -315,6 +325,9 @@ def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, res
                 if isinstance(ready[name], client.ClientError):
                     raise ready[name]
                 srv.info["ready_s"] = ready[name]  # from its own launch, polled beside the others
+                short = kv_short(srv, need)
+                if short:  # its first request would wait until the client's timeout
+                    raise client.ClientError(f"{srv.base}: {short}")
                 t = time.perf_counter()
                 client.generate(srv.base, prompt_pool[0], args.max_new_tokens)
                 srv.info["first_request_s"] = time.perf_counter() - t
@@ -392,12 +405,21 @@ def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, res
         stop_all(servers.values())
 
 
+def kv_short(srv: Server, need_tokens: int) -> str | None:
+    """Why the server's KV pool (``/server_info``) cannot hold the run's largest load, or None (it can,
+    or the server does not say)."""
+    kv = client.kv_tokens(srv.base)
+    if kv is None or kv >= need_tokens:
+        return None
+    return f"KV pool of {kv} tokens, fewer than the {need_tokens} the highest concurrency holds"
+
+
 def restart_alone(servers: dict, ready: dict, ready_timeout: float, need_tokens: int = 0) -> None:
     """Each server that lost SGLang's KV sizing to a start shared with others, once more on its own:
     it exited during the start (another server's weights loading while SGLang profiled its memory,
-    H200 2026-12-05), or it became ready with a KV pool smaller than ``need_tokens`` (one request's
-    prompt and output at the highest concurrency: 192 tokens on the H100 of 2026-12-06, whose
-    first 256-token request then waited until the client's timeout). Its first log is kept beside
+    H200 2026-12-05), or it became ready with a KV pool smaller than ``need_tokens`` (``tokens_needed``;
+    192 tokens on the H100 of 2026-12-06, whose first 256-token request then waited until the client's
+    timeout). Its first log is kept beside
     (``.first-start.log``) and the restart named in ``e2e.json`` and ``e2e.md``; a server that fails
     alone too is reported failed, as before. Only where another server of the start became ready."""
     if not any(not isinstance(r, client.ClientError) for r in ready.values()):
@@ -409,10 +431,9 @@ def restart_alone(servers: dict, ready: dict, ready_timeout: float, need_tokens:
             first = srv.log_tail(5).strip().splitlines()
             why = first[-1] if first else "no log"
         else:
-            kv = client.kv_tokens(srv.base)
-            if kv is None or kv >= need_tokens:
+            why = kv_short(srv, need_tokens)
+            if not why:
                 continue
-            why = f"KV pool of {kv} tokens, fewer than the {need_tokens} one request at the highest concurrency needs"
         srv.stop()
         os.replace(srv.launch.log, srv.launch.log[:-len(".log")] + ".first-start.log")
         say(f"{srv.launch.config}/{name}: lost the shared start ({why}); starting it again alone")
