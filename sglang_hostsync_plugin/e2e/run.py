@@ -337,7 +337,7 @@ def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, res
             except client.ClientError as exc:
                 srv.info.update(ready_s=None, error=str(exc), log_tail=srv.log_tail())
                 say(f"{key}: FAILED: {exc}\n{srv.info['log_tail']}")
-                srv.stop()  # a server left up with a request it cannot serve disturbed the others' rounds
+                srv.stop()  # left up, one ran beside the others' rounds (their run-ahead 0.000, H100 2026-12-06)
             result["servers"][key] = srv.info
         if "stock" not in live:
             say(f"{config.name}: the stock server did not start; nothing to compare")
@@ -419,9 +419,9 @@ def restart_alone(servers: dict, ready: dict, ready_timeout: float, need_tokens:
     it exited during the start (another server's weights loading while SGLang profiled its memory,
     H200 2026-12-05), or it became ready with a KV pool smaller than ``need_tokens`` (``tokens_needed``;
     192 tokens on the H100 of 2026-12-06, whose first 256-token request then waited until the client's
-    timeout). Its first log is kept beside
-    (``.first-start.log``) and the restart named in ``e2e.json`` and ``e2e.md``; a server that fails
-    alone too is reported failed, as before. Only where another server of the start became ready."""
+    timeout). Its first log is kept beside (``.first-start.log``) and the restart named in ``e2e.json``
+    and ``e2e.md``; a server that fails alone too is reported failed, as before. Only where another
+    server of the start became ready."""
     if not any(not isinstance(r, client.ClientError) for r in ready.values()):
         return  # none started: nothing any other server did (a bad model path, a missing package)
     for name, srv in list(servers.items()):
@@ -445,7 +445,7 @@ def restart_alone(servers: dict, ready: dict, ready_timeout: float, need_tokens:
 
 def _died(srv: Server, key: str, when: str) -> None:
     """A server that exits (or stops answering) while serving: its later rounds are skipped, it is
-    stopped at once (one left up disturbs the rounds of the others) and the run fails."""
+    stopped at once (not left up beside the others' rounds) and the run fails."""
     rc = srv.proc.poll()
     what = "stopped answering" if rc is None else f"exited (rc {rc})"
     srv.info.update(died=f"{what} during {when}", log_tail=srv.log_tail())
