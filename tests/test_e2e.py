@@ -944,6 +944,37 @@ def test_a_max_total_tokens_below_the_largest_load_is_refused_before_any_server_
     assert not out.exists()
 
 
+def test_kv_tokens_is_none_where_the_server_does_not_say(tmp_path):
+    """No answer, an error status, no such field or not an integer: None, so no server is restarted
+    or failed for a pool size nobody reported."""
+    import http.server
+    import threading
+
+    bodies = {"/missing/server_info": b'{"version": "x"}', "/text/server_info": b'{"max_total_num_tokens": "192"}',
+              "/int/server_info": b'{"max_total_num_tokens": 192}'}
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            body = bodies.get(self.path)
+            self.send_response(200 if body else 404)
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{srv.server_address[1]}"
+        assert client.kv_tokens(f"{base}/int") == 192
+        assert client.kv_tokens(f"{base}/missing") is None and client.kv_tokens(f"{base}/text") is None
+        assert client.kv_tokens(f"{base}/none") is None  # 404
+    finally:
+        srv.shutdown()
+    assert client.kv_tokens(f"http://127.0.0.1:{free_port_base(1)}", timeout=1.0) is None  # nothing listening
+
+
 def test_where_no_server_of_the_start_came_up_none_is_started_again():
     class Exited:
         def alive(self):
