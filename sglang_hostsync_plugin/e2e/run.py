@@ -100,8 +100,8 @@ def plan(args) -> tuple[list[matrix.Config], list[matrix.Arm], matrix.Options]:
     if args.rounds < 1 or min(args.concurrency) < 1 or args.requests < 1:
         raise ValueError("--rounds, --concurrency and --requests must be positive")
     if args.max_total_tokens < tokens_needed(args):
-        raise ValueError(f"--max-total-tokens {args.max_total_tokens} is fewer than the {tokens_needed(args)} KV tokens "
-                         "the highest --concurrency holds (requests x (--prompt-len + the longest output)): a request "
+        raise ValueError(f"--max-total-tokens {args.max_total_tokens} is fewer than the {tokens_needed(args)} "
+                         "KV tokens the highest --concurrency holds (requests x (--prompt-len + the longest output)): a request "
                          "that does not fit waits in SGLang's queue")
     if args.model_path is None and any(c.uses_draft_model for c in configs) and args.draft_model_path:
         raise ValueError("--draft-model-path needs --model-path (the dummy target has its own draft)")

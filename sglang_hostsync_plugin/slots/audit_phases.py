@@ -37,9 +37,9 @@ the clock measures both through that same chain (``call_ns``, ``pass_ns``), and 
 reports their per-step average as ``@clock``; the audit's own work after each ``run_batch``
 (meter, trace, this attribution) is timed and reported per step as ``@audit`` (it lies inside
 ``other``; its pass when the scheduler idles, counted too, lies between step windows), and the
-attribution's part of it (its arithmetic and its trace cells) as ``@attribution``. All are averages over every step, timed or not. Where the host sets the
-pace, an audited arm is slower than the same slots without it: compare host figures between
-audited arms only.
+attribution's part of it (its arithmetic and its trace cells) as ``@attribution``. All are
+averages over every step, timed or not. Where the host sets the pace, an audited arm is slower
+than the same slots without it: compare host figures between audited arms only.
 ``SGLANG_HOSTSYNC_AUDIT_PHASES=0`` turns the clock off (its hooks then only pass through).
 """
 

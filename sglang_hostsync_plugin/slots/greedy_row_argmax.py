@@ -11,8 +11,9 @@ long rows keeps a few SMs busy. This slot recompiles both functions from their p
 row in 4096-wide blocks, each lane keeping its earliest maximum, and reduces once at the end. The result is
 torch's exactly (an index, no arithmetic): the first maximal index, NaN above everything
 (the first NaN wins), and ``-0.0 == 0.0``. SGLang's own ``row_argmax`` (kernels/ops/speculative)
-is not: its path for up to 64 rows drops NaN (test_sglang_row_argmax_is_not_torch_on_nan_rows). Anything else (a CPU tensor outside the Triton
-interpreter, not 2-D, a strided row, an empty batch, another dtype) calls ``torch.argmax``.
+is not: its path for up to 64 rows drops NaN (test_sglang_row_argmax_is_not_torch_on_nan_rows).
+Anything else (a CPU tensor outside the Triton interpreter, not 2-D, a strided row, an empty
+batch, another dtype) calls ``torch.argmax``.
 Hook targets: both functions (AROUND, each recompiles SGLang's own function; the draft extend is an
 edit site shared with ``draft_extend_topk_graph``).
 """
