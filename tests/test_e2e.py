@@ -894,7 +894,9 @@ def test_a_server_ready_with_too_small_a_kv_pool_is_started_again_alone(tmp_path
     assert "a KV pool of 64 tokens" in (out / "standalone-t4-p16__slots_small_kv_once.first-start.log").read_text()
     assert "a KV pool of 64 tokens" not in (out / srv["log"]).read_text()
     assert result["identity"]["standalone-t4-p16/slots:small_kv_once"]["identical"]
-    assert " (restarted alone) |" in (out / "e2e.md").read_text()
+    assert srv["kv_tokens"] == 1 << 20 and result["servers"]["standalone-t4-p16/stock"]["kv_tokens"] == 1 << 20
+    assert f"| standalone-t4-p16/slots:small_kv_once | {srv['ready_s']:.1f} (restarted alone) | {1 << 20} | " in (
+        out / "e2e.md").read_text()
 
 
 def test_a_server_whose_first_request_fails_is_stopped_before_the_rounds(tmp_path, monkeypatch):
@@ -931,6 +933,7 @@ def test_a_server_whose_kv_pool_is_too_small_alone_too_fails_at_once(tmp_path, m
     srv = result["servers"]["standalone-t4-p16/slots:small_kv"]
     assert srv["ready_s"] is None and srv["restarted_alone"].startswith("KV pool of 64 tokens")
     assert srv["error"].endswith("KV pool of 64 tokens, fewer than the 72 the highest concurrency holds")
+    assert srv["kv_tokens"] == 64 and "| standalone-t4-p16/slots:small_kv | failed (restarted alone) | 64 | " in (out / "e2e.md").read_text()
     assert "fake server: SIGTERM at" in (out / srv["log"]).read_text()
     assert [r["arm"] for r in result["rows"]] == ["stock"]
 

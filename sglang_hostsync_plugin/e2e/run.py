@@ -406,9 +406,9 @@ def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, res
 
 
 def kv_short(srv: Server, need_tokens: int) -> str | None:
-    """Why the server's KV pool (``/server_info``) cannot hold the run's largest load, or None (it can,
-    or the server does not say)."""
-    kv = client.kv_tokens(srv.base)
+    """Why the server's KV pool (``/server_info``, kept as ``kv_tokens``) cannot hold the run's largest
+    load, or None (it can, or the server does not say)."""
+    kv = srv.info["kv_tokens"] = client.kv_tokens(srv.base)
     if kv is None or kv >= need_tokens:
         return None
     return f"KV pool of {kv} tokens, fewer than the {need_tokens} the highest concurrency holds"

@@ -530,8 +530,8 @@ def markdown(cell_rows: list[dict], servers: dict[str, dict], identity: dict[str
             + (f", {fmt(c['host_work_ratio_to_stock_code'], '.3f')}x" if c.get("host_work_ratio_to_stock_code") is not None else "")
             + ") |"
         )
-    lines += ["", "| server | ready s | first request s | greedy identical to stock | logprobs compared | distinct output tokens |",
-              "| --- | --- | --- | --- | --- | --- |"]
+    lines += ["", "| server | ready s | KV pool tokens | first request s | greedy identical to stock | logprobs compared "
+              "| distinct output tokens |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for name, s in servers.items():
         ident = identity.get(name)
         if ident is not None:
@@ -540,7 +540,7 @@ def markdown(cell_rows: list[dict], servers: dict[str, dict], identity: dict[str
             verdict = "reference" if name.rsplit("/", 1)[-1] == STOCK.name else "-"
         lines.append(
             f"| {name} | {fmt(s.get('ready_s'), '.1f', 'failed')}{' (restarted alone)' if 'restarted_alone' in s else ''} | "
-            f"{fmt(s.get('first_request_s'), '.3f')} | {verdict} | "
+            f"{s.get('kv_tokens') or '-'} | {fmt(s.get('first_request_s'), '.3f')} | {verdict} | "
             f"{'-' if ident is None else ('yes' if ident['logprobs_compared'] else 'no')} | {s.get('distinct_tokens', '-')} |"
         )
     unstarted = [(name, s["error"]) for name, s in servers.items() if s.get("ready_s") is None and s.get("error")]
