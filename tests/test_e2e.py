@@ -653,9 +653,11 @@ def test_host_work_is_divided_by_the_stock_code_arms_of_the_same_cell():
     assert "| host µs/step: CPU (work, x stock code's) |" in md
     assert re.search(r"\| c \| 1 \| plugin \| .* \| [0-9]+ \(1000, 0\.500x\) \|", md), md
     assert re.search(r"\| c \| 1 \| audit \| .* \| [0-9]+ \(2000\) \|", md), md
+    assert "benchmark-only host work in both arms): c c1 plugin 0.444x\n" in md, md
     # Without a stock-code arm in the run: no ratio.
     alone = {c["arm"]: c for c in stats.cells(rows[::2], {("c", 1, "plugin"): windows[("c", 1, "plugin")]})}
     assert "host_work_ratio_to_stock_code" not in alone["plugin"]
+    assert "without SGLang's simulated acceptance" not in stats.markdown(list(alone.values()), {}, {})
 
 
 def read_png(path):

@@ -324,6 +324,19 @@ def host_work_ratios(c: dict, ref: dict | None) -> dict:
     return out
 
 
+def unsimulated_lines(cell_rows: list[dict]) -> list[str]:
+    """The host-work ratios again without SGLang's simulated acceptance (the ``simulate`` phase, on both
+    sides): a real server draws none, so these are the ratios serving sees."""
+    cells_ = [c for c in cell_rows if c.get("host_work_ratio_to_stock_code_unsimulated") is not None]
+    if not cells_:
+        return []
+    return ["", "Host work x stock code's without SGLang's simulated acceptance (`SGLANG_SIMULATE_ACC_LEN`'s draw, "
+                "benchmark-only host work in both arms): " + "; ".join(
+                    f"{c['config']} c{c['concurrency']} {c['arm']} "
+                    f"{fmt(c['host_work_ratio_to_stock_code_unsimulated'], '.3f')}x"
+                    for c in sorted(cells_, key=lambda c: (c["config"], c["concurrency"], c["arm"])))]
+
+
 def ratio_cell(c: dict) -> str:
     """The pooled ratio to stock and, over two or more rounds, the range of the per-round ratios."""
     by_round = c.get("ratio_by_round") or []
@@ -530,6 +543,7 @@ def markdown(cell_rows: list[dict], servers: dict[str, dict], identity: dict[str
             + (f", {fmt(c['host_work_ratio_to_stock_code'], '.3f')}x" if c.get("host_work_ratio_to_stock_code") is not None else "")
             + ") |"
         )
+    lines += unsimulated_lines(cell_rows)
     lines += ["", "| server | ready s | KV pool tokens | first request s | greedy identical to stock | logprobs compared "
               "| distinct output tokens |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for name, s in servers.items():
