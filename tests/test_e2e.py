@@ -935,7 +935,8 @@ def test_a_server_whose_kv_pool_is_too_small_alone_too_fails_at_once(tmp_path, m
     srv = result["servers"]["standalone-t4-p16/slots:small_kv"]
     assert srv["ready_s"] is None and srv["restarted_alone"].startswith("KV pool of 64 tokens")
     assert srv["error"].endswith("KV pool of 64 tokens, fewer than the 72 the highest concurrency holds")
-    assert srv["kv_tokens"] == 64 and "| standalone-t4-p16/slots:small_kv | failed (restarted alone) | 64 | " in (out / "e2e.md").read_text()
+    assert srv["kv_tokens"] == 64
+    assert "| standalone-t4-p16/slots:small_kv | failed (restarted alone) | 64 | " in (out / "e2e.md").read_text()
     assert "fake server: SIGTERM at" in (out / srv["log"]).read_text()
     assert [r["arm"] for r in result["rows"]] == ["stock"]
 

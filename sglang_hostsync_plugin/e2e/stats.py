@@ -554,7 +554,8 @@ def markdown(cell_rows: list[dict], servers: dict[str, dict], identity: dict[str
             verdict = "reference" if name.rsplit("/", 1)[-1] == STOCK.name else "-"
         lines.append(
             f"| {name} | {fmt(s.get('ready_s'), '.1f', 'failed')}{' (restarted alone)' if 'restarted_alone' in s else ''} | "
-            f"{s.get('kv_tokens') or '-'} | {fmt(s.get('first_request_s'), '.3f')} | {verdict} | "
+            f"{'-' if s.get('kv_tokens') is None else s['kv_tokens']} | {fmt(s.get('first_request_s'), '.3f')} | "
+            f"{verdict} | "
             f"{'-' if ident is None else ('yes' if ident['logprobs_compared'] else 'no')} | {s.get('distinct_tokens', '-')} |"
         )
     unstarted = [(name, s["error"]) for name, s in servers.items() if s.get("ready_s") is None and s.get("error")]
