@@ -1,4 +1,4 @@
-"""The README's slot tables and preset lists name exactly the slots the catalogue has."""
+"""The README's slot tables and preset lists, and docs/slots.md's rows, name exactly the slots the catalogue has."""
 
 import os
 import re
@@ -29,3 +29,11 @@ def test_the_readme_lists_the_eagle_host_and_ngram_host_presets_as_the_catalogue
     assert set(re.findall(r"`([a-z_0-9]+)`", eagle.group(1))) == _preset("eagle_host")
     assert set(re.findall(r"`([a-z_0-9]+)`", ngram.group(1))) == _preset("ngram_host")
     assert "`dspark_mega` (the 17 #45450 switches)" in row and len(_preset("dspark_mega")) == 17
+
+
+def test_docs_slots_has_a_row_for_every_owned_and_tool_slot_and_no_other():
+    from sglang_hostsync_plugin.slot import SlotKind
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "slots.md")
+    rows = set(re.findall(r"^\| `([a-z_0-9]+)` \|", open(path, encoding="utf-8").read(), re.M))
+    assert rows == {n for n, s in catalogue().items() if s.kind in (SlotKind.OWNED, SlotKind.TOOL)}
