@@ -891,7 +891,7 @@ def test_a_server_ready_with_too_small_a_kv_pool_is_started_again_alone(tmp_path
     result = json.load(open(out / "e2e.json"))
     srv = result["servers"]["standalone-t4-p16/slots:small_kv_once"]
     assert srv["ready_s"] is not None
-    assert srv["restarted_alone"] == "KV pool of 64 tokens, fewer than the 72 the highest concurrency holds"
+    assert srv["restarted_alone"] == "KV pool of 64 tokens, fewer than the 72 the run's largest load holds"
     assert "restarted_alone" not in result["servers"]["standalone-t4-p16/stock"]  # its pool is large enough
     assert "a KV pool of 64 tokens" in (out / "standalone-t4-p16__slots_small_kv_once.first-start.log").read_text()
     assert "a KV pool of 64 tokens" not in (out / srv["log"]).read_text()
@@ -934,7 +934,7 @@ def test_a_server_whose_kv_pool_is_too_small_alone_too_fails_at_once(tmp_path, m
     result = json.load(open(out / "e2e.json"))
     srv = result["servers"]["standalone-t4-p16/slots:small_kv"]
     assert srv["ready_s"] is None and srv["restarted_alone"].startswith("KV pool of 64 tokens")
-    assert srv["error"].endswith("KV pool of 64 tokens, fewer than the 72 the highest concurrency holds")
+    assert srv["error"].endswith("KV pool of 64 tokens, fewer than the 72 the run's largest load holds")
     assert srv["kv_tokens"] == 64
     assert "| standalone-t4-p16/slots:small_kv | failed (restarted alone) | 64 | " in (out / "e2e.md").read_text()
     assert "fake server: SIGTERM at" in (out / srv["log"]).read_text()
@@ -948,6 +948,15 @@ def test_a_max_total_tokens_below_the_largest_load_is_refused_before_any_server_
     assert run.main(argv) == 2
     assert "--max-total-tokens 3000 is fewer than the 3072 KV tokens" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_the_largest_load_is_the_highest_concurrency_or_one_identity_request():
+    args = run.build_parser().parse_args(["--concurrency", "1", "4", "--prompt-len", "128", "--max-new-tokens", "256"])
+    assert run.tokens_needed(args) == 4 * (128 + 256)
+    # The identity pass sends its requests one at a time: one long one outweighs two short concurrent ones.
+    args = run.build_parser().parse_args(["--concurrency", "2", "--prompt-len", "64", "--max-new-tokens", "8",
+                                          "--identity-tokens", "200"])
+    assert run.tokens_needed(args) == 64 + 200
 
 
 def test_kv_tokens_is_none_where_the_server_does_not_say(tmp_path):

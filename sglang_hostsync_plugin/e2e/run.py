@@ -89,9 +89,9 @@ def options(args) -> matrix.Options:
 
 
 def tokens_needed(args) -> int:
-    """KV tokens the run's largest load holds at once: the highest concurrency's requests, each with
-    its prompt and its longest output."""
-    return max(args.concurrency) * (args.prompt_len + max(args.max_new_tokens, args.identity_tokens))
+    """KV tokens the run's largest load holds at once: the highest concurrency's requests, each with its
+    prompt and output, or one identity request (they run one at a time) where that is more."""
+    return max(max(args.concurrency) * (args.prompt_len + args.max_new_tokens), args.prompt_len + args.identity_tokens)
 
 
 def plan(args) -> tuple[list[matrix.Config], list[matrix.Arm], matrix.Options]:
@@ -101,8 +101,8 @@ def plan(args) -> tuple[list[matrix.Config], list[matrix.Arm], matrix.Options]:
         raise ValueError("--rounds, --concurrency and --requests must be positive")
     if args.max_total_tokens < tokens_needed(args):
         raise ValueError(f"--max-total-tokens {args.max_total_tokens} is fewer than the {tokens_needed(args)} "
-                         "KV tokens the highest --concurrency holds (requests x (--prompt-len + the longest output)): a request "
-                         "that does not fit waits in SGLang's queue")
+                         "KV tokens the run's largest load holds (the highest --concurrency x (--prompt-len + "
+                         "--max-new-tokens), or one identity request): a request that does not fit waits in SGLang's queue")
     if args.model_path is None and any(c.uses_draft_model for c in configs) and args.draft_model_path:
         raise ValueError("--draft-model-path needs --model-path (the dummy target has its own draft)")
     if args.draft_model_path and len({c.draft for c in configs if c.uses_draft_model}) > 1:
@@ -411,7 +411,7 @@ def kv_short(srv: Server, need_tokens: int) -> str | None:
     kv = srv.info["kv_tokens"] = client.kv_tokens(srv.base)
     if kv is None or kv >= need_tokens:
         return None
-    return f"KV pool of {kv} tokens, fewer than the {need_tokens} the highest concurrency holds"
+    return f"KV pool of {kv} tokens, fewer than the {need_tokens} the run's largest load holds"
 
 
 def restart_alone(servers: dict, ready: dict, ready_timeout: float, need_tokens: int = 0) -> None:
@@ -429,16 +429,16 @@ def restart_alone(servers: dict, ready: dict, ready_timeout: float, need_tokens:
             if srv.alive():
                 continue  # still starting at the deadline: not a start-time exit
             first = srv.log_tail(5).strip().splitlines()
-            why = first[-1] if first else "no log"
+            why = first[-1] if first else ""
         else:
             why = kv_short(srv, need_tokens)
             if not why:
                 continue
         srv.stop()
         os.replace(srv.launch.log, srv.launch.log[:-len(".log")] + ".first-start.log")
-        say(f"{srv.launch.config}/{name}: lost the shared start ({why}); starting it again alone")
+        say(f"{srv.launch.config}/{name}: lost the shared start ({why or 'no log'}); starting it again alone")
         again = Server(srv.launch)
-        again.info["restarted_alone"] = why if why != "no log" else ""
+        again.info["restarted_alone"] = why
         servers[name] = again
         ready[name] = client.wait_ready_all({name: (again.base, again.t0, again.alive)}, ready_timeout)[name]
 
