@@ -47,6 +47,7 @@ OWNED = (
     ("isolation_snapshot", "isolation_snapshot", False),
     ("decode_lens_lazy_h2d", "decode_lens_lazy_h2d", False),
     ("chain_tree_full_mask", "chain_tree_full_mask", False),
+    ("eagle_step_graph", "eagle_step_graph", False),
 )
 
 

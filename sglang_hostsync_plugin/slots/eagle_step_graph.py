@@ -1,0 +1,542 @@
+"""Slot ``eagle_step_graph``: an EAGLE v2 topk-1 decode step replayed as one CUDA graph launch
+(issue 16; design notes in docs/host-work.md).
+
+SGLang 0.5.23's ``EAGLEWorkerV2.forward_batch_generation`` runs three CUDA graphs per decode step
+(draft, target verify, draft extend) and, between them, a few milliseconds of Python that stages
+their inputs and launches the eager glue (verify input, greedy verify, commit, draft-extend
+layout, next draft input). At topk 1 that glue is most of a step's host work. This slot runs
+the whole decode branch once per batch size under CUDA graph capture, in segments cut at the
+three runners' replays, and joins the segments and SGLang's own runner graphs (as child nodes,
+the same graphs, unchanged) into one graph per batch size. Each later step of that batch size:
+
+- copies this step's input tensors (``ScheduleBatch``, its draft input and sampling info; the
+  ``*_INPUTS`` names below) into the tensors the capture read, in one ``_foreach_copy_``;
+- launches the joined graph on the current stream (one driver call);
+- returns the captured ``GenerationBatchResult`` with its host-read tensors cloned (the scheduler
+  reads them on its copy stream while the next step runs) and calls ``on_publish`` after it.
+
+The step stays on SGLang's eager path (counted by reason) unless every Python-visible decision
+of the branch is fixed by the batch size: decode (not idle, not extend), topk 1, drafting on,
+no PP, greedy sampling, no logprobs / hidden states / grammar / penalties / logit bias /
+watermark / hisparse / mamba tracking, and no CUDA tensor on those three objects besides the
+named inputs, each with the shape it had at capture. SGLang's simulated acceptance
+(``SGLANG_SIMULATE_ACC_LEN``, benchmarks only) draws its length on the host: the slot is inert
+unless that draw is constant (an integral length with the default ``match-expected``).
+
+Each batch size's first two eligible steps run eagerly (Triton compiles, allocations), the
+third is captured (torch's capture on a side stream; the runners' graphs are kept at startup,
+``keep_graph=True``, so they can be children), then replayed. A failed capture leaves SGLang's
+path for good, with a warning. A runner that re-captures its graphs drops the joined graph.
+
+``SGLANG_HOSTSYNC_STEP_GRAPH_CHECK=N`` (default 0, off): every Nth replayed step first runs
+SGLang's eager step on the same inputs and compares its outputs (next tokens, accept lengths,
+new sequence lengths, the next draft input) with the replay's on the device; the mismatch count
+comes back without waiting for the GPU and is logged. Opt-in, not in any preset.
+Hook targets: ``EAGLEWorkerV2.forward_batch_generation``, ``FullCudaGraphBackend.capture_one``
+and ``FullCudaGraphBackend.replay`` (AROUND).
+"""
+
+from __future__ import annotations
+
+import copy
+import ctypes
+import functools
+import logging
+import sys
+from dataclasses import dataclass, field
+
+import torch
+
+from ..slot import HookTarget, ServingFacts, Slot, SlotKind, TargetKind, config_precheck
+from .draft_extend_glue_graph import CheckTally, glue_inert
+
+logger = logging.getLogger("sglang.srt.plugins.hostsync")
+
+NAME = "eagle_step_graph"
+WORKER = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2"
+BACKEND_MODULE = "sglang.srt.model_executor.runner_backend.full_cuda_graph_backend"
+BACKEND = f"{BACKEND_MODULE}.FullCudaGraphBackend"
+ENV_CHECK = "SGLANG_HOSTSYNC_STEP_GRAPH_CHECK"
+WARMUPS = 2
+MAX_GRAPHS = 64  # per process: batch sizes x input layouts
+MAX_LOGGED = 10
+
+# The tensors a topk-1 decode step reads from the scheduler's objects (batch, draft input,
+# sampling info); any other CUDA tensor there keeps the step eager.
+BATCH_INPUTS = ("input_ids", "req_pool_indices", "seq_lens", "orig_seq_lens", "out_cache_loc")
+DRAFT_INPUTS = ("topk_p", "topk_index", "hidden_states", "bonus_tokens", "future_indices", "kv_indptr",
+                "kv_indices")
+SAMPLING_INPUTS = ("temperatures", "top_ps", "top_ks", "min_ps", "sampling_seed", "rids_int")
+INPUTS = (BATCH_INPUTS, DRAFT_INPUTS, SAMPLING_INPUTS)
+# Read on the host or on the copy stream after the next step was launched: cloned per step.
+CLONED = ("next_token_ids", "accept_lens", "new_seq_lens")
+
+
+def check_every(env=None) -> int:
+    from ..config import env_count
+
+    return env_count(ENV_CHECK, 0, env, minimum=0, hint="use 0 (off) or a positive number of replayed steps")
+
+
+# --- the driver calls that join graphs (torch has no API for child graph nodes) ---
+
+
+class Driver:
+    def __init__(self):
+        lib = ctypes.CDLL("libcuda.so.1")
+        for name in ("cuGraphCreate", "cuGraphAddChildGraphNode", "cuGraphInstantiateWithFlags", "cuGraphLaunch",
+                     "cuGraphExecDestroy", "cuGraphDestroy", "cuGraphGetNodes"):
+            getattr(lib, name).restype = ctypes.c_int
+        self.lib = lib
+
+    @staticmethod
+    def _ok(rc: int, what: str) -> None:
+        if rc != 0:
+            raise RuntimeError(f"{what} failed (CUresult {rc})")
+
+    def nodes(self, graph: int) -> int:
+        n = ctypes.c_size_t(0)
+        self._ok(self.lib.cuGraphGetNodes(ctypes.c_void_p(graph), None, ctypes.byref(n)), "cuGraphGetNodes")
+        return n.value
+
+    def chain(self, graphs: list[int]) -> tuple[int, int]:
+        """One graph running ``graphs`` in order as child nodes, and its executable."""
+        parent = ctypes.c_void_p()
+        self._ok(self.lib.cuGraphCreate(ctypes.byref(parent), 0), "cuGraphCreate")
+        try:
+            prev = None
+            for graph in graphs:
+                node = ctypes.c_void_p()
+                deps, n = (None, 0) if prev is None else (ctypes.byref(prev), 1)
+                self._ok(self.lib.cuGraphAddChildGraphNode(ctypes.byref(node), parent, deps, n,
+                                                           ctypes.c_void_p(graph)), "cuGraphAddChildGraphNode")
+                prev = node
+            exe = ctypes.c_void_p()
+            self._ok(self.lib.cuGraphInstantiateWithFlags(ctypes.byref(exe), parent, 0), "cuGraphInstantiate")
+        except Exception:
+            self.lib.cuGraphDestroy(parent)
+            raise
+        return parent.value, exe.value
+
+    def launch(self, exe: int, stream: int) -> None:
+        self._ok(self.lib.cuGraphLaunch(ctypes.c_void_p(exe), ctypes.c_void_p(stream)), "cuGraphLaunch")
+
+    def destroy(self, parent: int, exe: int) -> None:
+        self.lib.cuGraphExecDestroy(ctypes.c_void_p(exe))
+        self.lib.cuGraphDestroy(ctypes.c_void_p(parent))
+
+
+# --- segmented capture ---
+
+
+class Capture:
+    """Segments of one captured step, cut where a runner would replay its graph: the parts in
+    order, ("segment", graph) or ("child", backend, shape key, the runner's graph)."""
+
+    def __init__(self, pool, new_graph=None):
+        self.pool = pool
+        self.new_graph = new_graph or functools.partial(torch.cuda.CUDAGraph, keep_graph=True)
+        self.parts: list[tuple] = []
+        self.current = None
+
+    def open(self) -> None:
+        graph = self.new_graph()
+        # thread_local: the scheduler's other threads (D2H worker) may use CUDA meanwhile.
+        graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+        self.current = graph
+
+    def close(self) -> None:
+        graph, self.current = self.current, None
+        graph.capture_end()
+        self.parts.append(("segment", graph))
+
+    def cut(self, backend, key) -> None:
+        graph = backend._graphs[key]
+        graph.raw_cuda_graph()  # raises unless the runner kept its graph (keep_hook)
+        self.close()
+        self.parts.append(("child", backend, key, graph))
+        self.open()
+
+    def abort(self) -> None:
+        graph, self.current = self.current, None
+        if graph is not None:
+            try:
+                graph.capture_end()
+            except Exception:  # noqa: BLE001 (the capture already failed; its error is reported)
+                pass
+
+
+def owners(batch) -> tuple:
+    return batch, batch.spec_info, batch.sampling_info
+
+
+def on_device(value) -> bool:
+    return torch.is_tensor(value) and value.is_cuda
+
+
+def stray_input(objs) -> str | None:
+    """A CUDA tensor on ``objs`` that is not one of the named inputs (the step might read it), or None."""
+    for obj, names in zip(objs, INPUTS):
+        for key, value in vars(obj).items():
+            if on_device(value) and key not in names:
+                return f"{type(obj).__name__}.{key}"
+    return None
+
+
+def gather(objs) -> tuple[tuple, list]:
+    """This step's named inputs: their layout (None or (shape, dtype) per name, part of a graph's
+    key: a branch may test an input's presence) and the tensors present, in name order."""
+    layout, tensors = [], []
+    for obj, names in zip(objs, INPUTS):
+        for name in names:
+            value = getattr(obj, name, None)
+            if value is None:
+                layout.append(None)
+            else:
+                layout.append((value.shape, value.dtype))
+                tensors.append(value)
+    return tuple(layout), tensors
+
+
+def present(objs) -> list[str]:
+    """The named inputs present on ``objs``, with their shapes (for the log)."""
+    return [f"{name}{list(getattr(obj, name).shape)}" for obj, names in zip(objs, INPUTS) for name in names
+            if getattr(obj, name, None) is not None]
+
+
+def install(objs, tensors) -> None:
+    """Put ``tensors`` (in ``gather``'s order) in place of the inputs present on ``objs``."""
+    it = iter(tensors)
+    for obj, names in zip(objs, INPUTS):
+        for name in names:
+            if getattr(obj, name, None) is not None:
+                setattr(obj, name, next(it))
+
+
+@dataclass
+class StepGraph:
+    bs: int
+    slots: list[torch.Tensor]  # what the graph reads, in ``gather``'s order
+    result: object  # the captured GenerationBatchResult; its tensors are the graph's outputs
+    parts: list[tuple]  # kept alive: the segments' memory is the graph's
+    parent: int
+    exe: int
+
+    def current(self) -> bool:
+        """The runners still hold the graphs this one was joined from."""
+        return all(p[1]._graphs.get(p[2]) is p[3] for p in self.parts if p[0] == "child")
+
+    def output(self):
+        """A result for the scheduler: the captured one, host-read tensors cloned."""
+        out = copy.copy(self.result)
+        for name in CLONED:
+            setattr(out, name, getattr(self.result, name).clone())
+        out.next_draft_input = copy.copy(self.result.next_draft_input)
+        out.extra_keep_alive_refs = list(self.result.extra_keep_alive_refs or ())
+        return out
+
+
+def fingerprint(result) -> list[torch.Tensor]:
+    """The step outputs the check compares, as raw bits (NaNs compare equal)."""
+    nd = result.next_draft_input
+    out = [getattr(result, name) for name in CLONED] + [nd.topk_index, nd.topk_p, nd.hidden_states, nd.bonus_tokens]
+    bits = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
+    return [t.clone() if not t.is_floating_point() else t.contiguous().view(bits[t.element_size()]).clone()
+            for t in out if t is not None]
+
+
+@dataclass
+class Route:
+    check: int = 0
+    graphs: dict = field(default_factory=dict)  # (batch size, input layout) -> StepGraph
+    warm: dict = field(default_factory=dict)  # (batch size, input layout) -> eager eligible steps before capture
+    capture: Capture | None = None  # set while a step is being captured
+    disabled: str = ""  # why capture is off for good
+    skip: set = field(default_factory=set)  # batch sizes left to SGLang (a runner cannot take them)
+    pool: object = None
+    stream: object = None
+    driver: Driver | None = None
+    replays: int = 0
+    eager: dict = field(default_factory=dict)  # reason -> steps left to SGLang
+    checks: int = 0
+    tally: CheckTally = field(default_factory=CheckTally)
+
+    def count_eager(self, reason: str) -> None:
+        n = self.eager.get(reason, 0) + 1
+        self.eager[reason] = n
+        if n in (1, 100) or n % 10000 == 0:
+            logger.info("hostsync: %s: %d steps stayed eager: %s (%d replayed so far)", NAME, n, reason, self.replays)
+
+
+_route = Route()
+
+
+def route() -> Route:
+    return _route
+
+
+def ineligible(worker, batch, on_publish, grammar_barrier, pp_proxy_tensors) -> str | None:
+    """Why this step must run SGLang's eager branch, or None."""
+    mode = batch.forward_mode
+    if mode.is_extend() or batch.is_extend_in_batch or mode.is_idle() or not mode.is_decode():
+        return "not a decode step"
+    if worker.topk != 1 or worker.speculative_num_steps < 1:
+        return "topk is not 1 or drafting is off"
+    spec = batch.spec_info
+    if spec is None or spec.is_verify_input() or pp_proxy_tensors is not None:
+        return "no draft input (or a PP verify input)"
+    info = batch.sampling_info
+    if batch.return_logprob or batch.return_hidden_states:
+        return "logprobs or hidden states requested"
+    if batch.has_grammar:  # (the scheduler hands every EAGLE step a grammar barrier; only a grammar uses it)
+        return "a grammar"
+    if not info.is_all_greedy:
+        return "non-greedy sampling"
+    if (info.acc_additive_penalties is not None or info.acc_scaling_penalties is not None
+            or info.logit_bias is not None or info.has_watermark_candidates):
+        return "penalties, logit bias or watermark"
+    if batch.hisparse_coordinator is not None or batch.mamba_track_indices is not None:
+        return "hisparse or mamba state"
+    return None
+
+
+def _snapshot(objs) -> list[tuple[object, dict]]:
+    return [(obj, dict(vars(obj))) for obj in objs]
+
+
+def _restore(saved) -> None:
+    for obj, attrs in saved:
+        state = vars(obj)
+        state.clear()
+        state.update(attrs)
+
+
+def unsupported(worker) -> str | None:
+    """Server-wide settings under which the branch decides per step on values a graph would freeze."""
+    from sglang.srt.runtime_context import get_parallel, get_spec
+
+    if get_parallel().pp_size > 1:
+        return "pipeline parallelism"
+    if get_spec().speculative_use_rejection_sampling:
+        return "rejection sampling (the draft extend samples)"
+    if worker.draft_worker.seed_dsa_topk_from_draft_extend:
+        return "DSA top-k seeding (the draft picks its path on the seed's presence)"
+    return None
+
+
+def capture(original, worker, batch, tensors) -> StepGraph | None:
+    """Capture this step (nothing runs on the GPU); None where it cannot be, after which the
+    caller runs SGLang's step."""
+    r = _route
+    bs = len(batch.seq_lens)
+    r.disabled = unsupported(worker) or ""
+    if r.disabled:
+        logger.info("hostsync: %s: no step graph: %s", NAME, r.disabled)
+        return None
+    objs = owners(batch)
+    stray = stray_input(objs)
+    if stray:
+        r.count_eager(f"the step reads {stray}")
+        return None
+    if r.driver is None:
+        r.driver = Driver()
+        r.pool = torch.cuda.graph_pool_handle()
+        r.stream = torch.cuda.Stream()
+    slots = [t.clone() for t in tensors]
+    saved = _snapshot(objs)
+    install(objs, slots)
+    cap = Capture(r.pool)
+    r.stream.wait_stream(torch.cuda.current_stream())  # the input copies above
+    r.capture = cap
+    try:
+        with torch.cuda.stream(r.stream):
+            cap.open()
+            result = original(worker, batch, None, None, None)
+            cap.close()
+        children = sum(p[0] == "child" for p in cap.parts)
+        if children != 3:
+            # A runner ran eagerly (its graph cannot take this batch): leave this batch size to SGLang.
+            r.skip.add(bs)
+            r.count_eager(f"bs {bs}: {children} of the 3 runner graphs replayed")
+            return None
+        handles = [p[-1].raw_cuda_graph() for p in cap.parts]
+        parent, exe = r.driver.chain([h for h in handles if r.driver.nodes(h)])
+    except Exception as exc:  # noqa: BLE001 (any failure leaves SGLang's path, as its glue graph does)
+        cap.abort()
+        r.disabled = f"capture failed: {type(exc).__name__}: {exc}"
+        logger.warning("hostsync: %s: capturing the bs %d step failed; SGLang's eager step from now on",
+                       NAME, bs, exc_info=True)
+        return None
+    finally:
+        r.capture = None
+        _restore(saved)
+    logger.info("hostsync: %s: bs %d step captured: %d segments around the 3 runner graphs; inputs %s", NAME, bs,
+                len(cap.parts) - 3, ", ".join(present(objs)))
+    return StepGraph(bs, slots, result, cap.parts, parent, exe)
+
+
+def stream_handle() -> int:
+    return torch.cuda.current_stream().cuda_stream
+
+
+def launch(worker, sg: StepGraph, copies, on_publish):
+    torch._foreach_copy_(*copies)
+    worker.activate_step_by_batch(sg.bs)
+    _route.driver.launch(sg.exe, stream_handle())
+    _route.replays += 1
+    if _route.replays in (1, 100) or _route.replays % 10000 == 0:
+        logger.info("hostsync: %s: %d steps replayed (%d graphs); eager: %s", NAME, _route.replays,
+                    len(_route.graphs), _route.eager or "none")
+    out = sg.output()
+    if on_publish is not None:
+        on_publish(out.new_seq_lens)
+    return out
+
+
+def checked(original, worker, batch, sg: StepGraph, copies, on_publish):
+    """SGLang's eager step, then the replay over the same inputs (captured in ``copies``
+    before the eager step changed the batch); their outputs compared on the device."""
+    r = _route
+    want = fingerprint(original(worker, batch, None, None, None))
+    out = launch(worker, sg, copies, on_publish)
+    got = fingerprint(out)
+    r.checks += 1
+    before = r.tally.mismatches
+    differs = torch.stack([(a != b).any() for a, b in zip(got, want)]).any() if len(got) == len(want) else \
+        torch.ones((), dtype=torch.bool, device=got[0].device)
+    r.tally.add(differs, r.checks)
+    if r.tally.mismatches > before and r.tally.mismatches <= MAX_LOGGED:
+        logger.warning("hostsync: %s check: %d checks, %d mismatches in the %d read back (bs %d at the latest)",
+                       NAME, r.checks, r.tally.mismatches, r.tally.read, sg.bs)
+    elif r.checks in (1, 10, 100) or r.checks % 1000 == 0:
+        logger.info("hostsync: %s check: %d checks, %d mismatches in the %d read back", NAME, r.checks,
+                    r.tally.mismatches, r.tally.read)
+    return out
+
+
+def step_hook(original, self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
+    r = _route
+    if r.capture is not None:
+        return original(self, batch, on_publish, grammar_barrier, pp_proxy_tensors)
+    reason = ineligible(self, batch, on_publish, grammar_barrier, pp_proxy_tensors) or (r.disabled and "capture off")
+    if reason:
+        r.count_eager(reason)
+        return original(self, batch, on_publish, grammar_barrier, pp_proxy_tensors)
+    bs = len(batch.seq_lens)
+    if bs in r.skip:
+        r.count_eager(f"bs {bs} has no step graph")
+        return original(self, batch, on_publish, grammar_barrier, pp_proxy_tensors)
+    layout, tensors = gather(owners(batch))
+    key = (bs, layout)
+    sg = r.graphs.get(key)
+    if sg is not None and not sg.current():  # a runner re-captured: join its new graphs
+        del r.graphs[key]
+        r.driver.destroy(sg.parent, sg.exe)
+        sg, r.warm[key] = None, 0
+    if sg is None:
+        if len(r.graphs) >= MAX_GRAPHS:
+            r.count_eager(f"{MAX_GRAPHS} step graphs held already")
+            return original(self, batch, on_publish, grammar_barrier, pp_proxy_tensors)
+        r.warm[key] = r.warm.get(key, 0) + 1
+        if r.warm[key] > WARMUPS:
+            sg = capture(original, self, batch, tensors)
+        if sg is None:
+            return original(self, batch, on_publish, grammar_barrier, pp_proxy_tensors)
+        r.graphs[key] = sg
+    copies = (sg.slots, tensors)
+    if r.check and (r.replays + 1) % r.check == 0:
+        return checked(original, self, batch, sg, copies, on_publish)
+    return launch(self, sg, copies, on_publish)
+
+
+def replay_hook(original, self, shape_key, static_forward_batch, **kwargs):
+    cap = _route.capture
+    if cap is None:
+        return original(self, shape_key, static_forward_batch, **kwargs)
+    cap.cut(self, shape_key)
+    return self._outputs[shape_key]
+
+
+class _Namespace:
+    """``target`` with some attributes replaced."""
+
+    def __init__(self, target, **replaced):
+        self._target = target
+        self.__dict__.update(replaced)
+
+    def __getattr__(self, name):
+        return getattr(self._target, name)
+
+
+def keep_hook(original, self, shape_key, forward_fn, capture_inputs=None, post_warmup_hook=None):
+    # capture_one makes its graph with torch.cuda.CUDAGraph(): for this call its module sees a
+    # torch whose CUDAGraph keeps the cudaGraph_t, which a joined step graph adds as a child.
+    module = sys.modules[BACKEND_MODULE]
+    real = module.torch
+    module.torch = _Namespace(real, cuda=_Namespace(real.cuda, CUDAGraph=functools.partial(
+        real.cuda.CUDAGraph, keep_graph=True)))
+    try:
+        out = original(self, shape_key, forward_fn, capture_inputs, post_warmup_hook)
+    finally:
+        module.torch = real
+    graph = self._graphs.get(shape_key)
+    if graph is not None:
+        graph.instantiate()  # as capture_end does without keep_graph: the first replay stays as fast
+    return out
+
+
+def inert(f: ServingFacts) -> str | None:
+    reason = glue_inert(f, "the EAGLE-family v2 worker")
+    if reason:
+        return reason
+    if f.topk is not None and f.topk != 1:
+        return f"inert because --speculative-eagle-topk is {f.topk}; the step graph is built for topk 1"
+    if f.dp_attention or f.tp_size > 1:
+        return "inert because attention DP or tensor parallelism is on (not built for collectives in the step)"
+    return simulated_draw(f.env)
+
+
+def simulated_draw(env) -> str | None:
+    """SGLang's simulated acceptance draws its length on the host each step: a graph would freeze
+    it. Constant only for an integral length under ``match-expected`` (its weights are then 1 and 0)."""
+    from ..switches import env_value
+
+    length = env_value("SGLANG_SIMULATE_ACC_LEN", env)
+    if length <= 0:
+        return None
+    method = env_value("SGLANG_SIMULATE_ACC_METHOD", env)
+    if method == "match-expected" and float(length).is_integer():
+        return None
+    return (f"inert because SGLANG_SIMULATE_ACC_LEN={length:g} with method {method} draws a new length on the "
+            "host each step")
+
+
+def prepare(facts) -> str:
+    _route.check = check_every()
+    return f"eager check every {_route.check} replayed steps" if _route.check else ""
+
+
+UNSAFE = "replays its own graph inside the step, which a step capture cannot hold"
+
+SLOT = Slot(
+    name=NAME,
+    kind=SlotKind.OWNED,
+    origin="hostsync (issue 16), after sglang#45450's one-graph DSpark step",
+    summary="EAGLE v2 topk-1 decode step as one CUDA graph launch (SGLang's runner graphs joined with the glue)",
+    default=False,
+    precheck=config_precheck(check_every),
+    inert=inert,
+    prepare=prepare,
+    unsafe_with=(("metadata_glue_graph", UNSAFE), ("draft_extend_glue_graph", UNSAFE),
+                 ("draft_decode_glue_graph", UNSAFE), ("draft_extend_topk_graph", UNSAFE)),
+    targets=(
+        HookTarget(f"{WORKER}.forward_batch_generation", TargetKind.FUNCTION, hook=step_hook,
+                   params=("self", "batch", "on_publish", "grammar_barrier", "pp_proxy_tensors"),
+                   source_sha="e41ad8d8053cf2c0"),
+        HookTarget(f"{BACKEND}.capture_one", TargetKind.FUNCTION, hook=keep_hook,
+                   params=("self", "shape_key", "forward_fn", "capture_inputs", "post_warmup_hook"),
+                   source_sha="b11da397ea881b30"),
+        HookTarget(f"{BACKEND}.replay", TargetKind.FUNCTION, hook=replay_hook,
+                   params=("self", "shape_key", "static_forward_batch", "kwargs"), source_sha="cf7508aca9e2b4ae"),
+    ),
+)

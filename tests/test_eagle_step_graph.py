@@ -1,0 +1,383 @@
+"""eagle_step_graph on the CPU: which steps stay eager and why, the inputs it stages, the result it
+hands out, the capture/replay flow around fakes, the startup hook that keeps the runners' graphs,
+and its rules (inert, unsafe pairs, setting) against SGLang 0.5.23's code. The joined graph
+itself runs in tests/test_gpu_eagle_step_graph.py (CUDA) and in the real-server e2e."""
+
+import inspect
+from types import SimpleNamespace as NS
+
+import pytest
+import torch
+
+from sglang_hostsync_plugin.slot import ServingFacts
+from sglang_hostsync_plugin.slots import eagle_step_graph as sg
+
+
+class Mode:
+    def __init__(self, kind="decode"):
+        self.kind = kind
+
+    def is_extend(self):
+        return self.kind == "extend"
+
+    def is_idle(self):
+        return self.kind == "idle"
+
+    def is_decode(self):
+        return self.kind == "decode"
+
+
+def batch(bs=2, **over):
+    b = NS(forward_mode=Mode(), is_extend_in_batch=False, return_logprob=False, return_hidden_states=False,
+           has_grammar=False, hisparse_coordinator=None, mamba_track_indices=None, input_ids=None,
+           seq_lens=torch.arange(bs) + 10, req_pool_indices=torch.arange(bs), orig_seq_lens=None,
+           out_cache_loc=torch.arange(bs * 4).view(bs, 4),
+           spec_info=NS(hidden_states=torch.zeros(bs, 8), topk_p=torch.ones(bs, 1),
+                        topk_index=torch.zeros(bs, 1, dtype=torch.int64), is_verify_input=lambda: False),
+           sampling_info=NS(is_all_greedy=True, acc_additive_penalties=None, acc_scaling_penalties=None,
+                            logit_bias=None, has_watermark_candidates=False, temperatures=torch.ones(bs, 1)))
+    for key, value in over.items():
+        owner, _, name = key.rpartition("__")
+        setattr({"": b, "spec": b.spec_info, "sampling": b.sampling_info}[owner], name, value)
+    return b
+
+
+WORKER = NS(topk=1, speculative_num_steps=3, activate_step_by_batch=lambda bs: None,
+            draft_worker=NS(seed_dsa_topk_from_draft_extend=False))
+
+
+@pytest.fixture
+def cpu_tensors(monkeypatch):
+    """CPU tensors stand for the device's."""
+    monkeypatch.setattr(sg, "on_device", torch.is_tensor)
+
+
+@pytest.mark.parametrize("over, reason", [
+    ({"forward_mode": Mode("extend")}, "not a decode step"),
+    ({"forward_mode": Mode("idle")}, "not a decode step"),
+    ({"is_extend_in_batch": True}, "not a decode step"),
+    ({"spec__is_verify_input": lambda: True}, "no draft input"),
+    ({"spec_info": None}, "no draft input"),
+    ({"return_logprob": True}, "logprobs"),
+    ({"return_hidden_states": True}, "hidden states"),
+    ({"has_grammar": True}, "a grammar"),
+    ({"sampling__is_all_greedy": False}, "non-greedy"),
+    ({"sampling__acc_additive_penalties": torch.ones(2)}, "penalties"),
+    ({"sampling__acc_scaling_penalties": torch.ones(2)}, "penalties"),
+    ({"sampling__logit_bias": torch.ones(2)}, "logit bias"),
+    ({"sampling__has_watermark_candidates": True}, "watermark"),
+    ({"hisparse_coordinator": object()}, "hisparse"),
+    ({"mamba_track_indices": torch.ones(2)}, "mamba"),
+])
+def test_steps_the_graph_cannot_hold_stay_eager(over, reason):
+    assert sg.ineligible(WORKER, batch(), None, None, None) is None
+    assert reason in sg.ineligible(WORKER, batch(**over), None, None, None)
+
+
+def test_worker_and_call_conditions():
+    assert "topk" in sg.ineligible(NS(topk=4, speculative_num_steps=3), batch(), None, None, None)
+    assert "drafting" in sg.ineligible(NS(topk=1, speculative_num_steps=0), batch(), None, None, None)
+    # SGLang passes every EAGLE step a grammar barrier; without a grammar it is not used.
+    assert sg.ineligible(WORKER, batch(), None, object(), None) is None
+    assert "PP" in sg.ineligible(WORKER, batch(), None, None, object())
+
+
+def test_inputs_are_gathered_in_name_order_and_a_stray_device_tensor_is_named(cpu_tensors):
+    b = batch()
+    layout, tensors = sg.gather(sg.owners(b))
+    assert [id(t) for t in tensors] == [id(b.req_pool_indices), id(b.seq_lens), id(b.out_cache_loc),
+                                        id(b.spec_info.topk_p), id(b.spec_info.topk_index),
+                                        id(b.spec_info.hidden_states), id(b.sampling_info.temperatures)]
+    assert len(layout) == sum(map(len, sg.INPUTS)) and layout.count(None) == len(layout) - 7
+    assert layout[1] == (torch.Size([2]), torch.int64)
+    assert sg.stray_input(sg.owners(b)) is None
+    assert sg.stray_input(sg.owners(batch(spec__draft_probs=torch.ones(2, 4)))) == "SimpleNamespace.draft_probs"
+    assert sg.stray_input(sg.owners(batch(engram_history=torch.ones(2)))) == "SimpleNamespace.engram_history"
+
+
+def test_a_layout_tells_presence_shape_and_dtype_apart():
+    key = sg.gather(sg.owners(batch()))[0]
+    assert sg.gather(sg.owners(batch()))[0] == key  # new tensors, same layout
+    for other in (batch(bs=3), batch(orig_seq_lens=torch.ones(2)), batch(out_cache_loc=None),
+                  batch(seq_lens=torch.arange(2.0))):
+        assert sg.gather(sg.owners(other))[0] != key
+
+
+def test_install_puts_the_graph_tensors_in_place():
+    b = batch()
+    _, tensors = sg.gather(sg.owners(b))
+    slots = [t.clone() for t in tensors]
+    sg.install(sg.owners(b), slots)
+    assert [id(t) for t in sg.gather(sg.owners(b))[1]] == [id(t) for t in slots]
+    assert b.input_ids is None and b.orig_seq_lens is None
+
+
+def test_every_named_input_is_a_field_sglang_has():
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+    for cls, names in zip((ScheduleBatch, EagleDraftInput, SamplingBatchInfo), sg.INPUTS):
+        fields = set(cls.__dataclass_fields__)
+        assert set(names) <= fields, (cls.__name__, set(names) - fields)
+
+
+def result():
+    return NS(next_token_ids=torch.arange(3), accept_lens=torch.ones(3, dtype=torch.int32),
+              new_seq_lens=torch.arange(3) + 5, logits_output=object(),
+              next_draft_input=NS(topk_index=torch.zeros(3, 1), topk_p=torch.ones(3, 1), hidden_states=torch.ones(3, 2),
+                                  bonus_tokens=torch.arange(3)),
+              extra_keep_alive_refs=[object()])
+
+
+def test_the_handed_out_result_clones_what_the_host_reads():
+    step = sg.StepGraph(3, [], result(), [], 0, 0)
+    out = step.output()
+    for name in sg.CLONED:
+        got, kept = getattr(out, name), getattr(step.result, name)
+        assert got is not kept and got.data_ptr() != kept.data_ptr() and torch.equal(got, kept)
+    assert out.next_draft_input is not step.result.next_draft_input  # the scheduler sets fields on it
+    assert out.next_draft_input.hidden_states is step.result.next_draft_input.hidden_states  # relayed in stream order
+    assert out.logits_output is step.result.logits_output
+    out.extra_keep_alive_refs.append(1)
+    assert len(step.result.extra_keep_alive_refs) == 1
+
+
+def test_fingerprint_compares_float_bits():
+    r = result()
+    r.next_draft_input.topk_p = torch.tensor([[float("nan")], [1.0], [2.0]])
+    a, b = sg.fingerprint(r), sg.fingerprint(r)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))  # NaN == NaN by bits
+    assert all(not t.is_floating_point() for t in a)
+
+
+class FakeDriver:
+    def __init__(self):
+        self.launched, self.destroyed = [], []
+
+    def launch(self, exe, stream):
+        self.launched.append(exe)
+
+    def destroy(self, parent, exe):
+        self.destroyed.append(exe)
+
+
+@pytest.fixture
+def flow(monkeypatch, cpu_tensors):
+    r = sg.Route(driver=FakeDriver())
+    monkeypatch.setattr(sg, "_route", r)
+    monkeypatch.setattr(sg, "stream_handle", lambda: 0)
+    captured = []
+
+    def fake_capture(original, worker, b, tensors):
+        step = sg.StepGraph(len(b.seq_lens), [t.clone() for t in tensors], result(), [], 1, len(captured) + 100)
+        captured.append(step)
+        return step
+
+    monkeypatch.setattr(sg, "capture", fake_capture)
+    return r, captured
+
+
+def eager_step():
+    calls = []
+
+    def original(worker, b, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
+        calls.append(on_publish)
+        return result()
+
+    return original, calls
+
+
+def test_two_eager_steps_then_a_capture_then_replays(flow):
+    r, captured = flow
+    original, calls = eager_step()
+    published = []
+    for _ in range(6):
+        sg.step_hook(original, WORKER, batch(), on_publish=published.append)
+    assert len(calls) == sg.WARMUPS and len(captured) == 1 and r.replays == 6 - sg.WARMUPS
+    assert r.driver.launched == [100] * (6 - sg.WARMUPS)
+    assert len(published) == 6 - sg.WARMUPS and all(calls)  # eager steps got on_publish themselves
+    b = batch()
+    b.seq_lens.fill_(77)
+    sg.step_hook(original, WORKER, b)
+    assert torch.equal(captured[0].slots[1], b.seq_lens)  # this step's lengths copied in
+    sg.step_hook(original, WORKER, batch(orig_seq_lens=torch.ones(2)))  # another layout: its own warm-up
+    assert len(calls) == sg.WARMUPS + 1 and len(r.warm) == 2
+
+
+def test_the_number_of_graphs_is_bounded(flow, monkeypatch):
+    r, captured = flow
+    monkeypatch.setattr(sg, "MAX_GRAPHS", 2)
+    original, calls = eager_step()
+    for bs in (1, 2, 3) * 3 + (3, 3):
+        sg.step_hook(original, WORKER, batch(bs))
+    assert len(captured) == 2 and r.eager == {"2 step graphs held already": 3}  # bs 3 past its warm-up
+
+
+def test_each_batch_size_gets_its_own_graph_and_a_stale_one_is_dropped(flow, monkeypatch):
+    r, captured = flow
+    original, calls = eager_step()
+    for bs in (1, 2, 1, 2, 1, 2):
+        sg.step_hook(original, WORKER, batch(bs))
+    assert sorted(bs for bs, _ in r.graphs) == [1, 2] and len(captured) == 2
+    monkeypatch.setattr(sg.StepGraph, "current", lambda self: self.bs != 1)
+    sg.step_hook(original, WORKER, batch(1))
+    key = (1, sg.gather(sg.owners(batch(1)))[0])
+    assert r.driver.destroyed == [100] and key not in r.graphs and r.warm[key] == 1
+
+
+def test_disabled_skipped_and_ineligible_steps_run_sglangs_branch(flow):
+    r, captured = flow
+    original, calls = eager_step()
+    sg.step_hook(original, WORKER, batch(return_logprob=True))
+    r.skip.add(2)
+    for _ in range(4):
+        sg.step_hook(original, WORKER, batch(2))
+    r.disabled = "capture failed"
+    for _ in range(4):
+        sg.step_hook(original, WORKER, batch(3))
+    assert len(calls) == 9 and not captured and r.replays == 0
+    assert set(r.eager) == {"logprobs or hidden states requested", "bs 2 has no step graph",
+                            "capture off"}
+
+
+def test_a_nested_call_inside_a_capture_is_sglangs(flow):
+    r, captured = flow
+    original, calls = eager_step()
+    r.capture = object()
+    sg.step_hook(original, WORKER, batch())
+    assert len(calls) == 1 and not r.eager
+
+
+def test_the_check_runs_the_eager_step_first_and_counts(flow):
+    r, captured = flow
+    r.check = 2
+    original, calls = eager_step()
+    for _ in range(sg.WARMUPS + 4):
+        sg.step_hook(original, WORKER, batch())
+    assert r.checks == 2 and len(calls) == sg.WARMUPS + 2 and calls[-1] is None  # the checked eager step does not publish
+    r.tally.settle(r.checks)
+    assert r.tally.mismatches == 0  # result() is deterministic
+
+
+def test_replay_hook_cuts_only_inside_a_capture():
+    class Cap:
+        cuts = []
+
+        def cut(self, backend, key):
+            self.cuts.append(key)
+
+    backend = NS(_outputs={4: "static out"})
+    original = lambda self, key, fb, **kw: ("replayed", key)  # noqa: E731
+    assert sg.replay_hook(original, backend, 4, None) == ("replayed", 4)
+    r = sg.Route(capture=Cap())
+    old, sg._route = sg._route, r
+    try:
+        assert sg.replay_hook(original, backend, 4, None) == "static out" and Cap.cuts == [4]
+    finally:
+        sg._route = old
+
+
+def test_keep_hook_makes_the_runner_keep_its_graph_for_that_call_only():
+    import sys
+
+    module = sys.modules.get(sg.BACKEND_MODULE) or __import__(sg.BACKEND_MODULE, fromlist=["x"])
+    real = module.torch
+    seen = {}
+
+    class Graph:
+        def __init__(self, keep_graph=False):
+            self.keep_graph, self.instantiated = keep_graph, False
+
+        def instantiate(self):
+            self.instantiated = True
+
+    def capture_one(self, shape_key, forward_fn, capture_inputs=None, post_warmup_hook=None):
+        seen["partial"] = module.torch.cuda.CUDAGraph
+        seen["other"] = module.torch.is_tensor is torch.is_tensor and module.torch.cuda.Stream is torch.cuda.Stream
+        self._graphs[shape_key] = Graph(**module.torch.cuda.CUDAGraph.keywords)
+        return "captured"
+
+    backend = NS(_graphs={})
+    assert sg.keep_hook(capture_one, backend, 8, None) == "captured"
+    assert seen["partial"].keywords == {"keep_graph": True} and seen["other"]
+    assert backend._graphs[8].keep_graph and backend._graphs[8].instantiated
+    assert module.torch is real
+
+    def failing(*a, **k):
+        raise RuntimeError("capture failed")
+
+    with pytest.raises(RuntimeError):
+        sg.keep_hook(failing, backend, 8, None)
+    assert module.torch is real
+
+
+def test_the_backend_makes_its_graph_through_its_module_torch():
+    """keep_hook relies on capture_one calling ``torch.cuda.CUDAGraph()`` by its module's ``torch``."""
+    from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import FullCudaGraphBackend
+
+    src = inspect.getsource(FullCudaGraphBackend.capture_one)
+    assert src.count("torch.cuda.CUDAGraph()") == 1 and "self._graphs[shape_key] = graph" in src
+    assert "self._graphs[shape_key].replay()" in inspect.getsource(FullCudaGraphBackend.replay)
+
+
+def facts(**over):
+    base = dict(speculative_algorithm="STANDALONE", topk=1, page_size=16, attention_backends=("triton", "triton"),
+                draft_attention_backend=None)
+    return ServingFacts(**{**base, **over})
+
+
+@pytest.mark.parametrize("over, reason", [
+    ({}, None),
+    ({"speculative_algorithm": "EAGLE3"}, None),
+    ({"topk": None}, None),  # not resolved yet: never inert
+    ({"topk": 4}, "topk is 4"),
+    ({"speculative_algorithm": "NGRAM", "topk": 1}, "inert because --speculative-algorithm is NGRAM"),
+    ({"speculative_algorithm": None}, "inert because --speculative-algorithm is unset"),
+    ({"tp_size": 2}, "tensor parallelism"),
+    ({"dp_attention": True}, "attention DP"),
+    ({"disable_cuda_graph": True}, "--disable-cuda-graph"),
+    ({"two_batch_overlap": True}, "two-batch overlap"),
+    ({"attention_backends": ("fa3", "fa3"), "draft_attention_backend": "fa3"}, "not triton"),
+    ({"env": {"SGLANG_SIMULATE_ACC_LEN": "3"}}, None),
+    ({"env": {"SGLANG_SIMULATE_ACC_LEN": "2.5"}}, "draws a new length"),
+    ({"env": {"SGLANG_SIMULATE_ACC_LEN": "3", "SGLANG_SIMULATE_ACC_METHOD": "multinomial"}}, "draws a new length"),
+])
+def test_inert_rules(over, reason):
+    got = sg.inert(facts(**over))
+    assert (got is None) if reason is None else (reason in got), got
+
+
+def test_a_constant_simulated_draw_is_what_sglang_draws():
+    """An integral length under match-expected: SGLang's own sampler returns it every time."""
+    from sglang.srt.speculative.spec_utils import sample_simulated_acc_len
+
+    assert {sample_simulated_acc_len(3.0, "match-expected", 4) for _ in range(200)} == {3}
+    assert {sample_simulated_acc_len(4.0, "match-expected", 4) for _ in range(50)} == {4}
+    assert len({sample_simulated_acc_len(2.5, "match-expected", 4) for _ in range(200)}) == 2
+
+
+def test_unsafe_pairs_name_catalogue_slots():
+    from sglang_hostsync_plugin.registry import catalogue
+
+    names = set(catalogue())
+    assert {other for other, _ in sg.SLOT.unsafe_with} <= names
+
+
+def test_check_setting():
+    assert sg.check_every({}) == 0 and sg.check_every({sg.ENV_CHECK: "5"}) == 5
+    with pytest.raises(ValueError):
+        sg.check_every({sg.ENV_CHECK: "-1"})
+
+
+def test_targets_are_sglangs_as_pinned():
+    from sglang_hostsync_plugin.checks import check_target
+
+    for target in sg.SLOT.targets:
+        assert check_target(target) is None, target.path
+
+
+def test_the_capture_log_names_the_inputs_present():
+    assert sg.present(sg.owners(batch())) == ["req_pool_indices[2]", "seq_lens[2]", "out_cache_loc[2, 4]",
+                                              "topk_p[2, 1]", "topk_index[2, 1]", "hidden_states[2, 8]",
+                                              "temperatures[2, 1]"]
