@@ -381,3 +381,19 @@ def test_the_capture_log_names_the_inputs_present():
     assert sg.present(sg.owners(batch())) == ["req_pool_indices[2]", "seq_lens[2]", "out_cache_loc[2, 4]",
                                               "topk_p[2, 1]", "topk_index[2, 1]", "hidden_states[2, 8]",
                                               "temperatures[2, 1]"]
+
+
+def test_no_driver_leaves_sglangs_step_for_good(monkeypatch, cpu_tensors, caplog):
+    r = sg.Route()
+    monkeypatch.setattr(sg, "_route", r)
+    monkeypatch.setattr(sg, "unsupported", lambda worker: None)
+
+    def no_driver():
+        raise OSError("libcuda.so.1: cannot open shared object file")
+
+    monkeypatch.setattr(sg, "Driver", no_driver)
+    original, calls = eager_step()
+    for _ in range(sg.WARMUPS + 3):
+        sg.step_hook(original, WORKER, batch())
+    assert len(calls) == sg.WARMUPS + 3 and r.replays == 0 and "graph API" in r.disabled
+    assert r.eager == {"capture off": 2} and "libcuda" in caplog.text

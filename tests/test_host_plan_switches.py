@@ -227,3 +227,18 @@ def test_with_a_topk_sglang_has_not_chosen_yet_the_pair_waits_for_the_refinement
     assert chain.verdict("metadata_glue_graph").status is Status.WOULD_APPLY
     assert chain.verdict("flashinfer_tree_verify_plan").status is Status.SKIPPED
     chain.check_startup()
+
+
+def test_the_step_graph_applies_alone_and_is_refused_beside_the_glue_graphs():
+    from sglang_hostsync_plugin.slot import Status
+
+    t1 = (*EAGLE, "--speculative-eagle-topk", "1", "--page-size", "16", "--attention-backend", "triton")
+    alone = _plan("default,eagle_step_graph", *t1)
+    assert alone.verdict("eagle_step_graph").status is Status.WOULD_APPLY and alone.refused() == []
+    beside = _plan("default,eagle_host,eagle_step_graph", *t1)
+    assert beside.verdict("eagle_step_graph").status is Status.FAILED
+    assert "cannot run beside" in beside.verdict("eagle_step_graph").reason
+    assert beside.verdict("draft_extend_glue_graph").status is Status.WOULD_APPLY  # the preset itself keeps applying
+    t4 = _plan("default,eagle_step_graph", *EAGLE, "--speculative-eagle-topk", "4", "--page-size", "16",
+               "--attention-backend", "triton")
+    assert t4.verdict("eagle_step_graph").status is Status.SKIPPED

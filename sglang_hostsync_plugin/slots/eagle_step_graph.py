@@ -339,9 +339,12 @@ def capture(original, worker, batch, tensors) -> StepGraph | None:
         r.count_eager(f"the step reads {stray}")
         return None
     if r.driver is None:
-        r.driver = Driver()
-        r.pool = torch.cuda.graph_pool_handle()
-        r.stream = torch.cuda.Stream()
+        try:
+            r.driver, r.pool, r.stream = Driver(), torch.cuda.graph_pool_handle(), torch.cuda.Stream()
+        except Exception as exc:  # noqa: BLE001 (no driver graph API: SGLang's step, never a failed server)
+            r.driver, r.disabled = None, f"the CUDA driver's graph API is not reachable: {type(exc).__name__}: {exc}"
+            logger.warning("hostsync: %s: %s; SGLang's eager step from now on", NAME, r.disabled)
+            return None
     slots = [t.clone() for t in tensors]
     saved = _snapshot(objs)
     install(objs, slots)
