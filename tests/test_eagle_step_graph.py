@@ -397,3 +397,49 @@ def test_no_driver_leaves_sglangs_step_for_good(monkeypatch, cpu_tensors, caplog
         sg.step_hook(original, WORKER, batch())
     assert len(calls) == sg.WARMUPS + 3 and r.replays == 0 and "graph API" in r.disabled
     assert r.eager == {"capture off": 2} and "libcuda" in caplog.text
+
+
+class FakeGraph:
+    log = []
+
+    def __init__(self, kept=True, fail_end=False):
+        self.kept, self.fail_end = kept, fail_end
+
+    def capture_begin(self, pool=None, capture_error_mode="global"):
+        self.log.append(("begin", id(self), pool, capture_error_mode))
+
+    def capture_end(self):
+        self.log.append(("end", id(self)))
+        if self.fail_end:
+            raise RuntimeError("capture invalidated")
+
+    def raw_cuda_graph(self):
+        if not self.kept:
+            raise RuntimeError("keep_graph=False")
+        return id(self)
+
+
+def test_capture_segments_alternate_with_the_runner_graphs():
+    FakeGraph.log = []
+    runners = [NS(_graphs={4: FakeGraph()}), NS(_graphs={4: FakeGraph()}), NS(_graphs={4: FakeGraph()})]
+    cap = sg.Capture("pool", new_graph=FakeGraph)
+    cap.open()
+    for runner in runners:
+        cap.cut(runner, 4)
+    cap.close()
+    kinds = [p[0] for p in cap.parts]
+    assert kinds == ["segment", "child", "segment", "child", "segment", "child", "segment"]
+    assert [p[3] for p in cap.parts if p[0] == "child"] == [r._graphs[4] for r in runners]
+    begins = [e for e in FakeGraph.log if e[0] == "begin"]
+    assert len(begins) == 4 and all(e[2:] == ("pool", "thread_local") for e in begins)
+    assert len([e for e in FakeGraph.log if e[0] == "end"]) == 4 and cap.current is None
+
+
+def test_a_runner_graph_not_kept_fails_the_capture_before_the_segment_ends():
+    cap = sg.Capture("pool", new_graph=lambda: FakeGraph(fail_end=True))
+    cap.open()
+    with pytest.raises(RuntimeError, match="keep_graph"):
+        cap.cut(NS(_graphs={1: FakeGraph(kept=False)}), 1)
+    assert cap.current is not None and cap.parts == []
+    cap.abort()  # ends the open segment; its error is the capture's, already reported
+    assert cap.current is None
