@@ -70,16 +70,14 @@ def cpu_tensors(monkeypatch):
     ({"mamba_track_indices": torch.ones(2)}, "mamba"),
 ])
 def test_steps_the_graph_cannot_hold_stay_eager(over, reason):
-    assert sg.ineligible(WORKER, batch(), None, None, None) is None
-    assert reason in sg.ineligible(WORKER, batch(**over), None, None, None)
+    assert sg.ineligible(WORKER, batch(), None) is None
+    assert reason in sg.ineligible(WORKER, batch(**over), None)
 
 
 def test_worker_and_call_conditions():
-    assert "topk" in sg.ineligible(NS(topk=4, speculative_num_steps=3), batch(), None, None, None)
-    assert "drafting" in sg.ineligible(NS(topk=1, speculative_num_steps=0), batch(), None, None, None)
-    # SGLang passes every EAGLE step a grammar barrier; without a grammar it is not used.
-    assert sg.ineligible(WORKER, batch(), None, object(), None) is None
-    assert "PP" in sg.ineligible(WORKER, batch(), None, None, object())
+    assert "topk" in sg.ineligible(NS(topk=4, speculative_num_steps=3), batch(), None)
+    assert "drafting" in sg.ineligible(NS(topk=1, speculative_num_steps=0), batch(), None)
+    assert "PP" in sg.ineligible(WORKER, batch(), object())
 
 
 def test_inputs_are_gathered_in_name_order_and_a_stray_device_tensor_is_named(cpu_tensors):
@@ -443,3 +441,15 @@ def test_a_runner_graph_not_kept_fails_the_capture_before_the_segment_ends():
     assert cap.current is not None and cap.parts == []
     cap.abort()  # ends the open segment; its error is the capture's, already reported
     assert cap.current is None
+
+
+def test_the_grammar_barrier_sglang_passes_every_step_does_not_keep_it_eager(flow):
+    """The scheduler hands every EAGLE step a grammar barrier (call 1 of 2026-12-06: no step was captured
+    while the slot read it as a grammar); only ``batch.has_grammar`` counts."""
+    r, captured = flow
+    original, calls = eager_step()
+    for _ in range(sg.WARMUPS + 3):
+        sg.step_hook(original, WORKER, batch(), grammar_barrier=lambda: None)
+    assert len(captured) == 1 and r.replays == 3 and not r.eager
+    sg.step_hook(original, WORKER, batch(has_grammar=True), grammar_barrier=lambda: None)
+    assert r.eager == {"a grammar": 1}

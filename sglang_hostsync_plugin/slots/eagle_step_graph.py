@@ -271,11 +271,7 @@ class Route:
 _route = Route()
 
 
-def route() -> Route:
-    return _route
-
-
-def ineligible(worker, batch, on_publish, grammar_barrier, pp_proxy_tensors) -> str | None:
+def ineligible(worker, batch, pp_proxy_tensors) -> str | None:
     """Why this step must run SGLang's eager branch, or None."""
     mode = batch.forward_mode
     if mode.is_extend() or batch.is_extend_in_batch or mode.is_idle() or not mode.is_decode():
@@ -421,7 +417,7 @@ def step_hook(original, self, batch, on_publish=None, grammar_barrier=None, pp_p
     r = _route
     if r.capture is not None:
         return original(self, batch, on_publish, grammar_barrier, pp_proxy_tensors)
-    reason = ineligible(self, batch, on_publish, grammar_barrier, pp_proxy_tensors) or (r.disabled and "capture off")
+    reason = ineligible(self, batch, pp_proxy_tensors) or (r.disabled and "capture off")
     if reason:
         r.count_eager(reason)
         return original(self, batch, on_publish, grammar_barrier, pp_proxy_tensors)
