@@ -247,15 +247,52 @@ def test_a_nested_call_inside_a_capture_is_sglangs(flow):
     assert len(calls) == 1 and not r.eager
 
 
-def test_the_check_runs_the_eager_step_first_and_counts(flow):
+def test_the_check_runs_sglangs_step_after_the_replay_and_serves_its_result(flow):
     r, captured = flow
     r.check = 2
-    original, calls = eager_step()
-    for _ in range(sg.WARMUPS + 4):
-        sg.step_hook(original, WORKER, batch())
-    assert r.checks == 2 and len(calls) == sg.WARMUPS + 2 and calls[-1] is None  # the checked eager step does not publish
+    eager, calls = eager_step()
+    returned = []
+
+    def original(*args):
+        returned.append(eager(*args))
+        return returned[-1]
+
+    published = []
+    outs = [sg.step_hook(original, WORKER, batch(), on_publish=published.append) for _ in range(sg.WARMUPS + 4)]
+    assert r.checks == 2 and len(calls) == sg.WARMUPS + 2 and calls[-1] is None  # published once, by the hook
+    assert len(published) == 4 and r.replays == 4  # a checked step is replayed too
+    assert outs[sg.WARMUPS + 1] is returned[-2] and outs[sg.WARMUPS + 3] is returned[-1]  # SGLang's result
+    assert published[1] is returned[-2].new_seq_lens
     r.tally.settle(r.checks)
     assert r.tally.mismatches == 0  # result() is deterministic
+
+
+def test_the_check_counts_a_replay_that_differs_from_sglangs_step(flow):
+    r, captured = flow
+    r.check = 1
+    original, calls = eager_step()
+    for _ in range(sg.WARMUPS):
+        sg.step_hook(original, WORKER, batch())
+
+    def other(worker, b, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
+        out = result()
+        out.accept_lens = out.accept_lens + 1  # SGLang's step accepts one more token
+        return out
+
+    for _ in range(3):
+        sg.step_hook(other, WORKER, batch())
+    r.tally.settle(r.checks)
+    assert r.checks == 3 and r.tally.mismatches == 3
+
+
+def test_a_step_with_a_stray_input_retries_its_capture_only_after_more_eager_steps(flow, monkeypatch):
+    r, captured = flow
+    tries = []
+    monkeypatch.setattr(sg, "capture", lambda original, worker, b, tensors: tries.append(1))  # returns None
+    original, calls = eager_step()
+    for _ in range(3 * (sg.WARMUPS + 1)):
+        sg.step_hook(original, WORKER, batch())
+    assert len(tries) == 3 and len(calls) == 3 * (sg.WARMUPS + 1)
 
 
 def test_replay_hook_cuts_only_inside_a_capture():
