@@ -56,9 +56,9 @@ def _parser() -> argparse.ArgumentParser:
 FLASHINFER_PRESET_GAIN = ("on the H200, default,flashinfer gave 1.06-1.11x stock's tok/s/user against the default "
                           "slots' 0.99-1.07x (benchmarks/results/2026-12-01-h200-flashinfer-matrix/); in later runs "
                           "1.12-1.19x, once 0.94x (2026-12-02-h200-c/)")
-NGRAM_PRESET_GAIN = ("NGRAM page 1 c1, default,eagle_host,ngram_host gave 1.085x stock's tok/s/user on an H100 (10 rounds, "
-                     "1.013x default,eagle_host,ngram_full_mask's, faster in each; 1.008x on an H200) and 1.065x under "
-                     "FlashInfer (benchmarks/results/2026-12-05-h100-h/)")
+NGRAM_PRESET_GAIN = ("its earlier figures (1.065-1.085x stock's tok/s/user, 2026-12-05) were measured with SGLang's "
+                     "metadata glue graph on, which changed NGRAM's outputs and is inert under NGRAM since; see "
+                     "docs/results.md for the runs without it")
 # Preset -> (does it concern these server facts, what its slots do, what they were worth).
 PRESET_HINTS = (
     (FLASHINFER_PRESET,
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     roles = process_roles_found()
     if args.json:
         print(report.doctor_json(rows, **common, ok=ok, seq_lens_d2h=seq_lens.as_dict() if seq_lens else None,
-                                 hints=hints, process_roles=roles))
+                                 hints=hints, warnings=plan.warnings(), process_roles=roles))
     else:
         header = (
             f"sglang-hostsync-plugin doctor: sglang {installed} "
@@ -192,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
             print("(pass --speculative-algorithm etc. to check which slots would be inert)")
         if seq_lens is not None:
             print(backends.format_report(seq_lens))
+        for warning in plan.warnings():
+            print(f"warning: {warning}")
         for hint in hints:
             print(f"hint: {hint}")
         missing = [role for role, here in roles.items() if not here]

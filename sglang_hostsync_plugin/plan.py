@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from . import checks, config, registry, switches, version
-from .slot import ConfigPrecheck, ServingFacts, Slot, SlotKind, Status, inert_reason
+from .slot import ENV_UNSAFE, ConfigPrecheck, ServingFacts, Slot, SlotKind, Status, inert_reason
 
 # Internal: the launcher's plan, inherited by every process it spawns.
 ENV_PLAN = "SGLANG_HOSTSYNC_PLAN"
@@ -81,7 +81,8 @@ class Plan:
 
     def warnings(self) -> list[str]:
         found = [self.version_warning] if self.version_warning else []
-        return found + [f"{v.name}: {v.reason}" for v in self.verdicts if v.selected and v.reason.startswith("undone: ")]
+        return found + [f"{v.name}: {v.reason}" for v in self.verdicts
+                        if (v.selected and v.reason.startswith("undone: ")) or ENV_UNSAFE in v.reason]
 
     def check_startup(self) -> None:
         """Raise what the server must stop on: bad input always, a refused slot in strict mode."""

@@ -247,6 +247,11 @@ def config_precheck(check: Callable[[], object] | None, upstream: Callable[[], s
     return ConfigPrecheck(check, upstream)
 
 
+# In an inert reason: the user's own environment turns on, in SGLang, what the slot is inert for
+# because it is unsafe there. Logged as a warning and shown by the doctor.
+ENV_UNSAFE = "unsafe in this environment: "
+
+
 def inert_reason(slot: Slot, facts: ServingFacts | None) -> str | None:
     """Why ``slot`` would do nothing for these server facts, or None (no facts: None)."""
     return slot.inert(facts) if facts is not None and slot.inert is not None else None

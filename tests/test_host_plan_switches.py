@@ -98,7 +98,6 @@ FI_T4 = (*EAGLE, "--speculative-eagle-topk", "4", "--page-size", "16", "--attent
 
 @pytest.mark.parametrize("argv, refused", [
     (FI_T4, True),  # the owned host plan is active: the glue would freeze it
-    (("--speculative-algorithm", "NGRAM", "--attention-backend", "flashinfer"), True),
     ((*EAGLE, "--speculative-eagle-topk", "4", "--page-size", "16", "--attention-backend", "triton"), False),
     ((*EAGLE, "--speculative-eagle-topk", "1", "--attention-backend", "flashinfer"), False),  # tree plan inert
 ])
@@ -123,6 +122,81 @@ def test_glue_graph_is_refused_beside_an_active_tree_verify_host_plan(argv, refu
     # Deselecting the host plan (and its guard-free remainder) makes the glue valid again.
     p = _plan("default,metadata_glue_graph,-flashinfer_tree_verify_plan", *argv)
     assert p.verdict("metadata_glue_graph").status is Status.WOULD_APPLY
+
+
+NGRAM = ("--speculative-algorithm", "NGRAM", "--page-size", "1")
+
+
+@pytest.mark.parametrize("backend", ["triton", "flashinfer"])
+@pytest.mark.parametrize("spec", ["default,eagle_host,ngram_full_mask", "default,eagle_host,ngram_host",
+                                  "default,metadata_glue_graph"])
+def test_the_glue_graph_is_inert_under_ngram_whose_verify_mask_is_new_every_step(spec, backend):
+    """The NGRAM presets changed greedy outputs in a real server (H100, 2026-12-06: 5 of 27 identical)
+    with SGLang's glue graph on: it replays the capture step's mask. The switch sets no flag there."""
+    from sglang_hostsync_plugin import plan as plans
+    from sglang_hostsync_plugin.slot import Status
+
+    p = _plan(spec, *NGRAM, "--attention-backend", backend)
+    glue = p.verdict("metadata_glue_graph")
+    assert glue.status is Status.SKIPPED and "NGRAM's verify mask is a new tensor every step" in glue.reason
+    assert p.refused() == [] and p.warnings() == []
+    # A plan resolved before the arguments were known skips it once they are.
+    early = plans.resolve({config.ENV_ENABLE: "1", config.ENV_SLOTS: spec})
+    assert early.verdict("metadata_glue_graph").status is Status.WOULD_APPLY
+    late = early.with_facts(CATALOGUE, facts(*NGRAM, "--attention-backend", backend))
+    assert late.verdict("metadata_glue_graph").status is Status.SKIPPED and late.refused() == []
+
+
+@pytest.mark.parametrize("argv, inert", [
+    ((*EAGLE, "--speculative-eagle-topk", "4", "--attention-backend", "fa3"), "backend is fa3"),
+    ((*EAGLE, "--speculative-eagle-topk", "4", "--attention-backend", "triton"), None),
+    ((*EAGLE, "--speculative-eagle-topk", "1", "--attention-backend", "flashinfer"), None),
+    ((*NGRAM, "--attention-backend", "triton"), "NGRAM's verify mask"),
+])
+def test_the_glue_graph_runs_only_where_the_verify_prep_reads_stable_buffers(argv, inert):
+    reason = hp.glue_inert(facts(*argv))
+    assert (reason is None) if inert is None else (inert in reason), reason
+
+
+def test_a_users_own_glue_flag_under_ngram_is_a_warning(monkeypatch, capsys):
+    """SGLang reads SGLANG_ENABLE_METADATA_GLUE_GRAPH whether or not the slot sets it: the user who
+    set it under NGRAM is told, in the status block's warnings and the doctor's reason column."""
+    from sglang_hostsync_plugin import doctor, plan as plans
+
+    env = {config.ENV_ENABLE: "1", config.ENV_SLOTS: "default", hp.GLUE_FLAG: "1"}
+    ngram = ServingFacts.from_server_args(_args(*NGRAM, "--attention-backend", "triton"), env)
+    (warning,) = plans.resolve(env, facts=ngram).warnings()
+    assert warning.startswith("metadata_glue_graph: inert because NGRAM") and "unset it" in warning
+    eagle = ServingFacts.from_server_args(_args(*EAGLE, "--speculative-eagle-topk", "4",
+                                                "--attention-backend", "triton"), env)
+    assert plans.resolve(env, facts=eagle).warnings() == []
+    monkeypatch.setenv(hp.GLUE_FLAG, "1")
+    monkeypatch.setenv(config.ENV_SLOTS, "default")
+    assert doctor.main(["doctor", "--speculative-algorithm", "NGRAM", "--attention-backend", "triton"]) == 0
+    out = capsys.readouterr().out
+    assert "warning: metadata_glue_graph: inert because NGRAM" in out
+
+
+def test_the_ngram_mask_hazard_is_still_in_sglang():
+    """What the NGRAM rule stands on: NGRAM's full mask is a new tensor every step, triton's verify prep
+    copies ``spec_info.custom_mask`` into its buffer, and EAGLE writes its mask into that buffer."""
+    import importlib.util
+
+    def source(module):  # read, not imported: the NGRAM worker imports sgl_kernel, absent on a CPU box
+        return open(importlib.util.find_spec(module).origin).read()
+
+    ngram = source("sglang.srt.speculative.ngram_worker")
+    assert "\nUSE_FULL_MASK = True\n" in ngram and "tree_mask = torch.cat(tree_mask, dim=0)" in ngram
+    verify = source("sglang.srt.layers.attention.triton_backend")
+    assert "custom_mask[: spec_info.custom_mask.shape[0]] = spec_info.custom_mask" in verify
+    eagle = source("sglang.srt.speculative.eagle_worker_common")
+    assert "tree_mask_buf = verify_mask.buffer if verify_mask.fits(bs) else None" in eagle
+
+
+def _args(*argv):
+    from sglang.srt.server_args import prepare_server_args
+
+    return prepare_server_args(["--model-path", "dummy", *argv])
 
 
 def test_the_refusal_waits_for_the_facts_and_with_facts_applies_it():

@@ -31,11 +31,13 @@ model or per replay, where it falls back to its stock path by itself.
 
 from __future__ import annotations
 
-from ..slot import ServingFacts, Slot, SlotKind
+from .. import switches
+from ..slot import ENV_UNSAFE, ServingFacts, Slot, SlotKind
 from ..switches import flag_precheck
 from .upstream_switches import HOST_PRESET
 
 ORIGIN = "sglang 0.5.23 opt-in"
+GLUE_FLAG = "SGLANG_ENABLE_METADATA_GLUE_GRAPH"
 # ``SGLANG_HOSTSYNC_SLOTS=default,flashinfer``: these two plus the owned FlashInfer slots and
 # ``draft_extend_fused_layout``.
 FLASHINFER_PRESET = "flashinfer"
@@ -51,7 +53,34 @@ def _uses_flashinfer(f: ServingFacts, which: str) -> str | None:
     return None
 
 
+# Target backends whose verify prep reads its spec tensors from buffers at stable addresses (triton:
+# the tree mask is written into its own VerifyMask buffer) or fails the capture on its host plan
+# (flashinfer, whose host-fed plans are refused separately). fa3 and aiter read the tree mask EAGLE
+# allocates every step when the backend has no VerifyMask: a captured prep replays a freed tensor.
+GLUE_BACKENDS = ("triton", "flashinfer")
+GLUE_PER_STEP_MASK = ("NGRAM's verify mask is a new tensor every step (SGLang's USE_FULL_MASK torch.cat, "
+                      "and ngram_full_mask's kernel): the glue graph would copy the capture step's freed mask "
+                      "on every replay and change the outputs")
+
+
+def glue_unsafe_reason(f: ServingFacts) -> str | None:
+    """Why a captured target-verify prep would read a tensor allocated per step (None: it reads none)."""
+    if f.speculative_algorithm == "NGRAM":
+        return GLUE_PER_STEP_MASK
+    known = {b for b in f.attention_backends if b}
+    if f.speculative_algorithm and known - set(GLUE_BACKENDS):
+        return (f"the target attention backend is {', '.join(sorted(known))}: only triton's verify prep reads the tree "
+                "mask from its own buffer (fa3 and aiter copy the mask EAGLE allocates every step)")
+    return None
+
+
 def glue_inert(f: ServingFacts) -> str | None:
+    unsafe = glue_unsafe_reason(f)
+    if unsafe:
+        reason = f"inert because {unsafe}"
+        if switches.env_value(GLUE_FLAG, f.env) is True:
+            reason += f"; {ENV_UNSAFE}{GLUE_FLAG} is set in the environment and SGLang reads it anyway: unset it"
+        return reason
     if f.disable_cuda_graph:
         return "inert because --disable-cuda-graph is set (the glue graph lives in the decode graph runner)"
     if f.speculative_algorithm and f.is_dflash_family():
@@ -95,7 +124,7 @@ GLUE_FREEZES_HOST_PLAN = ("its FlashInfer verify plan is computed on the host ev
 
 
 SLOTS = (
-    _switch("metadata_glue_graph", "SGLANG_ENABLE_METADATA_GLUE_GRAPH",
+    _switch("metadata_glue_graph", GLUE_FLAG,
             "per-replay attention metadata prep captured into one small CUDA graph", glue_inert,
             conflicts=("flashinfer_verify_host_plan",),
             unsafe_with=(("flashinfer_tree_verify_plan", GLUE_FREEZES_HOST_PLAN),), presets=(HOST_PRESET,)),
