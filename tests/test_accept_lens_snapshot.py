@@ -53,6 +53,48 @@ def test_each_reused_slot_waits_for_its_reader():
     assert ring.reader_waits == 30 - als.DEPTH
 
 
+def test_a_reused_slot_waits_on_its_readers_cuda_event_before_the_rewrite(monkeypatch):
+    """copy_done as a CUDA event (a recording fake): each rewrite of a slot is preceded by a
+    forward-stream wait on the event recorded after the slot's previous D2H, while it still holds that step."""
+    steps, results, log = random_steps(12, 9, "cpu"), [], []
+
+    class Event:
+        def __init__(self):
+            self.step = len(results)
+
+        def record(self):
+            log.append(("record", self.step))
+
+        def synchronize(self):
+            pass
+
+    class Stream:
+        def wait_event(self, event):
+            held = results[event.step].block_accept_lens.tolist() == steps[event.step][1]
+            log.append(("wait", event.step, held))
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
+    patcher, ring = Patcher(), als.SnapshotRing()
+    install(patcher, ring)
+    try:
+        loop = Loop("cpu")
+        loop.cuda, loop.event_factory = True, Event  # no delays set, so the loop makes no other CUDA call
+        for values, expected in steps:
+            loop.step(values, expected)
+            results.append(loop.queue[-1][0])
+        loop.drain()
+    finally:
+        patcher.undo()
+    want = []
+    for i in range(len(steps)):
+        if i >= als.DEPTH:
+            want.append(("wait", i - als.DEPTH, True))
+        want.append(("record", i))
+    assert log == want
+    assert loop.mismatches == 0 and ring.reader_waits == len(steps) - als.DEPTH
+
+
 def test_without_the_reader_wait_a_slow_reader_would_see_later_values():
     # Depth alone is not the guard: three steps later the slot is rewritten, and a
     # reader that has not run yet (a delayed copy) would see that step's values.

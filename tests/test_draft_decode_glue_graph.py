@@ -285,6 +285,44 @@ def test_the_eager_check_counts_a_glue_that_replays_a_stale_layout(routed, caplo
     assert torch.equal(backend.cuda_graph_kv_indices[0, : want[0].numel()], want[0])
 
 
+# Each output the check compares, and one entry of it inside the compared range: the last draft
+# step's rows (every step is compared), not the indptr's end (bs 2, topk 4: column 8).
+COMPARED = {
+    "kv_indptr": lambda b: b.kv_indptr[STEPS - 1, 1:2],
+    "num_kv_splits": lambda b: b.attn_backends[-1].cuda_graph_num_kv_splits[:1],
+    "kv_indices": lambda b: b.cuda_graph_kv_indices[STEPS - 1, :1],
+}
+
+
+def test_the_check_compares_one_output_per_compared_field():
+    """An output added to the check needs its entry in COMPARED, and so its own test below."""
+    assert len(glue_mod._outputs(_backend(), 2)) == len(COMPARED)
+
+
+@pytest.mark.parametrize("field", COMPARED)
+def test_the_eager_check_counts_a_stale_entry_in_each_compared_output(routed, field):
+    """A replay that differs from the eager prep in one output only is counted."""
+    r, _, hooked = routed
+    r.check = 1
+    backend = _backend()
+    runner, rng = Runner(backend), torch.Generator().manual_seed(5)
+    for _ in range(3):
+        fb = runner.batch(rng, 2)
+        _in_execute(runner, lambda: hooked(backend, fb))
+    assert r.checks == 2 and r.mismatches == 0
+    glue = r.glues[backend]
+    replay = glue.replay
+
+    def stale_replay(key):
+        replay(key)
+        COMPARED[field](backend).add_(1)
+
+    glue.replay = stale_replay
+    fb = runner.batch(rng, 2)
+    _in_execute(runner, lambda: hooked(backend, fb))
+    assert r.checks == 3 and r.mismatches == 1
+
+
 @pytest.mark.parametrize("f, reason", [
     (ServingFacts("STANDALONE", topk=4, page_size=16, attention_backends=("triton", "triton")), None),
     (ServingFacts("EAGLE", attention_backends=(None, None)), None),

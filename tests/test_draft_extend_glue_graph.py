@@ -241,6 +241,41 @@ def test_the_eager_check_counts_a_glue_that_replays_a_stale_layout(routed, caplo
     assert torch.equal(backend.kv_indptr[1:3], torch.cumsum(kv_lens, 0).to(torch.int32))
 
 
+# Each output the check compares, and one entry of it inside the compared range (bs 2: not the
+# indptr's end, so the KV indices' compared prefix stays the same).
+COMPARED = {
+    "qo_indptr": lambda b: b.qo_indptr[1:2],
+    "kv_indptr": lambda b: b.kv_indptr[1:2],
+    "kv_indices": lambda b: b.cuda_graph_kv_indices[:1],
+}
+
+
+def test_the_check_compares_one_output_per_compared_field():
+    """An output added to the check needs its entry in COMPARED, and so its own test below."""
+    assert len(glue_mod._outputs(_backend(), 2)) == len(COMPARED)
+
+
+@pytest.mark.parametrize("field", COMPARED)
+def test_the_eager_check_counts_a_stale_entry_in_each_compared_output(routed, field):
+    """A glued replay that differs from the eager prep in one output only is counted."""
+    r, _ = routed
+    r.check = 1
+    backend, runner, rng = _backend(), Runner(), torch.Generator().manual_seed(5)
+    for _ in range(3):
+        backend.init_forward_metadata_out_graph(runner.view(rng, 2))
+    assert r.checks == 2 and r.mismatches == 0
+    glue = r.glues[backend]
+    replay = glue.run
+
+    def stale_replay(backend, fb, key):
+        replay(backend, fb, key)
+        COMPARED[field](backend).add_(1)
+
+    glue.run = stale_replay
+    backend.init_forward_metadata_out_graph(runner.view(rng, 2))
+    assert r.checks == 3 and r.mismatches == 1
+
+
 @pytest.mark.parametrize("f, reason", [
     (ServingFacts("STANDALONE", topk=4, page_size=16, attention_backends=("triton", "triton")), None),
     (ServingFacts("EAGLE", attention_backends=(None, None)), None),  # not resolved yet: never guessed inert

@@ -77,6 +77,15 @@ def test_device_lengths_beyond_the_host_size_write_nothing_past_it():
     assert nfm.full_mask(tree, torch.tensor([5, 600]), seq_lens_cpu, d).numel() == total
 
 
+def test_kernel_lays_out_by_the_device_lengths():
+    """Device lengths that differ from the host copy (same total): the layout follows
+    ``seq_lens``, what SGLang's verify attention reads; ``seq_lens_cpu`` only sizes the output."""
+    d = 4
+    tree, mask, _, _ = _case(random.Random(4), 2, d, [6, 5])
+    got = nfm.full_mask(tree, torch.tensor([6, 5]), torch.tensor([5, 6]), d)
+    assert torch.equal(got, stock_full_mask(tree, mask, [6, 5], d))
+
+
 def test_fits():
     batch = types.SimpleNamespace(reqs=[1], seq_lens=torch.ones(1, dtype=torch.int64), seq_lens_cpu=torch.ones(1))
     tree = torch.zeros(4, dtype=torch.bool)
@@ -165,6 +174,27 @@ def test_recompiled_prepare_hands_verify_the_stock_mask(ngram_worker, monkeypatc
     assert plugin.dtype == stock.dtype and plugin.shape == stock.shape and torch.equal(plugin, stock)
     assert calls == [(bs, d)]  # one launch for the batch
     assert nfm.PREPARE_ONCE._edited not in (None, original) and nfm.PREPARE_ONCE.live()
+
+
+def test_recompiled_prepare_launches_the_kernel_on_the_batchs_device_lengths(ngram_worker, monkeypatch):
+    """The launch gets ``batch.seq_lens`` itself: on a CPU box the host copy is the same kind of
+    tensor with the same values, so only the object tells a launch on ``seq_lens_cpu`` apart."""
+    w = ngram_worker
+    launched = []
+    kernel = nfm._full_mask_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launched.append(args) or kernel[grid](*args, **kwargs)
+
+    monkeypatch.setattr(nfm, "_full_mask_kernel", Spy())
+    original = getattr(w.NGRAMWorker._prepare_for_speculative_decoding, "__wrapped__",
+                       w.NGRAMWorker._prepare_for_speculative_decoding)
+    self, batch, seen, (tree, mask, lens) = _fake_worker(w, monkeypatch, 8, 3, [40, 1, 17], seed=4)
+    nfm.PREPARE_ONCE.hook(original, self, batch)
+    assert len(launched) == 1 and batch.seq_lens is not batch.seq_lens_cpu
+    assert launched[0][1] is batch.seq_lens
+    assert torch.equal(seen[-1]["custom_mask"], stock_full_mask(tree, mask, lens, 8))
 
 
 def test_what_the_kernel_does_not_take_runs_the_stock_loop(ngram_worker, monkeypatch):
