@@ -8,11 +8,16 @@ call ``load_plugins()`` themselves (how the plugin tells those processes apart; 
 
 Given server arguments (``--speculative-algorithm``, ``--attention-backend``, ...),
 it also says which slots would be inert for them (not checked, as in the launcher), and which attention
-backend makes FutureMap do its per-step seq_lens D2H."""
+backend makes FutureMap do its per-step seq_lens D2H.
+
+It imports neither torch, triton nor SGLang before it has checked that they are there: the
+plugin's own requirements leave them out (SGLang's tree is GPU-sized), so a fresh environment
+has none, and the doctor says so (exit 2) instead of failing at import."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -20,8 +25,31 @@ import sys
 from . import backends, config, plan as plans, registry, report, version
 from .slot import ServingFacts, Status, inert_reason
 from .slots import audit, audit_block, audit_ngram
-from .slots.ngram_full_mask import NGRAM_PRESET
 from .slots.upstream_host_plans import FLASHINFER_PRESET
+from .slots.upstream_switches import NGRAM_PRESET
+
+
+# What the slot checks import. None is in the plugin's install requirements: SGLang brings torch
+# and triton (SGLang 0.5.23 pins torch 2.14.1).
+HOST_MODULES = ("torch", "triton", "sglang")
+
+
+def missing_modules(names: tuple[str, ...] = HOST_MODULES) -> list[str]:
+    """The top-level modules of ``names`` this interpreter cannot import (found without importing them)."""
+    missing = []
+    for name in names:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # ValueError: a None or spec-less entry in sys.modules
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
+
+
+def missing_message(missing: list[str], why: str = "the doctor checks every slot against SGLang") -> str:
+    return (f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed in this Python "
+            f"({sys.executable}); {why}: pip install sglang=={version.SUPPORTED_SGLANG} (it brings torch and triton)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -130,10 +158,21 @@ def main(argv: list[str] | None = None) -> int:
         return e2e_main(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "prebuild":
+        if missing := missing_modules(("torch",)):
+            print(f"hostsync prebuild: {missing_message(missing, 'the kernels build with torch')}", file=sys.stderr)
+            return 2
         from . import csrc
 
         return csrc.prebuild(tuple(args.kernels) or csrc.KERNELS)
     installed = version.installed_sglang()
+    missing = missing_modules()
+    if missing:
+        message = missing_message(missing)
+        print(f"hostsync doctor: {message}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"sglang": installed, "supported_sglang": version.SUPPORTED_SGLANG, "ok": False,
+                              "error": message, "missing": missing, "slots": []}, indent=2))
+        return 2
     facts = None
     seq_lens = None
     try:

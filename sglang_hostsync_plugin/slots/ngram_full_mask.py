@@ -36,11 +36,9 @@ import triton.language as tl
 
 from ..slot import Slot, SlotKind, config_precheck, not_speculative
 from ..source_edit import PinnedEdit
+from .upstream_switches import NGRAM_PRESET
 
 NAME = "ngram_full_mask"
-# NGRAM's host-work slots, one A/B handle: ``SGLANG_HOSTSYNC_SLOTS=default,eagle_host,ngram_host``
-# (its real-server figures: README, docs/results.md).
-NGRAM_PRESET = "ngram_host"
 PREPARE = "sglang.srt.speculative.ngram_worker.NGRAMWorker._prepare_for_speculative_decoding"
 PREPARE_SHA = "7417a9ce177df775"
 BLOCK = 1024

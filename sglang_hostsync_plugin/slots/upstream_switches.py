@@ -19,6 +19,10 @@ PRESET = "dspark_mega"
 # The slots that cut EAGLE-family host work between graphs (issue 16), one A/B handle:
 # ``SGLANG_HOSTSYNC_SLOTS=default,eagle_host`` (its real-server figures: README, docs/results.md).
 HOST_PRESET = "eagle_host"
+# NGRAM's host-work slots (ngram_full_mask, ngram_late_wait), one A/B handle:
+# ``SGLANG_HOSTSYNC_SLOTS=default,eagle_host,ngram_host`` (its real-server figures: README, docs/results.md).
+# Here, not in ngram_full_mask, so that the doctor imports it without torch or triton.
+NGRAM_PRESET = "ngram_host"
 
 Inert = Callable[[ServingFacts], "str | None"]
 
