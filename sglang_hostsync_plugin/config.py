@@ -95,15 +95,24 @@ def _all_without_conflicts(catalogue: Mapping[str, Slot]) -> set[str]:
     return set(chosen)
 
 
+def _shown(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
 def parse_slot_spec(spec: str, catalogue: Mapping[str, Slot]) -> Selection:
     """Resolve ``SGLANG_HOSTSYNC_SLOTS``.
 
     Comma list of presets (``default``, ``all``, ``none``, and any a slot declares,
     e.g. ``dspark_mega``) and slot names; ``-x`` removes preset or slot ``x``. The result does not depend on token order:
     everything named is added, then everything negated is removed. With no positive
-    token the base is ``default`` (so ``-event_ring`` means ``default,-event_ring``).
+    token the base is ``default`` (so ``-event_ring`` means ``default,-event_ring``);
+    an empty or blank value is ``default``.
     A selected slot whose required slot is not selected, or two selected slots
     that conflict, is an error; nothing is enabled behind the user's back.
+
+    Raises:
+        HostsyncConfigError: an unknown token, an empty entry (``default,``, ``a,,-b``, a
+            blank one between commas), a missing required slot or a conflict; the message names it.
     """
     order = list(catalogue)
     presets = {
@@ -114,13 +123,20 @@ def parse_slot_spec(spec: str, catalogue: Mapping[str, Slot]) -> Selection:
     for slot_name, slot in catalogue.items():
         for preset in slot.presets:
             presets.setdefault(preset, set()).add(slot_name)
+    valid = f"Presets: {', '.join(presets)}. Slots: {', '.join(order)}."
     added: set[str] = set()
     removed: set[str] = set()
     positive = False
-    for raw in spec.split(","):
+    # An empty (or blank) value means unset, as for every switch; an empty entry in a list is
+    # an error like an unknown token (``default,`` or ``a,,-b``: a stray comma, or a name lost).
+    entries = spec.split(",") if spec.strip() else []
+    for index, raw in enumerate(entries, 1):
         token = raw.strip().lower()
         if not token:
-            continue
+            raise HostsyncConfigError(
+                f"{ENV_SLOTS}={_shown(spec.strip())!r}: entry {index} of {len(entries)} is empty "
+                f"(a stray comma?). Remove it; an empty {ENV_SLOTS} means 'default'. {valid}"
+            )
         negate = token.startswith("-")
         # Slot names are snake_case; accept kebab-case like SGLANG_SPEC_TP_SYNC does.
         name = (token[1:] if negate else token).strip().replace("-", "_")
@@ -129,11 +145,7 @@ def parse_slot_spec(spec: str, catalogue: Mapping[str, Slot]) -> Selection:
         elif name in catalogue:
             members = {name}
         else:
-            shown = raw.strip() if len(raw.strip()) <= 60 else raw.strip()[:57] + "..."
-            raise HostsyncConfigError(
-                f"{ENV_SLOTS}: unknown token {shown!r}. "
-                f"Presets: {', '.join(presets)}. Slots: {', '.join(order)}."
-            )
+            raise HostsyncConfigError(f"{ENV_SLOTS}: unknown token {_shown(raw.strip())!r}. {valid}")
         if negate:
             removed |= members
         else:
@@ -163,4 +175,6 @@ def selected_slots(
     catalogue: Mapping[str, Slot], env: Mapping[str, str] | None = None
 ) -> Selection:
     env = os.environ if env is None else env
-    return parse_slot_spec(env.get(ENV_SLOTS, "default"), catalogue)
+    raw = env.get(ENV_SLOTS, "")
+    # Unset, empty and blank alike are "default" (and read so in the status line and the doctor's hints).
+    return parse_slot_spec(raw if raw.strip() else "default", catalogue)

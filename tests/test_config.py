@@ -31,6 +31,7 @@ CAT = {s.name: s for s in [
     ("none,c,d", ("c", "d")),
     ("default,c,d", ("a", "b", "c", "d")),
     (" A , b ", ("a", "b")),              # case and spaces
+    ("   ", ("a", "b")),                  # blank is empty: default
     ("all,-all", ()),
     ("all,-default,-e", ("c", "d")),
 ])
@@ -45,6 +46,34 @@ def test_unknown_token_names_it_and_lists_valid_slots():
     assert "'bogus'" in msg and "Slots: a, b, c, d, e" in msg and "default, all, none" in msg
     with pytest.raises(HostsyncConfigError, match="'-nope'"):
         parse_slot_spec("-nope", CAT)
+
+
+@pytest.mark.parametrize("spec, entry", [
+    ("default,", "entry 2 of 2"),
+    (",", "entry 1 of 2"),
+    ("default,,-a", "entry 2 of 3"),
+    (" , ", "entry 1 of 2"),
+    (",default", "entry 1 of 2"),
+    ("-a, ,c", "entry 2 of 3"),
+])
+def test_empty_entry_is_an_error_that_names_it(spec, entry):
+    with pytest.raises(HostsyncConfigError) as exc:
+        parse_slot_spec(spec, CAT)
+    msg = str(exc.value)
+    assert msg.startswith(f"SGLANG_HOSTSYNC_SLOTS={spec.strip()!r}: {entry} is empty"), msg
+    assert "Slots: a, b, c, d, e" in msg and "default, all, none" in msg
+
+
+@pytest.mark.parametrize("env", [{}, {config.ENV_SLOTS: ""}, {config.ENV_SLOTS: "   "}])
+def test_unset_empty_or_blank_env_is_default(env):
+    selection = config.selected_slots(CAT, env)
+    assert selection.names == ("a", "b") and selection.spec == "default"
+
+
+def test_empty_entry_error_is_truncated():
+    with pytest.raises(HostsyncConfigError) as exc:
+        parse_slot_spec("a," * 50_000, CAT)
+    assert len(str(exc.value)) < 300 and "entry 50001 of 50001" in str(exc.value)
 
 
 def test_missing_dependency_names_both():
