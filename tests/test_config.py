@@ -173,6 +173,14 @@ def test_sdist_ships_no_partial_test_suite(tmp_path):
     assert not [n for n in names if "/tests/" in n or "/benchmarks/" in n], names
     assert any(n.endswith("csrc/eagle_tail.cu") for n in names)
     assert any(n.endswith("sglang_hostsync_plugin/e2e/run.py") for n in names)
+    # The license and the package metadata a registry page shows.
+    (license_file,) = [n for n in names if n.count("/") == 1 and n.endswith("/LICENSE")]
+    with tarfile.open(archive) as tar:
+        assert b"Apache License\n                           Version 2.0" in tar.extractfile(license_file).read()
+        (pkg_info,) = [n for n in names if n.count("/") == 1 and n.endswith("/PKG-INFO")]
+        meta = tar.extractfile(pkg_info).read().decode()
+    assert "\nLicense: Apache-2.0\n" in meta and "Description-Content-Type: text/markdown" in meta, meta[:2000]
+    assert "\n# sglang-hostsync-plugin\n" in meta  # README as the long description
 
 
 def test_all_is_a_valid_selection_even_with_conflicting_slots():
