@@ -239,9 +239,8 @@ def main(argv=None) -> int:
             print(f"{ln.config} / {ln.arm}:\n  {ln.shell()}")
         return 0
     os.makedirs(out_dir, exist_ok=True)
-    models = matrix.write_models(os.path.join(out_dir, "models"), opts.dummy_shape) if opts.dummy else \
-        {"target": args.model_path, "draft": args.draft_model_path}
-    vocab = matrix.DUMMY_SHAPES[opts.dummy_shape]["vocab_size"] if opts.dummy else 32000
+    models = run.write_models(opts, out_dir)
+    vocab = run.model_vocab(opts)
     prompts = run.prompts(args.profile_requests, args.prompt_len, vocab, args.random_seed)
     results = {}
     for config in configs:

@@ -12,13 +12,23 @@ warm-ups of a ``--concurrency 1 2`` run, then inside the first timed round).
 ``small_kv`` on every start.
 ``fail_first`` answers its first ``/generate`` with HTTP 500. A SIGTERM is logged with its time.
 ``FAKE_SGLANG_FIRST_GENERATE_S`` delays the first ``/generate`` by that many seconds.
-Outputs depend only on the prompt, like greedy decoding."""
+Greedy outputs (``temperature`` 0 or ``top_k`` 1) depend only on the prompt; sampled ones
+on ``sampling_seed`` and the prompt, or are random without a seed. ``stop_token_ids`` end
+an output at the first listed id (finish_reason ``{"type": "stop", "matched": id}``, else
+``{"type": "length", "length": n}``; ``ignore_eos`` turns them off). ``"stream": true``
+sends SGLang's SSE chunks (``data: {json}``, cumulative ``output_ids``, then ``data: [DONE]``)
+2 ms apart; a client that hangs up mid-stream is logged ("stream cut by the client") and
+counted. ``GET /v1/loads`` says, as SGLang's does, the KV tokens held (``num_used_tokens``,
+``num_total_tokens``: each request's prompt and ``max_new_tokens`` while it runs).
+``perturb_traffic`` changes the last output id of requests with a ``logit_bias``; ``leak``
+keeps the tokens of a stream the client cut held for good."""
 
 import argparse
 import gzip
 import json
 import math
 import os
+import random
 import signal
 import sys
 import threading
@@ -66,7 +76,7 @@ def main():
                 print(f"[x] INFO hostsync: draft_extend_glue_graph check: {n} checks, 0 mismatches", flush=True)
     trace_path = os.environ.get(ENV_TRACE)
     lock = threading.Lock()
-    state = {"step": 0, "served16": 0, "streams": {}}  # streams: request thread -> tokens streamed
+    state = {"step": 0, "served16": 0, "streams": {}, "held": 0, "cut": 0}  # streams: request thread -> tokens streamed
     stock_like = tokens <= {"audit", "audit_block", "audit_ngram", ""}  # the audit tool slots time stock code
     if trace_path:
         with open(trace_path, "w") as f:
@@ -109,6 +119,11 @@ def main():
         def do_GET(self):
             if self.path == "/server_info":
                 return self._send(200, {"max_total_num_tokens": kv_tokens})
+            if self.path.split("?")[0] == "/v1/loads":  # SGLang's per-DP-rank load snapshot, its token fields
+                with lock:
+                    load = {"dp_rank": 0, "num_running_reqs": state.get("inflight", 0), "num_waiting_reqs": 0,
+                            "num_used_tokens": state["held"], "num_total_tokens": state["held"]}
+                return self._send(200, {"loads": [load]})
             self._send(200 if self.path == "/health" else 404, {})
 
         def do_POST(self):
@@ -139,17 +154,39 @@ def main():
             if self.path != "/generate":
                 return self._send(404, {})
             req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            ids, n = req["input_ids"], req["sampling_params"]["max_new_tokens"]
+            ids, n = req["input_ids"], req["sampling_params"].get("max_new_tokens", 128)
+            held = len(ids) + n
             with lock:  # when this server first serves two requests at once (the e2e's warm-up at c2)
                 state["inflight"] = state.get("inflight", 0) + 1
+                state["held"] += held
                 if state["inflight"] >= 2 and "pair_at" not in state:
                     state["pair_at"] = time.perf_counter()
                     print(f"fake server: 2 requests in flight at {state['pair_at']:.6f}", flush=True)
+            ended = None
             try:
-                return self._generate(req, ids, n)
+                ended = self._generate(req, ids, n)
+                return ended
             finally:
                 with lock:
                     state["inflight"] -= 1
+                    if not (ended == "cut" and "leak" in tokens):
+                        state["held"] -= held
+
+        def _outputs(self, ids, n, sp):
+            """The output ids and finish reason of one request."""
+            temperature = sp.get("temperature")
+            if (1.0 if temperature is None else temperature) > 0 and sp.get("top_k") != 1:  # sampled, as SGLang's default
+                rng = random.Random(f"{sp['sampling_seed']}:{ids}") if sp.get("sampling_seed") is not None else random.Random()
+                out = [rng.randrange(50000) for _ in range(n)]
+            else:
+                out = [(sum(ids) * 31 + 7 * k) % 50000 for k in range(n)]
+            if sp.get("logit_bias") and "perturb_traffic" in tokens:
+                out[-1] = (out[-1] + 1) % 50000
+            stop = set(sp.get("stop_token_ids") or ()) if not sp.get("ignore_eos") else set()
+            for i, t in enumerate(out):
+                if t in stop:
+                    return out[:i + 1], {"type": "stop", "matched": t}
+            return out, {"type": "length", "length": n}
 
         def _generate(self, req, ids, n):
             with lock:
@@ -166,9 +203,10 @@ def main():
                     if state["served16"] == 7:
                         print("fake server: dying while serving", flush=True)
                         os._exit(5)
-            out = [(sum(ids) * 31 + 7 * k) % 50000 for k in range(n)]
+            out, finish = self._outputs(ids, n, req["sampling_params"])
             record_steps(max(1, n // 4))
-            meta = {"completion_tokens": n, "spec_accept_length": 3.0 if stock_like else 3.0}
+            meta = {"completion_tokens": len(out), "spec_accept_length": 3.0 if stock_like else 3.0,
+                    "finish_reason": finish, "cached_tokens": 0}
             if req.get("return_logprob"):
                 k = req.get("top_logprobs_num", 0)
                 lp = [-math.log(50000) - 1e-6 * t for t in out]
@@ -185,19 +223,34 @@ def main():
                     state["streams"][me] = 0
                     later = len(state["streams"]) - 1
                 time.sleep(0.1 * later)  # streams started together begin 0.1 s apart
-                for done in range(1, n + 1):
+                done = 0
+                try:
+                    for done in range(1, len(out) + 1):
+                        with lock:
+                            state["streams"][me] = done
+                        last = done == len(out)
+                        chunk = {"output_ids": out[:done], "meta_info": {**meta, "completion_tokens": done,
+                                                                          "finish_reason": finish if last else None}}
+                        self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                        self.wfile.flush()
+                        time.sleep(0.002)
+                    self.wfile.write(b"data: [DONE]\n\n")
+                    return "done"
+                except (BrokenPipeError, ConnectionResetError):
                     with lock:
-                        state["streams"][me] = done
-                    chunk = {"output_ids": out[:done], "meta_info": {**meta, "completion_tokens": done}}
-                    self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
-                    self.wfile.flush()
-                    time.sleep(0.002)
-                with lock:
-                    del state["streams"][me]
-                return self.wfile.write(b"data: [DONE]\n\n")
+                        state["cut"] += 1
+                        cut = state["cut"]
+                    print(f"fake server: stream cut by the client after {done} of {len(out)} tokens ({cut} cut)", flush=True)
+                    return "cut"
+                finally:
+                    with lock:
+                        del state["streams"][me]
             self._send(200, {"output_ids": out, "meta_info": meta})
 
-    ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()
+    class Server(ThreadingHTTPServer):
+        request_queue_size = 128  # the stdlib's 5 resets connections under 16 clients; uvicorn's backlog is 2048
+
+    Server((args.host, args.port), Handler).serve_forever()
 
 
 if __name__ == "__main__":

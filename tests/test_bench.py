@@ -124,7 +124,7 @@ def test_profile_refuses_a_start_outside_the_request(after, capsys):
 def test_profile_run_against_fake_servers(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.path.join(REPO, "tests"), os.environ.get("PYTHONPATH", "")]))
     out = tmp_path / "prof"
-    argv = ["--server-module", "fake_sglang_server", "--configs", "standalone-t1-p16", "--arms", "stock",
+    argv = ["--server-module", "fake_sglang_server", "--weights", "dummy", "--configs", "standalone-t1-p16", "--arms", "stock",
             "--slots", "default,-audit", "--steps", "6", "--profile-tokens", "40", "--profile-after", "25", "--out", str(out),
             "--port", str(free_port_base(2))]
     assert prof.main(argv) == 0
@@ -143,7 +143,7 @@ def test_profile_run_against_fake_servers(tmp_path, monkeypatch):
 def test_profile_starts_once_every_concurrent_request_streamed(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([os.path.join(REPO, "tests"), os.environ.get("PYTHONPATH", "")]))
     out = tmp_path / "prof"
-    argv = ["--server-module", "fake_sglang_server", "--configs", "standalone-t1-p16", "--arms", "stock",
+    argv = ["--server-module", "fake_sglang_server", "--weights", "dummy", "--configs", "standalone-t1-p16", "--arms", "stock",
             "--steps", "4", "--profile-tokens", "400", "--profile-after", "60", "--profile-requests", "3",
             "--out", str(out), "--port", str(free_port_base(1))]
     assert prof.main(argv) == 0

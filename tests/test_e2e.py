@@ -37,18 +37,42 @@ def sglang_parse(argv):
 
 # --- matrix and commands -------------------------------------------------------
 
+SPEED_RUN = matrix.Options(weights="dummy", simulate_acc_len=3.0)  # the benchmark-only options
+
+
+def test_by_default_servers_run_written_checkpoints_real_acceptance_and_the_radix_cache(tmp_path, capsys):
+    """No --load-format dummy, no SGLANG_SIMULATE_ACC_LEN, no --disable-radix-cache unless asked; the
+    report names a benchmark-only run."""
+    opts = run.plan(run.build_parser().parse_args([]))[2]
+    assert not opts.dummy and opts.simulate_acc_len == 0 and opts.radix_cache and opts.benchmark_only == []
+    assert run.main(["--dry-run", "--out", str(tmp_path / "x"), "--configs", "standalone-t4-p16,ngram-p1"]) == 0
+    text = capsys.readouterr().out
+    assert "SGLANG_SIMULATE_ACC_LEN" not in text and "--load-format" not in text and "--disable-radix-cache" not in text
+    assert f"--model-path {tmp_path}/x/models/small-seed1-target " in text
+    assert f"--speculative-draft-model-path {tmp_path}/x/models/small-seed1-draft " in text
+    speed = run.plan(run.build_parser().parse_args(["--weights", "dummy", "--simulate-acc-len", "3", "--no-radix-cache"]))[2]
+    assert len(speed.benchmark_only) == 2
+    ln = matrix.launch(matrix.CONFIGS["standalone-t4-p16"], matrix.STOCK, 1, speed, {"target": "t", "draft": "d"},
+                       str(tmp_path))
+    assert ln.env["SGLANG_SIMULATE_ACC_LEN"] == "3" and "--disable-radix-cache" in ln.argv
+    header = run._header([{"date": "d", "command": "c", "rounds": 1, "max_new_tokens": 8,
+                           "benchmark_only": speed.benchmark_only}])
+    assert "**Benchmark-only run**: dummy weights" in header and "simulated acceptance" in header
+    assert "Benchmark-only" not in run._header([{"date": "d", "command": "c", "rounds": 1, "max_new_tokens": 8}])
+
+
 def test_every_configuration_and_arm_launches_with_sglangs_own_parser(tmp_path):
     models = matrix.write_models(str(tmp_path / "models"))
     assert json.load(open(os.path.join(models["draft"], "config.json")))["num_hidden_layers"] == 2
     arms = matrix.parse_arms("stock,audit,plugin", ["default,-event_ring"])
     for config in matrix.CONFIGS.values():
         for i, arm in enumerate(arms):
-            ln = matrix.launch(config, arm, 40000 + i, matrix.Options(), models, str(tmp_path))
+            ln = matrix.launch(config, arm, 40000 + i, SPEED_RUN, models, str(tmp_path))
             assert ln.argv[1:3] == ("-m", "sglang.launch_server")
             ns = sglang_parse(list(ln.argv[3:]))
             assert ns.speculative_algorithm == config.algorithm and ns.page_size == config.page_size
             assert ns.port == 40000 + i and ns.load_format == "dummy" and ns.skip_tokenizer_init
-            assert ns.max_total_tokens == matrix.Options.max_total_tokens
+            assert ns.max_total_tokens == matrix.Options.max_total_tokens and not ns.disable_radix_cache
             if config.uses_draft_model:
                 given = config.block_size is None and not config.auto_params
                 assert ns.speculative_eagle_topk == (config.topk if given else None)
@@ -76,10 +100,11 @@ def test_the_1b_dummy_shape_is_a_llama_sglang_can_size(tmp_path):
     cfg = LlamaConfig(**target)
     assert cfg.head_dim * cfg.num_attention_heads == cfg.hidden_size
     assert cfg.vocab_size == matrix.LLAMA_8B["vocab_size"]  # the prompt pool's token ids fit either shape
-    ns = run.build_parser().parse_args(["--dummy-shape", "llama-1b"])
+    ns = run.build_parser().parse_args(["--weights", "dummy", "--dummy-shape", "llama-1b"])
     assert run.plan(ns)[2].dummy_shape == "llama-1b"
-    with pytest.raises(ValueError, match="--dummy-shape"):
-        run.plan(run.build_parser().parse_args(["--dummy-shape", "llama-1b", "--model-path", "/m"]))
+    for other in (["--model-path", "/m"], []):  # a user's checkpoint, or the default written ones
+        with pytest.raises(ValueError, match="--dummy-shape"):
+            run.plan(run.build_parser().parse_args(["--dummy-shape", "llama-1b", *other]))
 
 
 @pytest.mark.parametrize("shape", sorted(matrix.DUMMY_SHAPES))
@@ -321,7 +346,7 @@ def test_a_dflash_run_without_flashinfer_stops_before_any_server_starts(tmp_path
     2026-12-05 on the H200); the e2e says so at once. The test venv has no flashinfer."""
     assert importlib.util.find_spec("flashinfer") is None
     out = tmp_path / "run"
-    argv = ["--server-module", "fake_sglang_server", "--configs", "standalone-t4-p16,dflash-p16", "--out", str(out)]
+    argv = ["--server-module", "fake_sglang_server", "--weights", "dummy", "--configs", "standalone-t4-p16,dflash-p16", "--out", str(out)]
     assert run.main(argv) == 2
     err = capsys.readouterr().err
     assert f"{sys.executable} cannot import 'flashinfer' (pip: flashinfer_python), which dflash-p16 need(s)" in err
@@ -698,7 +723,7 @@ def test_ready_times_do_not_include_another_servers_first_request(tmp_path, monk
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setenv("FAKE_SGLANG_FIRST_GENERATE_S", "4")
     out = tmp_path / "run"
-    argv = ["--server-module", "fake_sglang_server", "--configs", "standalone-t4-p16", "--arms", "stock,plugin",
+    argv = ["--server-module", "fake_sglang_server", "--weights", "dummy", "--configs", "standalone-t4-p16", "--arms", "stock,plugin",
             "--concurrency", "1", "--rounds", "1", "--requests", "1", "--max-new-tokens", "16",
             "--identity-tokens", "8", "--port", str(free_port_base(2)), "--out", str(out)]
     assert run.main(argv) == 0
@@ -717,7 +742,7 @@ def test_a_port_that_already_answers_stops_the_run_before_any_server_starts(tmp_
     stale.bind(("127.0.0.1", port + 1))
     stale.listen()
     out = tmp_path / "run"
-    argv = ["--server-module", "fake_sglang_server", "--configs", "standalone-t4-p16", "--arms", "stock,plugin",
+    argv = ["--server-module", "fake_sglang_server", "--weights", "dummy", "--configs", "standalone-t4-p16", "--arms", "stock,plugin",
             "--port", str(port), "--out", str(out)]
     try:
         assert run.ports_answering(port, 2) == [port + 1]
@@ -744,7 +769,7 @@ def test_a_configuration_whose_ports_still_answer_is_not_started(tmp_path, monke
     monkeypatch.setattr(run, "ports_answering", answering)
     monkeypatch.setattr(run, "PORT_WAIT_S", 1.0)  # polled again every 0.5 s until then
     out = tmp_path / "run"
-    argv = ["--server-module", "fake_sglang_server", "--configs", "standalone-t4-p16", "--arms", "stock,plugin",
+    argv = ["--server-module", "fake_sglang_server", "--weights", "dummy", "--configs", "standalone-t4-p16", "--arms", "stock,plugin",
             "--port", str(port), "--out", str(out)]
     assert run.main(argv) == 1  # the main check passed (first call), the configuration's failed
     assert len(calls) >= 3 and set(calls) == {port}  # asked again while the wait lasted
@@ -791,7 +816,7 @@ def test_whole_run_against_fake_servers(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setattr(run, "gpu_free_gib", lambda: 2.5)  # as nvidia-smi would say on a full GPU
     out = tmp_path / "run"
-    argv = ["--server-module", "fake_sglang_server", "--configs", "standalone-t4-p16", "--concurrency", "1", "2",
+    argv = ["--server-module", "fake_sglang_server", "--weights", "dummy", "--configs", "standalone-t4-p16", "--concurrency", "1", "2",
             "--rounds", "2", "--requests", "3", "--max-new-tokens", "16", "--identity-tokens", "8",
             "--slots", "default,perturb", "--slots", "crash", "--slots", "die", "--port", str(free_port_base(6)), "--out", str(out),
             "--plugin-env", "SGLANG_HOSTSYNC_GLUE_CHECK=5"]
@@ -860,7 +885,7 @@ def test_a_server_that_exits_during_the_shared_start_is_started_again_alone(tmp_
     arm that exited is started once more, alone, serves, and the report says so."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
     out = tmp_path / "run"
-    argv = ["--server-module", "fake_sglang_server", "--configs", "standalone-t4-p16", "--arms", "stock",
+    argv = ["--server-module", "fake_sglang_server", "--weights", "dummy", "--configs", "standalone-t4-p16", "--arms", "stock",
             "--slots", "crash_once", "--concurrency", "1", "--rounds", "1", "--requests", "2", "--max-new-tokens", "8",
             "--identity-tokens", "4", "--port", str(free_port_base(2)), "--out", str(out),
             "--plugin-env", f"FAKE_CRASH_ONCE={tmp_path / 'crashed'}"]
@@ -883,7 +908,7 @@ def test_a_server_ready_with_too_small_a_kv_pool_is_started_again_alone(tmp_path
     ``/server_info`` says fewer tokens than one request needs is stopped and started once more alone."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
     out = tmp_path / "run"
-    argv = ["--server-module", "fake_sglang_server", "--configs", "standalone-t4-p16", "--arms", "stock",
+    argv = ["--server-module", "fake_sglang_server", "--weights", "dummy", "--configs", "standalone-t4-p16", "--arms", "stock",
             "--slots", "small_kv_once", "--concurrency", "1", "--rounds", "1", "--requests", "2", "--max-new-tokens", "8",
             "--identity-tokens", "4", "--prompt-len", "64", "--port", str(free_port_base(2)), "--out", str(out),
             "--plugin-env", f"FAKE_SMALL_KV_ONCE={tmp_path / 'small'}"]
@@ -907,7 +932,7 @@ def test_a_server_whose_first_request_fails_is_stopped_before_the_rounds(tmp_pat
     in the same command without it. A server that fails is stopped at once."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
     out = tmp_path / "run"
-    argv = ["--server-module", "fake_sglang_server", "--configs", "standalone-t4-p16", "--arms", "stock",
+    argv = ["--server-module", "fake_sglang_server", "--weights", "dummy", "--configs", "standalone-t4-p16", "--arms", "stock",
             "--slots", "fail_first", "--concurrency", "1", "--rounds", "1", "--requests", "2", "--max-new-tokens", "8",
             "--identity-tokens", "4", "--port", str(free_port_base(2)), "--out", str(out)]
     run.main(argv)
@@ -925,7 +950,7 @@ def test_a_server_whose_kv_pool_is_too_small_alone_too_fails_at_once(tmp_path, m
     wait until the client's 300 s timeout) and stopped; the other arms run their rounds."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
     out = tmp_path / "run"
-    argv = ["--server-module", "fake_sglang_server", "--configs", "standalone-t4-p16", "--arms", "stock",
+    argv = ["--server-module", "fake_sglang_server", "--weights", "dummy", "--configs", "standalone-t4-p16", "--arms", "stock",
             "--slots", "small_kv", "--concurrency", "1", "--rounds", "1", "--requests", "2", "--max-new-tokens", "8",
             "--identity-tokens", "4", "--prompt-len", "64", "--port", str(free_port_base(2)), "--out", str(out)]
     t0 = time.perf_counter()
@@ -1010,7 +1035,7 @@ def test_a_killed_run_stops_its_servers_and_reports_the_rounds_that_finished(tmp
     from helpers import clean_env
 
     out, port = tmp_path / "run", free_port_base(2)
-    argv = [sys.executable, "-m", "sglang_hostsync_plugin.e2e", "--server-module", "fake_sglang_server",
+    argv = [sys.executable, "-m", "sglang_hostsync_plugin.e2e", "--server-module", "fake_sglang_server", "--weights", "dummy",
             "--configs", "standalone-t4-p16", "--arms", "stock,plugin", "--concurrency", "1", "--rounds", "200",
             "--requests", "2", "--max-new-tokens", "16", "--identity-tokens", "8", "--port", str(port), "--out", str(out)]
     env = clean_env(PYTHONPATH=os.pathsep.join([TESTS, REPO]))
@@ -1041,13 +1066,56 @@ def test_each_finished_round_is_saved_and_a_budget_stop_is_named(tmp_path, monke
     real = run.save
     monkeypatch.setattr(run, "save", lambda result, out_dir: saved.append(len(result["rows"])) or real(result, out_dir))
     out = tmp_path / "run"
-    argv = ["--server-module", "fake_sglang_server", "--configs", "standalone-t4-p16", "--arms", "stock,plugin",
+    argv = ["--server-module", "fake_sglang_server", "--weights", "dummy", "--configs", "standalone-t4-p16", "--arms", "stock,plugin",
             "--concurrency", "1", "--rounds", "3", "--requests", "1", "--max-new-tokens", "16",
             "--identity-tokens", "8", "--port", str(free_port_base(2)), "--out", str(out)]
     assert run.main(argv) == 0
-    assert saved[:4] == [0, 2, 4, 6]  # after the identity pass, then after every round
+    assert saved[:5] == [0, 0, 2, 4, 6]  # after the real-traffic pass, the identity pass, then every round
     assert "stopped" not in json.load(open(out / "e2e.json"))["meta"]
     budget = tmp_path / "budget"
     assert run.main([*argv[:-1], str(budget), "--time-budget", "0"]) == 0
     assert json.load(open(budget / "e2e.json"))["meta"]["stopped"] == "time budget spent"
     assert "(time budget spent: the rounds that finished)" in (budget / "e2e.md").read_text()
+
+
+def test_the_real_traffic_pass_runs_before_the_rounds_and_any_difference_fails_the_run(tmp_path, monkeypatch):
+    """Every server gets the request mix one at a time (compared with stock's), then concurrent clients with
+    cut streams, the drain and one request after the aborts; a differing output or KV tokens still held
+    after the drain fail the run, and the report's table says which."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+    drained = run.traffic.wait_drained
+    monkeypatch.setattr(run.traffic, "wait_drained", lambda base: drained(base, timeout=3.0))  # the leak never drains
+    out = tmp_path / "run"
+    argv = ["--server-module", "fake_sglang_server", "--weights", "dummy", "--configs", "standalone-t4-p16",
+            "--arms", "stock,plugin", "--slots", "perturb_traffic", "--slots", "leak", "--concurrency", "1",
+            "--rounds", "1", "--requests", "1", "--max-new-tokens", "16", "--identity-tokens", "8",
+            "--traffic-requests", "24", "--traffic-aborts", "4", "--port", str(free_port_base(4)), "--out", str(out)]
+    assert run.main(argv) == 1
+    result = json.load(open(out / "e2e.json"))
+    t = result["traffic"]
+    clean, perturbed, leak = (t[f"standalone-t4-p16/{a}"] for a in ("plugin", "slots:perturb_traffic", "slots:leak"))
+    assert clean["sequential"]["identical"] and clean["sequential"]["compared"] >= 20
+    assert clean["concurrent"] == {**clean["concurrent"], "errors": [], "health": True, "aborted": 4}
+    assert clean["tokens_after_drain"] == 0 and clean["log_problems"] == [] and clean["after_aborts"]["identical"]
+    assert not perturbed["sequential"]["identical"]
+    assert {m["name"].split("-")[0] for m in perturbed["sequential"]["mismatches"]} == {"logit"}
+    assert leak["tokens_after_drain"] > 0 and leak["sequential"]["identical"]
+    # The pass ran before the rounds: every row starts after each server's last traffic request.
+    assert min(r["t_start"] for r in result["rows"]) > 0 and len(result["rows"]) == 4
+    md = (out / "e2e.md").read_text()
+    assert "## Real traffic" in md and "| standalone-t4-p16/plugin | " in md
+    assert "standalone-t4-p16/slots:perturb_traffic | " in md and "(first: logit-bias" in md
+    assert run.traffic_failures(result) == [
+        "standalone-t4-p16/slots:perturb_traffic: outputs differ from stock one at a time",
+        f"standalone-t4-p16/slots:leak: {leak['tokens_after_drain']} KV tokens still held after the drain"]
+    off = tmp_path / "off"
+    assert run.main([*argv[:-1], str(off), "--traffic", "off"]) == 0  # neither switch shows without the pass
+    assert json.load(open(off / "e2e.json"))["traffic"] == {} and "## Real traffic" not in (off / "e2e.md").read_text()
+
+
+def test_after_the_aborts_an_ngram_servers_request_is_no_evidence():
+    """NGRAM's trie holds the concurrent phase's outputs, which differ between any two servers."""
+    result = {"traffic": {"ngram-p1/plugin": {"after_aborts": {"identical": False, "evidence": False}},
+                          "standalone-t4-p16/plugin": {"after_aborts": {"identical": False, "evidence": True}}}}
+    assert run.traffic_failures(result) == ["standalone-t4-p16/plugin: the request after the aborts differs from stock's"]
+    assert "differs (no evidence: trie)" in stats.traffic_markdown(result["traffic"])

@@ -188,16 +188,24 @@ class Launch:
 class Options:
     """The benchmark's knobs that change a launch command."""
 
-    model_path: str | None = None  # None: the embedded dummy-weight target of ``dummy_shape``
+    model_path: str | None = None  # None: the benchmark's own models (``weights``)
+    # "checkpoint": random-weight safetensors the benchmark writes (``checkpoints``), real acceptance;
+    # "dummy": SGLang's --load-format dummy (embed == lm_head, outputs collapse): speed runs only.
+    weights: str = "checkpoint"
+    checkpoint_shape: str = "small"
     dummy_shape: str = "llama-8b"
     draft_model_path: str | None = None
     attention_backend: str = "triton"
     # Arms start together and SGLang takes the fraction of the memory free at its own
     # start, so it sizes nothing: the KV pool is fixed by max_total_tokens instead.
     mem_fraction_static: float = 0.85
-    max_total_tokens: int = 65536
+    # Small enough that the real-traffic pass's 16 clients with 600-token prefixes make SGLang retract.
+    max_total_tokens: int = 8192
     random_seed: int = 1
-    simulate_acc_len: float = 3.0  # SGLANG_SIMULATE_ACC_LEN; 0 = real acceptance
+    # SGLANG_SIMULATE_ACC_LEN; 0 = real acceptance. Simulated acceptance replaces the target's verify
+    # decision: speed runs only, never evidence of correctness.
+    simulate_acc_len: float = 0.0
+    radix_cache: bool = True
     cuda_graph_max_bs: int = 8
     extra_server_args: tuple[str, ...] = ()
     # (KEY, VALUE) added to every plugin arm's environment (e.g. a slot's check setting).
@@ -207,7 +215,18 @@ class Options:
 
     @property
     def dummy(self) -> bool:
-        return self.model_path is None
+        return self.model_path is None and self.weights == "dummy"
+
+    @property
+    def benchmark_only(self) -> list[str]:
+        """Why outputs and their identity prove nothing about the verify path ([] when they do)."""
+        why = []
+        if self.dummy:
+            why.append("dummy weights (--load-format dummy: embed == lm_head, outputs collapse to a few tokens)")
+        if self.simulate_acc_len > 0:
+            why.append(f"simulated acceptance (SGLANG_SIMULATE_ACC_LEN={self.simulate_acc_len:g} replaces the "
+                       "target's accept decision)")
+        return why
 
 
 def write_models(root: str, shape: str = "llama-8b") -> dict[str, str]:
@@ -232,11 +251,13 @@ def launch(config: Config, arm: Arm, port: int, opts: Options, models: dict[str,
             "--max-total-tokens", str(opts.max_total_tokens),
             "--cuda-graph-max-bs-decode", str(opts.cuda_graph_max_bs),
             "--random-seed", str(opts.random_seed),
-            "--disable-radix-cache", "--skip-tokenizer-init",
+            "--skip-tokenizer-init",
             "--sampling-backend", "pytorch", "--grammar-backend", "none",
             *config.server_args(draft)]
     if opts.dummy:
         argv += ["--load-format", "dummy"]
+    if not opts.radix_cache:
+        argv.append("--disable-radix-cache")
     if arm.slots is not None:
         argv.append("--enable-hostsync-plugin")
     argv += list(opts.extra_server_args)

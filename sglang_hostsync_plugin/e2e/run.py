@@ -29,7 +29,7 @@ import threading
 import time
 
 from ..slots.audit import parse_trace, rank_path
-from . import client, matrix, stats
+from . import checkpoints, client, matrix, stats, traffic
 from .png import bar_chart
 
 HOSTSYNC_ENV_PREFIXES = ("SGLANG_HOSTSYNC_", "SGLANG_ENABLE_HOSTSYNC_PLUGIN")
@@ -49,17 +49,32 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--identity-prompts", type=int, default=4)
     ap.add_argument("--identity-tokens", type=int, default=64)
     ap.add_argument("--top-logprobs", type=int, default=5, help="0: compare token ids only")
-    ap.add_argument("--model-path", help="a real target checkpoint (default: embedded dummy-weight Llama-8B shape)")
+    ap.add_argument("--model-path", help="a target checkpoint of your own (default: the benchmark writes its own, --weights)")
     ap.add_argument("--draft-model-path", help="a real draft checkpoint for the draft-model configurations run (STANDALONE or EAGLE3)")
+    ap.add_argument("--weights", choices=("checkpoint", "dummy"), default="checkpoint",
+                    help="without --model-path: 'checkpoint' writes random-weight safetensors (a target and drafts "
+                         "that partly agree with it: real acceptance); 'dummy' runs SGLang's --load-format dummy "
+                         "(outputs collapse: speed runs only)")
+    ap.add_argument("--checkpoint-shape", choices=sorted(checkpoints.CHECKPOINT_SHAPES), default="small",
+                    help="the written checkpoints' shape (--weights checkpoint)")
     ap.add_argument("--dummy-shape", choices=sorted(matrix.DUMMY_SHAPES), default="llama-8b",
-                    help="the dummy-weight target's shape (without --model-path); llama-1b: a GPU step short "
+                    help="the dummy-weight target's shape (--weights dummy); llama-1b: a GPU step short "
                          "enough that host time per step sets tok/s")
     ap.add_argument("--attention-backend", default="triton")
     ap.add_argument("--mem-fraction-static", type=float, default=matrix.Options.mem_fraction_static,
                     help="per server, of the GPU memory free when it starts")
     ap.add_argument("--max-total-tokens", type=int, default=matrix.Options.max_total_tokens,
                     help="per server: the KV pool size, which makes servers that start together fit")
-    ap.add_argument("--simulate-acc-len", type=float, default=3.0, help="SGLANG_SIMULATE_ACC_LEN; 0 for real acceptance")
+    ap.add_argument("--simulate-acc-len", type=float, default=0.0,
+                    help="SGLANG_SIMULATE_ACC_LEN (default 0: real acceptance); > 0 replaces the target's accept "
+                         "decision: speed runs only, the report says so")
+    ap.add_argument("--no-radix-cache", action="store_true", help="pass --disable-radix-cache to every server")
+    ap.add_argument("--traffic", choices=("full", "sequential", "off"), default="full",
+                    help="the real-traffic pass before the timed rounds: the request mix one at a time against "
+                         "stock ('sequential'), then concurrent clients with aborted streams ('full')")
+    ap.add_argument("--traffic-clients", type=int, default=16)
+    ap.add_argument("--traffic-requests", type=int, default=96)
+    ap.add_argument("--traffic-aborts", type=int, default=12)
     ap.add_argument("--random-seed", type=int, default=1)
     ap.add_argument("--port", type=int, default=31000, help="first port; one per arm")
     ap.add_argument("--ready-timeout", type=float, default=900.0)
@@ -80,12 +95,48 @@ def build_parser() -> argparse.ArgumentParser:
 def options(args) -> matrix.Options:
     return matrix.Options(
         model_path=args.model_path, draft_model_path=args.draft_model_path, dummy_shape=args.dummy_shape,
+        weights=args.weights, checkpoint_shape=args.checkpoint_shape, radix_cache=not args.no_radix_cache,
         attention_backend=args.attention_backend,
         mem_fraction_static=args.mem_fraction_static, max_total_tokens=args.max_total_tokens,
         random_seed=args.random_seed, simulate_acc_len=args.simulate_acc_len,
         cuda_graph_max_bs=max(args.concurrency), extra_server_args=tuple(args.server_arg),
         plugin_env=matrix.parse_plugin_env(args.plugin_env), server_module=args.server_module,
     )
+
+
+def model_paths(opts: matrix.Options, out_dir: str) -> dict[str, str]:
+    """Where the benchmark's own models are (or will be) written, by ``matrix.dummy_models`` key."""
+    root = os.path.join(out_dir, "models")
+    if opts.dummy:
+        return {name: os.path.join(root, f"dummy-{name}") for name in matrix.dummy_models()}
+    return checkpoints.checkpoint_paths(root, opts.checkpoint_shape, opts.random_seed)
+
+
+def write_models(opts: matrix.Options, out_dir: str) -> dict[str, str]:
+    """The benchmark's own models written under ``out_dir`` (kept where already complete), or the user's."""
+    root = os.path.join(out_dir, "models")
+    if opts.dummy:
+        return matrix.write_models(root, opts.dummy_shape)
+    if opts.model_path is not None:
+        return {"target": opts.model_path, **({"draft": opts.draft_model_path} if opts.draft_model_path else {})}
+    t = time.perf_counter()
+    say(f"writing the {opts.checkpoint_shape} random-weight checkpoints under {root}")
+    models = checkpoints.write_checkpoints(root, opts.checkpoint_shape, opts.random_seed)
+    say(f"checkpoints ready in {time.perf_counter() - t:.1f} s")
+    return models
+
+
+def model_vocab(opts: matrix.Options) -> int:
+    """The target's vocabulary the prompts draw from (a checkpoint of the user's: Llama-2's 32000)."""
+    if opts.dummy:
+        return matrix.DUMMY_SHAPES[opts.dummy_shape]["vocab_size"]
+    if opts.model_path is None:
+        return checkpoints.CHECKPOINT_SHAPES[opts.checkpoint_shape]["vocab_size"]
+    try:
+        with open(os.path.join(opts.model_path, "config.json")) as f:
+            return int(json.load(f)["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 32000
 
 
 def tokens_needed(args) -> int:
@@ -108,8 +159,12 @@ def plan(args) -> tuple[list[matrix.Config], list[matrix.Arm], matrix.Options]:
     if args.draft_model_path and len({c.draft for c in configs if c.uses_draft_model}) > 1:
         raise ValueError("--draft-model-path is one draft model: run the STANDALONE and the EAGLE3 "
                          "configurations in separate runs")
-    if args.model_path is not None and args.dummy_shape != "llama-8b":
-        raise ValueError("--dummy-shape shapes the dummy-weight target; it does not apply with --model-path")
+    if args.dummy_shape != "llama-8b" and (args.model_path is not None or args.weights != "dummy"):
+        raise ValueError("--dummy-shape shapes the dummy-weight target (--weights dummy, no --model-path)")
+    if args.checkpoint_shape != "small" and (args.model_path is not None or args.weights != "checkpoint"):
+        raise ValueError("--checkpoint-shape shapes the written checkpoints (--weights checkpoint, no --model-path)")
+    if min(args.traffic_clients, args.traffic_requests) < 1 or not 0 <= args.traffic_aborts <= args.traffic_requests:
+        raise ValueError("--traffic-clients and --traffic-requests must be positive, --traffic-aborts within the requests")
     return configs, arms, options(args)
 
 
@@ -220,6 +275,11 @@ class Server:
     def _flush(self) -> None:
         if not self.log.closed:  # a server stopped after it failed: its log is complete
             self.log.flush()
+
+    def log_text(self) -> str:
+        self._flush()
+        with open(self.launch.log, errors="replace") as f:
+            return f.read()
 
     def log_tail(self, n: int = 30) -> str:
         self._flush()
@@ -342,6 +402,11 @@ def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, res
         if "stock" not in live:
             say(f"{config.name}: the stock server did not start; nothing to compare")
             return
+        if args.traffic != "off":
+            traffic_pass(config, live, args, result, out_dir)
+            if "stock" not in live:
+                say(f"{config.name}: the stock server died in the real-traffic pass; nothing to compare")
+                return
         identity_prompts = prompt_pool[: args.identity_prompts]
         outputs = {}
         for name, srv in list(live.items()):
@@ -403,6 +468,76 @@ def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, res
             srv.info["slot_checks"] = srv.slot_checks()
     finally:
         stop_all(servers.values())
+
+
+# NGRAM drafts from a trie that holds every earlier request's output, which differ between any two
+# servers after the concurrent phase (batching changes the numerics): its next request can draft
+# differently, so the request after the aborts is no evidence either way there.
+TRIE_ALGORITHMS = ("NGRAM",)
+
+
+def traffic_pass(config, live: dict, args, result: dict, out_dir: str) -> None:
+    """The real-traffic pass (``traffic``): the request mix one at a time on each server, compared with
+    stock's token for token; then, with ``--traffic full``, concurrent clients with aborted streams on
+    each server in turn, checked for request errors, ``/health``, the server log, the KV tokens back to
+    their floor after the drain, and one request after the aborts compared with stock's. A server that
+    dies is dropped from ``live`` (its rounds are skipped, the run fails)."""
+    mix = traffic.request_mix(result["meta"]["vocab"], args.random_seed)
+    seq = {}
+    for name, srv in list(live.items()):
+        seq[name] = traffic.sequential(srv.base, mix)
+        if not srv.alive():
+            _died(live.pop(name), f"{config.name}/{name}", "the real-traffic pass (one at a time)")
+    for name, outcomes in seq.items():
+        entry = result["traffic"].setdefault(f"{config.name}/{name}", {})
+        entry["errors"] = [f"{o.name}: {o.error}" for o in outcomes if o.error]
+        if name != "stock" and "stock" in seq:
+            entry["sequential"] = traffic.compare(seq["stock"], outcomes)
+            v = entry["sequential"]
+            say(f"{config.name}/{name}: real traffic one at a time: {v['same']}/{v['compared']} identical to stock"
+                + ("" if v["identical"] else f" (first: {v['mismatches'][:1]})"))
+    if args.traffic == "full":
+        after = {}
+        for name, srv in list(live.items()):
+            entry = result["traffic"][f"{config.name}/{name}"]
+            load = traffic.concurrent(srv.base, mix, clients=args.traffic_clients, requests=args.traffic_requests,
+                                      aborted=args.traffic_aborts, seed=args.random_seed)
+            entry["concurrent"] = load
+            entry["tokens_after_drain"] = traffic.wait_drained(srv.base)
+            after[name] = traffic.after_aborts(srv.base, mix)
+            entry["log_problems"] = traffic.log_problems(srv.log_text())[:20]
+            say(f"{config.name}/{name}: real traffic, {args.traffic_clients} clients: {load['completed']} completed, "
+                f"{load['aborted']} aborted, {len(load['errors'])} errors, health {load['health']}, "
+                f"tokens after the drain {entry['tokens_after_drain']}, log problems {len(entry['log_problems'])}")
+            if not srv.alive():
+                _died(live.pop(name), f"{config.name}/{name}", "the real-traffic pass (concurrent)")
+        for name, outcome in after.items():
+            if name != "stock" and "stock" in after:
+                entry = result["traffic"][f"{config.name}/{name}"]
+                entry["after_aborts"] = traffic.compare([after["stock"]], [outcome])
+                entry["after_aborts"]["evidence"] = config.algorithm not in TRIE_ALGORITHMS
+    save(result, out_dir)
+
+
+def traffic_failures(result: dict) -> list[str]:
+    """Each real-traffic check that failed, as ``config/arm: what``."""
+    bad = []
+    for key, t in result.get("traffic", {}).items():
+        if t.get("errors"):
+            bad.append(f"{key}: {len(t['errors'])} request errors one at a time")
+        if t.get("sequential") and not t["sequential"]["identical"]:
+            bad.append(f"{key}: outputs differ from stock one at a time")
+        c = t.get("concurrent")
+        if c and (c["errors"] or not c["health"]):
+            bad.append(f"{key}: {len(c['errors'])} errors, health {c['health']} with concurrent clients")
+        if t.get("log_problems"):
+            bad.append(f"{key}: {len(t['log_problems'])} problem lines in the server log")
+        if "tokens_after_drain" in t and t["tokens_after_drain"] not in (None, 0):
+            bad.append(f"{key}: {t['tokens_after_drain']} KV tokens still held after the drain")
+        a = t.get("after_aborts")
+        if a and a.get("evidence") and not a["identical"]:
+            bad.append(f"{key}: the request after the aborts differs from stock's")
+    return bad
 
 
 def kv_short(srv: Server, need_tokens: int) -> str | None:
@@ -506,7 +641,10 @@ def attach_audit(result: dict, launch_by_cell: dict[tuple, str]) -> dict[tuple, 
 def _header(metas: list[dict]) -> str:
     runs = "\n".join(f"- {m['date']}: `{m['command']}`" + (f" ({m['stopped']}: the rounds that finished)" if m.get("stopped") else "")
                      for m in metas)
-    return (f"# hostsync e2e\n\n{runs}\n\n"
+    only = sorted({why for m in metas for why in m.get("benchmark_only", [])})
+    caveat = ("**Benchmark-only run**: " + "; ".join(only) + ". Its outputs and their identity prove nothing about "
+              "the verify path.\n\n") if only else ""
+    return (f"# hostsync e2e\n\n{runs}\n\n{caveat}"
             f"Rounds {', '.join(str(m['rounds']) for m in metas)}; {metas[0]['max_new_tokens']} new tokens per request; "
             "the arms of a configuration start together on one GPU (ready times include that contention) and "
             "are driven one at a time, arm order reversed every other round.\n\n" + _named_arm_slots(metas))
@@ -527,10 +665,11 @@ def _named_arm_slots(metas: list[dict]) -> str:
             + "; ".join(lines) + ".\n\n")
 
 
-def write_report(out_dir: str, metas: list[dict], cell_rows: list[dict], servers: dict, identity: dict) -> str:
+def write_report(out_dir: str, metas: list[dict], cell_rows: list[dict], servers: dict, identity: dict,
+                 real_traffic: dict | None = None) -> str:
     """e2e.md, and e2e.png: one group per (configuration, concurrency) in sorted order,
     one bar per non-stock arm (colors in arm order), tok/s/user over stock, line at 1."""
-    md = stats.markdown(cell_rows, servers, identity)
+    md = stats.traffic_markdown(real_traffic or {}) + stats.markdown(cell_rows, servers, identity)
     with open(os.path.join(out_dir, "e2e.md"), "w") as f:
         f.write(_header(metas) + md)
     arms = []
@@ -550,21 +689,24 @@ def report(result: dict, out_dir: str, windows: dict) -> str:
     for c in cell_rows:
         c.pop("tok_s_user_all", None)
     result["cells"] = cell_rows
-    return write_report(out_dir, [result["meta"]], cell_rows, result["servers"], result["identity"])
+    return write_report(out_dir, [result["meta"]], cell_rows, result["servers"], result["identity"],
+                        result.get("traffic"))  # .get: e2e.json from before the real-traffic pass
 
 
 def merge(dirs: list[str], out_dir: str) -> dict:
     """One report from several runs (a matrix split over device calls)."""
-    merged = {"meta": [], "servers": {}, "identity": {}, "cells": []}
+    merged = {"meta": [], "servers": {}, "identity": {}, "traffic": {}, "cells": []}
     for d in dirs:
         with open(os.path.join(d, "e2e.json")) as f:
             r = json.load(f)
         merged["meta"].append(r["meta"])
         merged["servers"].update(r["servers"])
         merged["identity"].update(r["identity"])
+        merged["traffic"].update(r.get("traffic", {}))  # .get: e2e.json from before the real-traffic pass
         merged["cells"] += r.get("cells", [])
     os.makedirs(out_dir, exist_ok=True)
-    merged["markdown"] = write_report(out_dir, merged["meta"], merged["cells"], merged["servers"], merged["identity"])
+    merged["markdown"] = write_report(out_dir, merged["meta"], merged["cells"], merged["servers"], merged["identity"],
+                                      merged["traffic"])
     return merged
 
 
@@ -579,7 +721,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge:
         print(merge(args.merge, out_dir)["markdown"])
         return 0
-    models = {name: os.path.join(out_dir, "models", f"dummy-{name}") for name in matrix.dummy_models()}
+    models = model_paths(opts, out_dir)
     if args.dry_run:
         print(f"matrix: {len(configs)} configurations x {len(arms)} arms x concurrency {args.concurrency} "
               f"x {args.rounds} rounds; servers of one configuration run at once")
@@ -591,9 +733,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"e2e: {problem}", file=sys.stderr)
         return 2
     os.makedirs(out_dir, exist_ok=True)
-    if opts.dummy:
-        models = matrix.write_models(os.path.join(out_dir, "models"), opts.dummy_shape)
-    vocab = matrix.DUMMY_SHAPES[opts.dummy_shape]["vocab_size"] if opts.dummy else 32000
+    models = write_models(opts, out_dir)
+    vocab = model_vocab(opts)
     pool = prompts(max(args.identity_prompts, args.requests, 2 * max(args.concurrency)) * args.rounds + 3,
                    args.prompt_len, vocab, args.random_seed)
     result = {
@@ -601,8 +742,9 @@ def main(argv: list[str] | None = None) -> int:
                  "command": " ".join(["python -m sglang_hostsync_plugin.e2e", *(argv if argv is not None else sys.argv[1:])]),
                  "configs": [c.name for c in configs], "arms": [a.name for a in arms],
                  "arm_slots": {a.name: a.slots for a in arms}, "concurrency": args.concurrency,
-                 "rounds": args.rounds, "max_new_tokens": args.max_new_tokens, "options": vars(args)},
-        "servers": {}, "identity": {}, "rows": [], "gpu_free_gib_after_warmup": {},
+                 "rounds": args.rounds, "max_new_tokens": args.max_new_tokens, "options": vars(args),
+                 "vocab": vocab, "benchmark_only": opts.benchmark_only},
+        "servers": {}, "identity": {}, "traffic": {}, "rows": [], "gpu_free_gib_after_warmup": {},
     }
     budget = Budget(args.time_budget)
     # SIGTERM (a timeout) unwinds like Ctrl-C: every server is stopped and what ran is reported.
@@ -629,7 +771,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     failed = [k for k, s in result["servers"].items() if s.get("ready_s") is None or s.get("died")]
     different = [k for k, v in result["identity"].items() if not v["identical"]]
-    if failed or different:
-        say(f"servers that failed: {failed or 'none'}; outputs different from stock: {different or 'none'}")
+    real = traffic_failures(result)
+    if failed or different or real:
+        say(f"servers that failed: {failed or 'none'}; outputs different from stock: {different or 'none'}; "
+            f"real-traffic failures: {real or 'none'}")
         return 1
     return 0

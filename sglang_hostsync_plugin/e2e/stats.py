@@ -524,6 +524,43 @@ def ramp_work_lines(cell_rows: list[dict]) -> list[str]:
     return lines
 
 
+def _yes(ok: bool, detail: str = "") -> str:
+    return "yes" if ok else f"NO{': ' + detail if detail else ''}"
+
+
+def traffic_markdown(traffic: dict[str, dict]) -> str:
+    """The real-traffic pass's table: per server, the request mix one at a time against stock, the
+    concurrent phase with aborted streams, the drain and the request after the aborts ('' without one)."""
+    if not traffic:
+        return ""
+    lines = ["## Real traffic", "",
+             "| server | one at a time: identical to stock | concurrent: completed / aborted / errors | health "
+             "| KV tokens after the drain | log problems | after the aborts |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for key in sorted(traffic, key=lambda k: (k.split("/")[0], k.rsplit("/", 1)[-1] != STOCK.name, k)):
+        t = traffic[key]
+        seq = t.get("sequential")
+        if seq is not None:
+            first = seq["mismatches"][0] if seq["mismatches"] else {}
+            one = (f"{seq['same']} / {seq['compared']}"
+                   + (f" (first: {first.get('name')} {first.get('what')} at {first.get('at')})" if first else ""))
+        else:
+            one = "reference" if key.rsplit("/", 1)[-1] == STOCK.name else "-"
+        if t.get("errors"):
+            one += f"; {len(t['errors'])} request errors"
+        c = t.get("concurrent")
+        conc = f"{c['completed']} / {c['aborted']} / {len(c['errors'])}" if c else "-"
+        after = t.get("after_aborts")
+        if after is None:
+            after_cell = "reference" if c and key.rsplit("/", 1)[-1] == STOCK.name else "-"
+        else:
+            after_cell = ("identical" if after["identical"] else "differs") + ("" if after["evidence"] else
+                                                                              " (no evidence: trie)")
+        lines.append(f"| {key} | {one} | {conc} | {'-' if not c else _yes(c['health'])} | "
+                     f"{t.get('tokens_after_drain', '-')} | {len(t.get('log_problems') or [])} | {after_cell} |")
+    return "\n".join(lines) + "\n\n"
+
+
 def markdown(cell_rows: list[dict], servers: dict[str, dict], identity: dict[str, dict]) -> str:
     """The report: one table of cells, one of servers (ready time, identity)."""
     lines = [

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One call on an offline CUDA machine (the device tool) around scripts/gpu_run.sh: sources the
+# FlashInfer bundle once, warms FlashInfer's sampling JIT beside the servers' start (sampled requests
+# under EAGLE-family speculation call it even with --sampling-backend pytorch), runs the e2e under an
+# inner timeout, then the GPU test files named in GPU_TESTS, and packs everything into one archive
+# under $OUT (a call returns at most 8 files).
+#   NAME=t4 E2E_TIMEOUT=480 E2E_ARGS="--configs standalone-t4-p16 ..." GPU_TESTS="tests/test_gpu_x.py" \
+#     bash scripts/device_call.sh
+# Without $OUT (another CUDA machine) the archive goes to gpu_out/.
+set -u
+cd "$(dirname "$0")/.."
+NAME=${NAME:-call}
+G=/tmp/hostsync-$NAME; rm -rf "$G"; mkdir -p "$G"
+source "${HOSTSYNC_BUNDLE:-.device-bundle-fi}/setup.sh" > "$G/bundle.log" 2>&1 || { cat "$G/bundle.log"; exit 1; }
+export PYTHONPATH=$PWD/tests:${PYTHONPATH:-} PYTHONUNBUFFERED=1 HOSTSYNC_GPU_TESTS=1
+export FLASHINFER_WORKSPACE_BASE="${FLASHINFER_WORKSPACE_BASE:-$HOME/.cache/sglang}"
+# The bundle's Rust radix-tree core rejects torch 2.11 tensors; SGLang's Python core works.
+export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=${SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND:-python}
+find sglang_hostsync_plugin -name '*.py' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16 > "$G/digest.txt"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$G/gpu.txt"
+(python3 - > "$G/flashinfer_warm.log" 2>&1 <<'PY'
+import time, torch, flashinfer.sampling as s
+t = time.perf_counter()
+p = torch.rand(2, 32000, device="cuda").softmax(-1)
+s.top_k_renorm_probs(p, 40); s.top_p_renorm_probs(p, 0.9); torch.cuda.synchronize()
+print(f"flashinfer sampling JIT ready in {time.perf_counter() - t:.1f} s")
+PY
+) &
+if [ -n "${E2E_ARGS:-}" ]; then
+  HOSTSYNC_BUNDLE=/nonexistent OUT=$G/run TESTS=0 BENCHES=e2e E2E_TIMEOUT=${E2E_TIMEOUT:-480} \
+    timeout $(( ${E2E_TIMEOUT:-480} + 45 )) bash scripts/gpu_run.sh > "$G/gpu_run.log" 2>&1
+  echo "gpu_run rc $?" >> "$G/gpu_run.log"
+  tail -1 "$G/gpu_run.log"
+  sed -n '/^## Real traffic/,/^| config/p' "$G/run/e2e/e2e.md" | head -30
+  sed -n '/^| config/,/^$/p' "$G/run/e2e/e2e.md" | head -20
+  grep -h "e2e\] .*\(FAILED\|DIED\|real-traffic failures\|checkpoints ready\)" "$G/gpu_run.log" | cut -c1-400 | head
+fi
+wait
+cat "$G/flashinfer_warm.log" | tail -2
+if [ -n "${GPU_TESTS:-}" ]; then
+  timeout "${TESTS_TIMEOUT:-150}" python3 -m pytest -q -rs -s -p no:cacheprovider $GPU_TESTS > "$G/gpu_tests.log" 2>&1
+  echo "gpu tests rc $?" >> "$G/gpu_tests.log"
+  grep -E "passed|failed|error" "$G/gpu_tests.log" | tail -5
+fi
+DEST=${OUT:-gpu_out}; mkdir -p "$DEST"
+tar -C /tmp -cJf "$DEST/$NAME.tar.xz" --exclude='*/models/*' --exclude='*.trace.tsv' "hostsync-$NAME"
