@@ -3,7 +3,10 @@ hands out, the capture/replay flow around fakes, the startup hook that keeps the
 and its rules (inert, unsafe pairs, setting) against SGLang 0.5.23's code. The joined graph
 itself runs in tests/test_gpu_eagle_step_graph.py (CUDA) and in the real-server e2e."""
 
+import collections
+import contextlib
 import inspect
+import re
 from types import SimpleNamespace as NS
 
 import pytest
@@ -30,7 +33,7 @@ class Mode:
 def batch(bs=2, **over):
     b = NS(forward_mode=Mode(), is_extend_in_batch=False, return_logprob=False, return_hidden_states=False,
            has_grammar=False, hisparse_coordinator=None, mamba_track_indices=None, input_ids=None,
-           seq_lens=torch.arange(bs) + 10, req_pool_indices=torch.arange(bs), orig_seq_lens=None,
+           seq_lens_cpu=None, multimodal_inputs=[None] * bs, seq_lens=torch.arange(bs) + 10, req_pool_indices=torch.arange(bs), orig_seq_lens=None,
            out_cache_loc=torch.arange(bs * 4).view(bs, 4),
            spec_info=NS(hidden_states=torch.zeros(bs, 8), topk_p=torch.ones(bs, 1),
                         topk_index=torch.zeros(bs, 1, dtype=torch.int64), is_verify_input=lambda: False),
@@ -68,6 +71,10 @@ def cpu_tensors(monkeypatch):
     ({"sampling__has_watermark_candidates": True}, "watermark"),
     ({"hisparse_coordinator": object()}, "hisparse"),
     ({"mamba_track_indices": torch.ones(2)}, "mamba"),
+    # --disable-overlap-schedule keeps the host lengths; the draft extend would stage the capture step's.
+    ({"seq_lens_cpu": torch.tensor([10, 11])}, "host sequence lengths"),
+    # An mrope model takes per-request position deltas where any request has multimodal inputs.
+    ({"multimodal_inputs": [None, object()]}, "multimodal inputs"),
 ])
 def test_steps_the_graph_cannot_hold_stay_eager(over, reason):
     assert sg.ineligible(WORKER, batch(), None) is None
@@ -91,6 +98,8 @@ def test_inputs_are_gathered_in_name_order_and_a_stray_device_tensor_is_named(cp
     assert sg.stray_input(sg.owners(b)) is None
     assert sg.stray_input(sg.owners(batch(spec__draft_probs=torch.ones(2, 4)))) == "SimpleNamespace.draft_probs"
     assert sg.stray_input(sg.owners(batch(engram_history=torch.ones(2)))) == "SimpleNamespace.engram_history"
+    assert sg.stray_input(sg.owners(batch(sampling__vocab_mask=torch.ones(2)))) == "SimpleNamespace.vocab_mask"
+    assert sg.stray_input(sg.owners(batch(seq_lens_cpu=torch.ones(2)))) == "SimpleNamespace.seq_lens_cpu"
 
 
 def test_a_layout_tells_presence_shape_and_dtype_apart():
@@ -151,7 +160,17 @@ def test_fingerprint_compares_float_bits():
 
 class FakeDriver:
     def __init__(self):
-        self.launched, self.destroyed = [], []
+        self.launched, self.destroyed, self.chained, self.ended = [], [], [], []
+
+    def nodes(self, graph):
+        return 1
+
+    def chain(self, graphs):
+        self.chained.append(graphs)
+        return 1, 200 + len(self.chained)
+
+    def end_capture(self, stream):
+        self.ended.append(stream)
 
     def launch(self, exe, stream):
         self.launched.append(exe)
@@ -167,7 +186,7 @@ def flow(monkeypatch, cpu_tensors):
     monkeypatch.setattr(sg, "stream_handle", lambda: 0)
     captured = []
 
-    def fake_capture(original, worker, b, tensors):
+    def fake_capture(original, worker, b, tensors, key):
         step = sg.StepGraph(len(b.seq_lens), [t.clone() for t in tensors], result(), [], 1, len(captured) + 100)
         captured.append(step)
         return step
@@ -203,13 +222,13 @@ def test_two_eager_steps_then_a_capture_then_replays(flow):
     assert len(calls) == sg.WARMUPS + 1 and len(r.warm) == 2
 
 
-def test_the_number_of_graphs_is_bounded(flow, monkeypatch):
+def test_the_number_of_graphs_is_bounded(flow):
     r, captured = flow
-    monkeypatch.setattr(sg, "MAX_GRAPHS", 2)
+    r.max_graphs = 2
     original, calls = eager_step()
     for bs in (1, 2, 3) * 3 + (3, 3):
         sg.step_hook(original, WORKER, batch(bs))
-    assert len(captured) == 2 and r.eager == {"2 step graphs held already": 3}  # bs 3 past its warm-up
+    assert len(captured) == 2 and r.eager == {f"2 step graphs held already ({sg.ENV_MAX})": 3}  # bs 3 past warm-up
 
 
 def test_each_batch_size_gets_its_own_graph_and_a_stale_one_is_dropped(flow, monkeypatch):
@@ -285,10 +304,10 @@ def test_the_check_counts_a_replay_that_differs_from_sglangs_step(flow):
     assert r.checks == 3 and r.tally.mismatches == 3
 
 
-def test_a_step_with_a_stray_input_retries_its_capture_only_after_more_eager_steps(flow, monkeypatch):
+def test_a_step_whose_capture_is_refused_retries_only_after_more_eager_steps(flow, monkeypatch):
     r, captured = flow
     tries = []
-    monkeypatch.setattr(sg, "capture", lambda original, worker, b, tensors: tries.append(1))  # returns None
+    monkeypatch.setattr(sg, "capture", lambda original, worker, b, tensors, key: tries.append(1))  # returns None
     original, calls = eager_step()
     for _ in range(3 * (sg.WARMUPS + 1)):
         sg.step_hook(original, WORKER, batch())
@@ -470,14 +489,17 @@ def test_capture_segments_alternate_with_the_runner_graphs():
     assert len([e for e in FakeGraph.log if e[0] == "end"]) == 4 and cap.current is None
 
 
-def test_a_runner_graph_not_kept_fails_the_capture_before_the_segment_ends():
+def test_a_runner_graph_not_kept_fails_the_capture_before_the_segment_ends(monkeypatch):
+    released = []
+    monkeypatch.setattr(sg, "capturing", lambda: False)
+    monkeypatch.setattr(sg, "release_pool", released.append)
     cap = sg.Capture("pool", new_graph=lambda: FakeGraph(fail_end=True))
     cap.open()
     with pytest.raises(RuntimeError, match="keep_graph"):
         cap.cut(NS(_graphs={1: FakeGraph(kept=False)}), 1)
     assert cap.current is not None and cap.parts == []
-    cap.abort()  # ends the open segment; its error is the capture's, already reported
-    assert cap.current is None
+    cap.abort(None)  # ends the open segment; its error is the capture's, already reported
+    assert cap.current is None and released == ["pool"]  # its capture_end raised: torch's pool routing undone
 
 
 def test_the_grammar_barrier_sglang_passes_every_step_does_not_keep_it_eager(flow):
@@ -490,3 +512,346 @@ def test_the_grammar_barrier_sglang_passes_every_step_does_not_keep_it_eager(flo
     assert len(captured) == 1 and r.replays == 3 and not r.eager
     sg.step_hook(original, WORKER, batch(has_grammar=True), grammar_barrier=lambda: None)
     assert r.eager == {"a grammar": 1}
+
+
+# --- SGLang settings the branch reads per step or returns per step (review of 2026-12-06) ---
+
+
+def test_the_fields_the_rules_read_are_sglangs():
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+    assert {"seq_lens_cpu", "multimodal_inputs", "hisparse_coordinator", "mamba_track_indices",
+            "return_logprob", "return_hidden_states"} <= set(ScheduleBatch.__dataclass_fields__)
+
+
+def test_sglang_stages_host_lengths_and_mrope_deltas_on_those_fields():
+    """The two per-step rules stand on these branches of SGLang's step (0.5.23)."""
+    from sglang.srt.speculative import eagle_worker_common as common
+
+    src = inspect.getsource(common)
+    assert "gpu_only = batch.seq_lens_cpu is None" in src
+    assert src.count("all(x is None for x in batch.multimodal_inputs)") == 2
+
+
+@pytest.mark.parametrize("args, reason", [
+    ({}, None),
+    ({"disable_overlap_schedule": True}, "--disable-overlap-schedule"),
+    ({"speculative_adaptive": True}, "--speculative-adaptive"),
+    ({"enable_return_routed_experts": True}, "--enable-return-routed-experts"),
+    ({"enable_return_indexer_topk": True}, "--enable-return-indexer-topk"),
+    ({"expert_distribution_recorder_mode": "stat"}, "expert distribution"),  # (EPLB's resolution sets it too)
+])
+def test_server_settings_that_keep_sglangs_step(args, reason):
+    """Checked in the scheduler against SGLang's published config (the startup facts ``inert`` sees
+    do not hold them)."""
+    from sglang.srt.runtime_context import get_context
+
+    try:
+        ctx = get_context().override_server_args(**args)
+        ctx.__enter__()
+    except Exception as exc:  # an argument combination SGLang itself refuses on one GPU
+        pytest.skip(f"SGLang refuses {args}: {exc}")
+    try:
+        got = sg.unsupported(WORKER)
+    finally:
+        ctx.__exit__(None, None, None)
+    assert (got is None) if reason is None else (reason in got), got
+
+
+def test_a_runner_capture_after_startup_drops_every_step_graph(flow):
+    """A weight update with recapture_cuda_graph builds a new runner (its constructor re-allocates the
+    attention backend's graph buffers) whose graphs are captured through capture_one: the step graphs
+    joined from the old runner must go, with the runners they hold, and be captured again."""
+    r, captured = flow
+    original, calls = eager_step()
+    for bs in (1, 2) * (sg.WARMUPS + 2):
+        sg.step_hook(original, WORKER, batch(bs))
+    assert len(r.graphs) == 2 and r.driver.launched == [100, 101] * 2
+    r.pool, r.pool_bytes = "pool", 1 << 20
+    __import__(sg.BACKEND_MODULE, fromlist=["x"])  # (keep_hook swaps its module's torch)
+    new_runner = NS(_graphs={})
+    sg.keep_hook(lambda self, key, fn, ci=None, ph=None: self._graphs.setdefault(key, None), new_runner, 1, None)
+    assert r.graphs == {} and sorted(r.driver.destroyed) == [100, 101] and r.warm == {}
+    assert r.pool is None and r.pool_bytes == 0  # a fresh pool; the old one goes with its graphs
+    launched = len(r.driver.launched)
+    sg.step_hook(original, WORKER, batch(1))
+    assert len(r.driver.launched) == launched and len(calls) == 2 * sg.WARMUPS + 1  # eager: warm-up again
+    for _ in range(sg.WARMUPS):
+        sg.step_hook(original, WORKER, batch(1))
+    assert len(captured) == 3 and r.driver.launched[-1] == 102
+
+
+@pytest.mark.parametrize("owner", ["", "spec", "sampling"])
+def test_a_stray_device_tensor_keeps_that_step_eager_after_the_capture(flow, owner):
+    """The promise holds per step, not only at the capture: the graph copies only the named inputs."""
+    r, captured = flow
+    original, calls = eager_step()
+    for _ in range(sg.WARMUPS + 1):
+        sg.step_hook(original, WORKER, batch())
+    assert r.replays == 1
+    name = f"{owner}__extra_mask" if owner else "extra_mask"
+    sg.step_hook(original, WORKER, batch(**{name: torch.ones(2)}))
+    assert r.replays == 1 and len(calls) == sg.WARMUPS + 1
+    assert r.eager == {"the step reads SimpleNamespace.extra_mask": 1}
+    sg.step_hook(original, WORKER, batch())
+    assert r.replays == 2
+
+
+def test_settings():
+    assert sg.max_graphs({}) == sg.MAX_GRAPHS == 16 and sg.max_graphs({sg.ENV_MAX: "4"}) == 4
+    for bad in ("0", "-2", "many"):
+        with pytest.raises(ValueError):
+            sg.max_graphs({sg.ENV_MAX: bad})
+    assert sg.settings({sg.ENV_CHECK: "3", sg.ENV_MAX: "5"}) == (3, 5)
+
+
+def test_prepare_sets_the_graph_limit(monkeypatch):
+    r = sg.Route()
+    monkeypatch.setattr(sg, "_route", r)
+    monkeypatch.setenv(sg.ENV_MAX, "6")
+    monkeypatch.delenv(sg.ENV_CHECK, raising=False)
+    assert "at most 6 step graphs" in sg.prepare(None) and r.max_graphs == 6 and r.check == 0
+
+
+# --- the real capture() over fakes of torch's CUDA calls ---
+
+
+class SideStream:
+    """Stands for the capture stream and the allocator routing: what torch's CUDAGraph checks."""
+
+    def __init__(self, log):
+        self.log, self.current, self.capturing, self.routed = log, False, False, 0
+
+    @contextlib.contextmanager
+    def enter(self, stream):
+        self.log.append("enter")
+        self.current = True
+        try:
+            yield
+        finally:
+            self.current = False
+            self.log.append("exit")
+
+
+class TorchGraph:
+    """torch.cuda.CUDAGraph's order: capture_end raises before ending the stream's capture when called
+    on another stream; ``invalid`` raises from the end itself (the stream leaves capture, the allocator
+    routing stays)."""
+
+    def __init__(self, side, invalid=False):
+        self.side, self.invalid = side, invalid
+
+    def capture_begin(self, pool=None, capture_error_mode="global"):
+        self.side.log.append("begin")
+        self.side.capturing, self.side.routed = True, self.side.routed + 1
+
+    def capture_end(self):
+        if not self.side.current:
+            raise RuntimeError("Capture must end on the same stream it began on.")
+        self.side.capturing = False
+        if self.invalid:
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+        self.side.routed -= 1
+        self.side.log.append("end")
+
+    def raw_cuda_graph(self):
+        return id(self)
+
+
+@pytest.fixture
+def gpu(monkeypatch, cpu_tensors):
+    log = []
+    side = SideStream(log)
+    driver = FakeDriver()
+    r = sg.Route(driver=driver, stream="side stream")
+    grown = iter(range(0, 1 << 40, 1 << 20))  # 1 MiB more reserved at each reading
+    monkeypatch.setattr(sg, "_route", r)
+    monkeypatch.setattr(sg, "unsupported", lambda worker: None)
+    monkeypatch.setattr(sg, "stream_handle", lambda: 7)
+    monkeypatch.setattr(sg, "side_stream", side.enter)
+    monkeypatch.setattr(sg, "new_graph", lambda: TorchGraph(side))
+    monkeypatch.setattr(sg, "capturing", lambda: side.capturing)
+    monkeypatch.setattr(sg, "reserved", lambda: next(grown))
+    monkeypatch.setattr(sg.torch.cuda, "graph_pool_handle", lambda: f"pool {len(log)}")
+
+    def release_pool(pool):
+        log.append(("release", pool))
+        side.routed = 0
+
+    def end_capture(stream):
+        driver.ended.append(stream)
+        side.capturing = False
+
+    monkeypatch.setattr(sg, "release_pool", release_pool)
+    driver.end_capture = end_capture
+    return r, side
+
+
+RUNNERS = [NS(_graphs=collections.defaultdict(lambda: TorchGraph(None)),
+              _outputs=collections.defaultdict(lambda: "static out")) for _ in range(3)]
+
+
+def sglang_step(fail_at=None, out=result):
+    """A step shaped like EAGLE v2's branch: the three runner replays, fields of the batch rebound
+    (the scheduler's isolation restores them), a result. ``fail_at``: a batch size whose step raises
+    under capture (a host sync, say) but runs eagerly. ``step.seen``: the (lengths, draft input) each
+    call found on the batch."""
+    calls, seen = [], []
+
+    def step(worker, b, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
+        calls.append(sg._route.capture is not None)
+        seen.append((b.seq_lens, b.spec_info))
+        bs = len(b.seq_lens)
+        for runner in RUNNERS:
+            sg.replay_hook(lambda self, key, fb, **kw: "replayed", runner, bs, None)
+            if sg._route.capture is not None and bs == fail_at:
+                raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+        b.spec_info, b.seq_lens, b.input_ids = "verify input", b.seq_lens + 1, torch.zeros(bs)
+        return out()
+
+    step.seen = seen
+    return step, calls
+
+
+def test_a_capture_restores_every_field_the_branch_rebinds(gpu):
+    r, side = gpu
+    step, calls = sglang_step()
+    b = batch()
+    before = dict(vars(b)), dict(vars(b.spec_info)), dict(vars(b.sampling_info))
+    for _ in range(sg.WARMUPS):
+        sg.step_hook(step, WORKER, batch())
+    sg.step_hook(step, WORKER, b)  # the capture, then its first launch
+    assert calls == [False] * sg.WARMUPS + [True] and r.replays == 1
+    after = dict(vars(b)), dict(vars(b.spec_info)), dict(vars(b.sampling_info))
+    for old, new in zip(before, after):
+        assert new.keys() == old.keys() and all(new[k] is old[k] for k in old)  # the scheduler's own tensors
+
+
+def test_a_failed_capture_is_ended_on_its_stream_and_only_that_key_stays_eager(gpu, caplog):
+    r, side = gpu
+    step, calls = sglang_step(fail_at=2)
+    b = batch(2)
+    own = b.seq_lens, b.spec_info
+    for _ in range(sg.WARMUPS):
+        sg.step_hook(step, WORKER, batch(2))
+    sg.step_hook(step, WORKER, b)  # the capture fails; SGLang's step runs on the scheduler's own fields
+    assert step.seen[-2][0] is not own[0] and step.seen[-1][0] is own[0] and step.seen[-1][1] is own[1]
+    sg.step_hook(step, WORKER, batch(2))  # (warm-up restarted: eager)
+    # Ended inside the stream block, so torch's same-stream check passes and the stream leaves capture.
+    assert side.log == ["enter", "begin", "end", "begin", "end", "exit"]  # raised after the first runner
+    assert not side.capturing and side.routed == 0 and r.driver.ended == []
+    key = (2, sg.gather(sg.owners(batch(2)))[0])
+    assert r.failures == {key: 1} and r.failed == 1 and not r.disabled and r.pool is None
+    assert calls == [False] * sg.WARMUPS + [True, False, False] and r.replays == 0  # the failed step ran eagerly
+    # Another batch size is captured and replayed; the failed one retries once more, then stays SGLang's.
+    for _ in range(sg.WARMUPS + 2):
+        sg.step_hook(step, WORKER, batch(3))
+    assert r.replays == 2 and list(r.graphs) == [(3, sg.gather(sg.owners(batch(3)))[0])]
+    for _ in range(sg.WARMUPS + 3):
+        sg.step_hook(step, WORKER, batch(2))
+    assert r.failures == {key: sg.MAX_FAILURES} and r.eager == {f"bs 2: its capture failed {sg.MAX_FAILURES} times": 3}
+    assert "capturing the bs 2 step failed (1 of 2" in caplog.text
+
+
+def test_a_capture_whose_end_raises_leaves_the_stream_and_the_pool_routing_clean(gpu, monkeypatch):
+    """torch raised from the end itself (an invalidated capture): the stream is checked and ended
+    through the driver if still capturing, and torch's routing of allocations to the pool undone."""
+    r, side = gpu
+    monkeypatch.setattr(sg, "new_graph", lambda: TorchGraph(side, invalid=True))
+    step, calls = sglang_step(fail_at=2)
+    for _ in range(sg.WARMUPS + 1):
+        sg.step_hook(step, WORKER, batch(2))
+    assert not side.capturing and side.routed == 0 and ("release", "pool 0") in side.log
+    assert r.failed == 1 and r.graphs == {}
+
+
+def test_the_stream_is_ended_by_the_driver_when_torch_could_not(gpu, monkeypatch):
+    r, side = gpu
+
+    class Stuck(TorchGraph):
+        def capture_end(self):
+            raise RuntimeError("an error before cudaStreamEndCapture")
+
+    monkeypatch.setattr(sg, "new_graph", lambda: Stuck(side))
+    step, calls = sglang_step(fail_at=2)
+    for _ in range(sg.WARMUPS + 1):
+        sg.step_hook(step, WORKER, batch(2))
+    assert r.driver.ended == [7] and not side.capturing and side.routed == 0
+
+
+def test_failed_captures_in_all_are_bounded(gpu):
+    r, side = gpu
+    step, calls = sglang_step(fail_at=None)
+    failing = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("capture failed"))  # noqa: E731
+    original = lambda worker, b, *a: (failing() if sg._route.capture is not None else step(worker, b))  # noqa: E731
+    for bs in range(1, sg.MAX_FAILED + 2):
+        for _ in range(sg.WARMUPS + 1):
+            sg.step_hook(original, WORKER, batch(bs))
+    assert r.failed == sg.MAX_FAILED and "captures failed" in r.disabled
+    assert r.eager.get("capture off") == sg.WARMUPS + 1
+
+
+def test_captures_count_graphs_and_pool_growth_in_the_log(gpu, caplog):
+    r, side = gpu
+    step, calls = sglang_step()
+    caplog.set_level("INFO", logger="sglang.srt.plugins.hostsync")
+    for bs in (1, 2):
+        for _ in range(sg.WARMUPS + 1):
+            sg.step_hook(step, WORKER, batch(bs))
+    assert len(r.graphs) == 2 and r.pool_bytes == 2 << 20
+    assert "1 graphs, pool 1.0 MiB" in caplog.text and "2 graphs, pool 2.0 MiB" in caplog.text
+    assert "1 steps replayed (1 graphs, pool 1.0 MiB)" in caplog.text
+
+
+def host_read_fields():
+    """What the scheduler reads of a step's result, from SGLang's own code: the fields
+    ``GenerationBatchResult.copy_to_cpu`` reads (after the next step was launched, on the copy
+    stream), and ``new_seq_lens`` (published, the next step's lengths); and the logits output's."""
+    from sglang.srt.managers.utils import GenerationBatchResult as Result
+
+    src = inspect.getsource(Result.copy_to_cpu) + inspect.getsource(Result.copy_auxiliary_output_to_cpu)
+    fields = set(Result.__dataclass_fields__)
+    read = ({m for m in re.findall(r"self\.(\w+)", src) if m in fields} | {"new_seq_lens"}) - {"copy_done"}
+    logits = set(re.findall(r"self\.logits_output\.(\w+)", src))
+    assert {"next_token_ids", "accept_lens", "routed_experts_output", "logits_output"} <= read
+    return read - {"logits_output"}, logits
+
+
+def test_every_output_the_scheduler_reads_is_handed_out_fresh_or_keeps_sglangs_step():
+    """Independent of the slot's own lists: each field SGLang's result processing reads, set on the
+    captured result, is either a new tensor per replay (equal, not the captured one, which the next
+    replay overwrites) or turns the step graph down."""
+    read, logits = host_read_fields()
+    for name in sorted(read):
+        captured = result()
+        if getattr(captured, name, None) is None:
+            setattr(captured, name, torch.arange(3) + 7)
+        if sg.side_output(captured) == name:
+            continue
+        assert sg.side_output(captured) is None, name
+        got, kept = getattr(sg.StepGraph(3, [], captured, [], 0, 0).output(), name), getattr(captured, name)
+        assert torch.is_tensor(got) and got is not kept and got.data_ptr() != kept.data_ptr(), name
+        assert torch.equal(got, kept), name
+    # Logprobs and hidden states are read only where the batch asks for them: those steps stay eager.
+    on_request = {n for n in logits if "logprob" in n or n == "hidden_states"}
+    assert on_request and sg.ineligible(WORKER, batch(return_logprob=True), None)
+    assert sg.ineligible(WORKER, batch(return_hidden_states=True), None)
+    for name in sorted(logits - on_request):
+        captured = result()
+        captured.logits_output = NS(**{name: object()})
+        assert sg.side_output(captured) == f"logits_output.{name}"
+
+
+def test_a_step_returning_routed_experts_stays_sglangs(gpu):
+    r, side = gpu
+
+    def with_experts():
+        out = result()
+        out.routed_experts_output = NS(topk_ids=torch.zeros(3, 8))
+        return out
+
+    step, calls = sglang_step(out=with_experts)
+    for _ in range(sg.WARMUPS + 3):
+        sg.step_hook(step, WORKER, batch())
+    assert r.replays == 0 and r.graphs == {} and "routed_experts_output" in r.disabled
+    assert r.eager == {"capture off": 2} and len(calls) == sg.WARMUPS + 1 + 1 + 2

@@ -2,14 +2,18 @@
 eager glue around three kept "runner" graphs replayed through ``replay_hook``, as SGLang's
 ``FullCudaGraphBackend`` does. The joined graph is bit-identical to the eager step over random
 steps and batch sizes (fresh input tensors each step), makes no host sync, hands out fresh
-result tensors, publishes each step's lengths, rejoins after a runner re-captures, and its
-eager self-check counts no mismatch. The real-server proof is the e2e with the slot
+result tensors, publishes each step's lengths, rejoins after a runner re-captures, drops its
+graphs (and the old runner) when a runner is replaced with new weights, leaves the stream usable
+after a capture that fails (a host sync in the step) and runs that step eagerly, and its eager
+self-check counts no mismatch. The real-server proof is the e2e with the slot
 (greedy outputs identical to stock, the check on); see docs/host-work.md.
 
 Skipped without CUDA (CI); run on the H200 by scripts/gpu_run.sh."""
 
+import gc
 import random
 import time
+import weakref
 from types import SimpleNamespace as NS
 
 import pytest
@@ -24,11 +28,11 @@ HIDDEN, VOCAB, MAX_BS, STEPS = 64, 512, 4, 4
 class Runner:
     """A FullCudaGraphBackend stand-in: one kept graph per batch size over static buffers."""
 
-    def __init__(self, weight, pool):
+    def __init__(self, weight, pool, capture=True):
         self.weight, self.pool = weight, pool
         self.static_in = torch.zeros(MAX_BS, HIDDEN, device="cuda")
         self._graphs, self._outputs = {}, {}
-        for bs in range(1, MAX_BS + 1):
+        for bs in range(1, MAX_BS + 1) if capture else ():
             self.capture(bs)
 
     def capture(self, bs):
@@ -49,6 +53,7 @@ class Runner:
 class Worker:
     topk, speculative_num_steps = 1, STEPS - 1
     draft_worker = NS(seed_dsa_topk_from_draft_extend=False)
+    sync_at = None  # a batch size whose step makes a host sync (which no capture can hold)
 
     def __init__(self):
         gen = torch.Generator(device="cuda").manual_seed(0)
@@ -76,6 +81,8 @@ def stand_in_step(worker, batch, on_publish=None, grammar_barrier=None, pp_proxy
         r.current_bs = bs
     worker.draft.static_in[:bs].copy_(spec.hidden_states + batch.seq_lens[:, None].float() / 64)
     drafted = replay(worker.draft)
+    if bs == worker.sync_at:
+        int(drafted.sum())  # a host sync between the runners: raises under capture
     draft_tokens = torch.argmax(drafted @ worker.lm_head, dim=-1).to(torch.int32)
     worker.verify.static_in[:bs].copy_(drafted + spec.topk_p)
     verified = replay(worker.verify)
@@ -110,7 +117,7 @@ def make_batch(bs, gen):
     return NS(
         forward_mode=Mode(), is_extend_in_batch=False, return_logprob=False, return_hidden_states=False,
         has_grammar=False, hisparse_coordinator=None, mamba_track_indices=None, input_ids=None,
-        seq_lens=seq_lens, req_pool_indices=torch.randperm(64, device="cuda", generator=gen)[:bs],
+        seq_lens_cpu=None, multimodal_inputs=[None] * bs, seq_lens=seq_lens, req_pool_indices=torch.randperm(64, device="cuda", generator=gen)[:bs],
         orig_seq_lens=seq_lens.clone(), out_cache_loc=torch.randint(0, 10**6, (bs, STEPS), device="cuda", generator=gen),
         spec_info=NS(hidden_states=torch.randn(bs, HIDDEN, device="cuda", generator=gen),
                      topk_p=torch.rand(bs, 1, device="cuda", generator=gen),
@@ -194,6 +201,60 @@ def test_a_runner_that_recaptures_is_joined_again(route):
     for _ in range(sg.WARMUPS + 1):
         run_steps(worker, 1, NS(randint=lambda a, b: 3), gen, route)  # still identical meanwhile
     assert route.graphs[key] is not first and route.graphs[key].current()
+
+
+def fixed(bs):
+    return NS(randint=lambda a, b: bs)
+
+
+def test_a_replaced_runner_drops_the_step_graphs(route):
+    """A weight update with recapture_cuda_graph: SGLang builds a new runner (new weights, new static
+    buffers) and captures its graphs through capture_one (keep_hook). The step graphs joined from the
+    old runner go, with it; the next steps are the new runner's, bit-identical to eager."""
+    worker = Worker()
+    gen = torch.Generator(device="cuda").manual_seed(23)
+    run_steps(worker, sg.WARMUPS + 2, fixed(3), gen, route)
+    assert route.replays == 2 and len(route.graphs) == 1
+    old = weakref.ref(worker.verify)
+    __import__(sg.BACKEND_MODULE, fromlist=["x"])  # (keep_hook swaps its module's torch for the call)
+    weight = torch.randn(HIDDEN, HIDDEN, device="cuda", generator=gen) / 8
+    worker.verify = Runner(weight, worker.verify.pool, capture=False)
+    for bs in range(1, MAX_BS + 1):
+        sg.keep_hook(lambda self, key, fn, ci=None, ph=None: self.capture(key), worker.verify, bs, None)
+    assert not route.graphs and not route.warm
+    gc.collect()
+    assert old() is None  # the old runner, its graphs and its static buffers are freed
+    junk = torch.full((MAX_BS * 64, HIDDEN), float("nan"), device="cuda")  # (reuses what was freed)
+    run_steps(worker, sg.WARMUPS + 3, fixed(3), gen, route)  # eager, then a new capture: all identical
+    assert route.replays == 5 and len(route.graphs) == 1 and next(iter(route.graphs.values())).current()
+    del junk
+
+
+def test_a_capture_that_fails_leaves_the_stream_usable_and_its_step_eager(route):
+    """A host sync inside the step (between two runner replays) fails its capture: the capture stream
+    leaves capture mode, that step and its batch size run SGLang's step (bit-identical), another batch
+    size is still captured and replayed, and the failed one is retried at most MAX_FAILURES times."""
+    worker = Worker()
+    worker.sync_at = 2
+    gen = torch.Generator(device="cuda").manual_seed(29)
+    run_steps(worker, sg.WARMUPS + 1, fixed(2), gen, route)  # the third step's capture fails
+    (key,) = route.failures
+    assert route.failures[key] == 1 and route.failed == 1 and not route.disabled and route.replays == 0
+    with torch.cuda.stream(route.stream):
+        assert not torch.cuda.is_current_stream_capturing()
+        x = torch.arange(8, device="cuda") * 2
+    route.stream.synchronize()
+    assert int(x.sum()) == 56
+    torch.cuda.synchronize()
+    run_steps(worker, sg.WARMUPS + 3, fixed(3), gen, route)  # another batch size: captured and replayed
+    assert route.replays == 3 and len(route.graphs) == 1 and route.pool_bytes > 0
+    run_steps(worker, sg.WARMUPS + 3, fixed(2), gen, route)  # retried once more, then SGLang's for good
+    assert route.failures[key] == sg.MAX_FAILURES and route.replays == 3 and not route.disabled
+    assert route.eager == {f"bs 2: its capture failed {sg.MAX_FAILURES} times": 2}
+    run_steps(worker, 2, fixed(3), gen, route)
+    assert route.replays == 5
+    print(f"eagle_step_graph: pool grown by {route.pool_bytes / 2**20:.1f} MiB for {len(route.graphs)} graph(s) "
+          f"and {route.failed} failed captures")
 
 
 def test_an_input_of_another_shape_gets_its_own_graph(route):

@@ -18,21 +18,48 @@ the same graphs, unchanged) into one graph per batch size. Each later step of th
 The step stays on SGLang's eager path (counted by reason) unless every Python-visible decision
 of the branch is fixed by the batch size: decode (not idle, not extend), topk 1, drafting on,
 no PP, greedy sampling, no logprobs / hidden states / grammar / penalties / logit bias /
-watermark / hisparse / mamba tracking, and no CUDA tensor on those three objects besides the
-named inputs, each with the shape it had at capture. SGLang's simulated acceptance
-(``SGLANG_SIMULATE_ACC_LEN``, benchmarks only) draws its length on the host: the slot is inert
-unless that draw is constant (an integral length with the default ``match-expected``).
+watermark / hisparse / mamba tracking / multimodal inputs (an mrope model's text-only position
+path is the one captured), no host copy of the sequence lengths (``seq_lens_cpu``, kept without
+overlap scheduling: the draft extend would stage the capture step's lengths), and no CUDA tensor
+on those three objects besides the named inputs, each with the shape it had at capture (checked
+on every step: one pass over the three objects' attributes, a few µs). Server-wide, checked once
+in the scheduler before the first capture (their facts are not among the startup facts the slot's
+``inert`` sees): PP, rejection sampling, DSA top-k seeding, no overlap scheduling,
+``--speculative-adaptive`` (it changes the step count at run time), and what a replay would hand
+out stale (``--enable-return-routed-experts``, ``--enable-return-indexer-topk``, expert
+distribution recording / EPLB). A captured step whose result carries any other output the
+scheduler reads (``GenerationBatchResult.copy_to_cpu``) besides the three cloned ones turns the
+slot off. SGLang's simulated acceptance (``SGLANG_SIMULATE_ACC_LEN``, benchmarks only) draws its
+length on the host: the slot is inert unless that draw is constant (an integral length with the
+default ``match-expected``).
 
 Each batch size's first two eligible steps run eagerly (Triton compiles, allocations), the
 third is captured (torch's capture on a side stream; the runners' graphs are kept at startup,
-``keep_graph=True``, so they can be children), then replayed. A failed capture leaves SGLang's
-path for good, with a warning. A runner that re-captures its graphs drops the joined graph.
+``keep_graph=True``, so they can be children), then replayed. A capture that raises is ended on
+its own stream (inside the stream block; if torch raised before ending it, the driver ends it) and
+torch's pool routing for it is undone; that batch size and layout is tried again after as many
+eager steps, at most ``MAX_FAILURES`` times, and ``MAX_FAILED`` failures in all turn capturing off.
+Any runner capture after startup (SGLang re-capturing or replacing a runner: a weight update with
+``recapture_cuda_graph``, whose new runner re-allocates the attention backend's graph buffers)
+drops every step graph and the runner graphs they hold; a runner that re-captures one shape in
+place drops the graphs joined from it.
+
+Memory: the step graphs' tensors live in a private pool outside SGLang's ``--mem-fraction-static``
+budget: each graph keeps the inputs it reads and the outputs it writes (tensors of batch-size x
+hidden-size order), and the pool keeps the largest step's temporaries (graphs replay one at a time
+on one stream, so their temporaries share blocks); a failed capture's temporaries stay in the pool
+it used. At most ``SGLANG_HOSTSYNC_STEP_GRAPH_MAX`` graphs (default 16) are captured per process;
+the capture and replay log lines give the graph count and the pool's growth (reserved bytes over
+the captures). Budget that figure as GPU memory outside SGLang's: lower ``--mem-fraction-static``
+by it where the GPU is full, or lower the graph limit.
 
 ``SGLANG_HOSTSYNC_STEP_GRAPH_CHECK=N`` (default 0, off): after every Nth replay SGLang's eager step
 runs on the same batch and its outputs (next tokens, accept lengths, new sequence lengths, the next
 draft input) are compared with the replay's on the device (the glue slots' ``run_check``); serving
 gets SGLang's result on those steps; the mismatch count comes back without waiting for the GPU and
 is logged. Opt-in, not in any preset.
+``SGLANG_HOSTSYNC_STEP_GRAPH_MAX=N`` (default 16): the most step graphs held; batch sizes and layouts
+past it stay eager.
 Hook targets: ``EAGLEWorkerV2.forward_batch_generation``, ``FullCudaGraphBackend.capture_one``
 and ``FullCudaGraphBackend.replay`` (AROUND).
 """
@@ -58,8 +85,11 @@ WORKER = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2"
 BACKEND_MODULE = "sglang.srt.model_executor.runner_backend.full_cuda_graph_backend"
 BACKEND = f"{BACKEND_MODULE}.FullCudaGraphBackend"
 ENV_CHECK = "SGLANG_HOSTSYNC_STEP_GRAPH_CHECK"
+ENV_MAX = "SGLANG_HOSTSYNC_STEP_GRAPH_MAX"
 WARMUPS = 2
-MAX_GRAPHS = 64  # per process: batch sizes x input layouts
+MAX_GRAPHS = 16  # default of ENV_MAX, per process: batch sizes x input layouts
+MAX_FAILURES = 2  # failed captures of one batch size and layout before it stays SGLang's
+MAX_FAILED = 8  # failed captures in all before capturing stops
 
 # The tensors a topk-1 decode step reads from the scheduler's objects (batch, draft input,
 # sampling info); any other CUDA tensor there keeps the step eager.
@@ -70,12 +100,28 @@ SAMPLING_INPUTS = ("temperatures", "top_ps", "top_ks", "min_ps", "sampling_seed"
 INPUTS = (BATCH_INPUTS, DRAFT_INPUTS, SAMPLING_INPUTS)
 # Read on the host or on the copy stream after the next step was launched: cloned per step.
 CLONED = ("next_token_ids", "accept_lens", "new_seq_lens")
+# The rest of what the scheduler reads of a result (``GenerationBatchResult.copy_to_cpu``, where
+# logprobs and hidden states are per-step rules above); a captured result carrying any of them
+# turns the slot off: a replay would hand out the capture step's objects.
+SIDE_OUTPUTS = ("block_accept_lens", "cap_lens", "routed_experts_output", "indexer_topk_output",
+                "expert_distribution_metrics", "auxiliary_host_output")
+LOGITS_SIDE_OUTPUTS = ("sampling_mask_output", "auxiliary_device_output")
 
 
 def check_every(env=None) -> int:
     from ..config import env_count
 
     return env_count(ENV_CHECK, 0, env, minimum=0, hint="use 0 (off) or a positive number of replayed steps")
+
+
+def max_graphs(env=None) -> int:
+    from ..config import env_count
+
+    return env_count(ENV_MAX, MAX_GRAPHS, env, minimum=1, hint="use a positive number of step graphs")
+
+
+def settings(env=None) -> tuple[int, int]:
+    return check_every(env), max_graphs(env)
 
 
 # --- the driver calls that join graphs (torch has no API for child graph nodes) ---
@@ -85,7 +131,7 @@ class Driver:
     def __init__(self):
         lib = ctypes.CDLL("libcuda.so.1")
         for name in ("cuGraphCreate", "cuGraphAddChildGraphNode", "cuGraphInstantiateWithFlags", "cuGraphLaunch",
-                     "cuGraphExecDestroy", "cuGraphDestroy", "cuGraphGetNodes"):
+                     "cuGraphExecDestroy", "cuGraphDestroy", "cuGraphGetNodes", "cuStreamEndCapture"):
             getattr(lib, name).restype = ctypes.c_int
         self.lib = lib
 
@@ -125,8 +171,50 @@ class Driver:
         self.lib.cuGraphExecDestroy(ctypes.c_void_p(exe))
         self.lib.cuGraphDestroy(ctypes.c_void_p(parent))
 
+    def end_capture(self, stream: int) -> None:
+        """End ``stream``'s capture whatever its state, and drop the (partial) graph."""
+        graph = ctypes.c_void_p()
+        self.lib.cuStreamEndCapture(ctypes.c_void_p(stream), ctypes.byref(graph))
+        if graph.value:
+            self.lib.cuGraphDestroy(graph)
 
-# --- segmented capture ---
+
+# --- segmented capture (torch's CUDA calls behind small functions, replaced by fakes in CPU tests) ---
+
+
+def new_graph():
+    return torch.cuda.CUDAGraph(keep_graph=True)
+
+
+def stream_handle() -> int:
+    return torch.cuda.current_stream().cuda_stream
+
+
+def side_stream(stream):
+    """The capture's stream as the current one, after the work queued so far (the input copies)."""
+    stream.wait_stream(torch.cuda.current_stream())
+    return torch.cuda.stream(stream)
+
+
+def capturing() -> bool:
+    return torch.cuda.is_current_stream_capturing()
+
+
+def reserved() -> int:
+    return torch.cuda.memory_reserved()
+
+
+def release_pool(pool) -> None:
+    """Undo what torch's ``capture_begin`` set up for ``pool`` where its ``capture_end`` raised before
+    undoing it: the allocator routing the stream's allocations to the pool (a second capture into it
+    would be refused) and the graph's share of the pool (its ``reset`` releases it only after a capture
+    that ended). Nothing where ``capture_end`` got that far."""
+    device = torch.cuda.current_device()
+    try:
+        torch._C._cuda_endAllocateToPool(device, pool)
+    except Exception:  # noqa: BLE001 (not routing to the pool: capture_end undid it itself)
+        return
+    torch._C._cuda_releasePool(device, pool)
 
 
 class Capture:
@@ -135,7 +223,7 @@ class Capture:
 
     def __init__(self, pool, new_graph=None):
         self.pool = pool
-        self.new_graph = new_graph or functools.partial(torch.cuda.CUDAGraph, keep_graph=True)
+        self.new_graph = new_graph or globals()["new_graph"]
         self.parts: list[tuple] = []
         self.current = None
 
@@ -146,8 +234,8 @@ class Capture:
         self.current = graph
 
     def close(self) -> None:
+        self.current.capture_end()  # (if it raises, the segment stays open for abort)
         graph, self.current = self.current, None
-        graph.capture_end()
         self.parts.append(("segment", graph))
 
     def cut(self, backend, key) -> None:
@@ -157,13 +245,21 @@ class Capture:
         self.parts.append(("child", backend, key, graph))
         self.open()
 
-    def abort(self) -> None:
+    def abort(self, driver) -> None:
+        """End the open segment's capture after a failure. Called on the capture's stream (torch ends a
+        capture only on the stream it began on); afterwards the stream is out of capture mode even
+        where torch raised before ending it, and torch's pool routing for it is undone."""
         graph, self.current = self.current, None
+        ended = True
         if graph is not None:
             try:
                 graph.capture_end()
             except Exception:  # noqa: BLE001 (the capture already failed; its error is reported)
-                pass
+                ended = False
+        if capturing():
+            driver.end_capture(stream_handle())
+        if not ended:
+            release_pool(self.pool)
 
 
 def owners(batch) -> tuple:
@@ -174,11 +270,17 @@ def on_device(value) -> bool:
     return torch.is_tensor(value) and value.is_cuda
 
 
+_INPUT_SETS = tuple(map(frozenset, INPUTS))
+
+
 def stray_input(objs) -> str | None:
-    """A CUDA tensor on ``objs`` that is not one of the named inputs (the step might read it), or None."""
-    for obj, names in zip(objs, INPUTS):
-        for key, value in vars(obj).items():
-            if on_device(value) and key not in names:
+    """A CUDA tensor on ``objs`` that is not one of the named inputs (the step might read it), or None.
+    Every step: ``type(v) is Tensor`` first (``isinstance`` goes through torch's metaclass, 3x slower)."""
+    tensor = torch.Tensor
+    for obj, names in zip(objs, _INPUT_SETS):
+        state = vars(obj)
+        for key in [k for k, v in state.items() if type(v) is tensor]:
+            if key not in names and on_device(state[key]):
                 return f"{type(obj).__name__}.{key}"
     return None
 
@@ -239,6 +341,18 @@ class StepGraph:
         return out
 
 
+def side_output(result) -> str | None:
+    """An output of the captured step, besides the cloned ones, that the scheduler reads, or None."""
+    for name in SIDE_OUTPUTS:
+        if getattr(result, name, None) is not None:
+            return name
+    logits = getattr(result, "logits_output", None)
+    for name in LOGITS_SIDE_OUTPUTS:
+        if getattr(logits, name, None) is not None:
+            return f"logits_output.{name}"
+    return None
+
+
 def fingerprint(result) -> list[torch.Tensor]:
     """The step outputs the check compares, as raw bits (NaNs compare equal)."""
     nd = result.next_draft_input
@@ -251,12 +365,16 @@ def fingerprint(result) -> list[torch.Tensor]:
 @dataclass
 class Route:
     check: int = 0
+    max_graphs: int = MAX_GRAPHS
     graphs: dict = field(default_factory=dict)  # (batch size, input layout) -> StepGraph
     warm: dict = field(default_factory=dict)  # (batch size, input layout) -> eager eligible steps before capture
+    failures: dict = field(default_factory=dict)  # (batch size, input layout) -> failed captures
+    failed: int = 0  # failed captures in all
     capture: Capture | None = None  # set while a step is being captured
     disabled: str = ""  # why capture is off for good
     skip: set = field(default_factory=set)  # batch sizes left to SGLang (a runner cannot take them)
     pool: object = None
+    pool_bytes: int = 0  # reserved memory grown over the captures into the current pool(s)
     stream: object = None
     driver: Driver | None = None
     replays: int = 0
@@ -273,6 +391,22 @@ class Route:
         self.eager[reason] = n
         if n in (1, 100) or n % 10000 == 0:
             logger.info("hostsync: %s: %d steps stayed eager: %s (%d replayed so far)", NAME, n, reason, self.replays)
+
+    def held(self, new: int = 0) -> str:
+        return f"{len(self.graphs) + new} graphs, pool {self.pool_bytes / 2**20:.1f} MiB"
+
+    def drop(self, why: str) -> None:
+        """Destroy every step graph, with the runner graphs and runners they hold, and start over
+        (warm-up, batch sizes left to SGLang, a fresh pool: the old one is freed with its graphs)."""
+        if not self.graphs and not self.warm:
+            return
+        logger.info("hostsync: %s: %s: dropping %s", NAME, why, self.held())
+        for sg in self.graphs.values():
+            self.driver.destroy(sg.parent, sg.exe)
+        self.graphs.clear()
+        self.warm.clear()
+        self.skip.clear()
+        self.pool, self.pool_bytes = None, 0
 
 
 _route = Route()
@@ -300,6 +434,10 @@ def ineligible(worker, batch, pp_proxy_tensors) -> str | None:
         return "penalties, logit bias or watermark"
     if batch.hisparse_coordinator is not None or batch.mamba_track_indices is not None:
         return "hisparse or mamba state"
+    if batch.seq_lens_cpu is not None:  # (no overlap scheduling: the draft extend stages these host lengths)
+        return "host sequence lengths (seq_lens_cpu)"
+    if any(mm is not None for mm in batch.multimodal_inputs or ()):  # (mrope positions from per-request deltas)
+        return "multimodal inputs"
     return None
 
 
@@ -315,8 +453,9 @@ def _restore(saved) -> None:
 
 
 def unsupported(worker) -> str | None:
-    """Server-wide settings under which the branch decides per step on values a graph would freeze."""
-    from sglang.srt.runtime_context import get_parallel, get_spec
+    """Server-wide settings under which the branch decides per step on values a graph would freeze,
+    or returns outputs a replay would hand out stale."""
+    from sglang.srt.runtime_context import get_exec, get_parallel, get_schedule, get_spec
 
     if get_parallel().pp_size > 1:
         return "pipeline parallelism"
@@ -324,10 +463,19 @@ def unsupported(worker) -> str | None:
         return "rejection sampling (the draft extend samples)"
     if worker.draft_worker.seed_dsa_topk_from_draft_extend:
         return "DSA top-k seeding (the draft picks its path on the seed's presence)"
+    if get_schedule().disable_overlap_schedule:
+        return "--disable-overlap-schedule (the draft extend stages the host sequence lengths)"
+    if get_spec().speculative_adaptive:
+        return "--speculative-adaptive (the step count changes at run time)"
+    features = get_exec().features
+    if features.enable_return_routed_experts or features.enable_return_indexer_topk:
+        return "--enable-return-routed-experts / --enable-return-indexer-topk (per-step capture outputs)"
+    if get_exec().moe.expert_distribution_recorder_mode is not None:
+        return "expert distribution recording or EPLB (per-forward host bookkeeping)"
     return None
 
 
-def capture(original, worker, batch, tensors) -> StepGraph | None:
+def capture(original, worker, batch, tensors, key) -> StepGraph | None:
     """Capture this step (nothing runs on the GPU); None where it cannot be, after which the
     caller runs SGLang's step."""
     r = _route
@@ -337,52 +485,60 @@ def capture(original, worker, batch, tensors) -> StepGraph | None:
         logger.info("hostsync: %s: no step graph: %s", NAME, r.disabled)
         return None
     objs = owners(batch)
-    stray = stray_input(objs)
-    if stray:
-        r.count_eager(f"the step reads {stray}")
-        return None
     if r.driver is None:
         try:
-            r.driver, r.pool, r.stream = Driver(), torch.cuda.graph_pool_handle(), torch.cuda.Stream()
+            r.driver, r.stream = Driver(), torch.cuda.Stream()
         except Exception as exc:  # noqa: BLE001 (no driver graph API: SGLang's step, never a failed server)
             r.driver, r.disabled = None, f"the CUDA driver's graph API is not reachable: {type(exc).__name__}: {exc}"
             logger.warning("hostsync: %s: %s; SGLang's eager step from now on", NAME, r.disabled)
             return None
+    if r.pool is None:
+        r.pool = torch.cuda.graph_pool_handle()
     slots = [t.clone() for t in tensors]
     saved = _snapshot(objs)
     install(objs, slots)
     cap = Capture(r.pool)
-    r.stream.wait_stream(torch.cuda.current_stream())  # the input copies above
+    before = reserved()
     r.capture = cap
     try:
-        with torch.cuda.stream(r.stream):
-            cap.open()
-            result = original(worker, batch, None, None, None)
-            cap.close()
+        with side_stream(r.stream):
+            try:
+                cap.open()
+                result = original(worker, batch, None, None, None)
+                cap.close()
+            except BaseException:
+                cap.abort(r.driver)  # on the capture's stream: torch ends a capture only there
+                raise
         children = sum(p[0] == "child" for p in cap.parts)
         if children != 3:
             # A runner ran eagerly (its graph cannot take this batch): leave this batch size to SGLang.
             r.skip.add(bs)
             r.count_eager(f"bs {bs}: {children} of the 3 runner graphs replayed")
             return None
+        side = side_output(result)
+        if side:
+            r.disabled = f"the step returns {side}, which a replay would hand out as the capture step's"
+            logger.warning("hostsync: %s: %s; SGLang's eager step from now on", NAME, r.disabled)
+            return None
         handles = [p[-1].raw_cuda_graph() for p in cap.parts]
         parent, exe = r.driver.chain([h for h in handles if r.driver.nodes(h)])
-    except Exception as exc:  # noqa: BLE001 (any failure leaves SGLang's path, as its glue graph does)
-        cap.abort()
-        r.disabled = f"capture failed: {type(exc).__name__}: {exc}"
-        logger.warning("hostsync: %s: capturing the bs %d step failed; SGLang's eager step from now on",
-                       NAME, bs, exc_info=True)
+    except Exception as exc:  # noqa: BLE001 (any failure leaves this step, and this key for a while, to SGLang)
+        r.failures[key] = n = r.failures.get(key, 0) + 1
+        r.failed += 1
+        r.pool = None  # the next capture takes a fresh pool, whatever torch left routed to this one
+        if r.failed >= MAX_FAILED:
+            r.disabled = f"{r.failed} captures failed, the last: {type(exc).__name__}: {exc}"
+        logger.warning("hostsync: %s: capturing the bs %d step failed (%d of %d for its layout, %d in all); %s",
+                       NAME, bs, n, MAX_FAILURES, r.failed,
+                       "capturing is off" if r.disabled else "SGLang's eager step for it", exc_info=True)
         return None
     finally:
         r.capture = None
         _restore(saved)
-    logger.info("hostsync: %s: bs %d step captured: %d segments around the 3 runner graphs; inputs %s", NAME, bs,
-                len(cap.parts) - 3, ", ".join(present(objs)))
+        r.pool_bytes += max(0, reserved() - before)
+    logger.info("hostsync: %s: bs %d step captured: %d segments around the 3 runner graphs; inputs %s; %s", NAME,
+                bs, len(cap.parts) - 3, ", ".join(present(objs)), r.held(new=1))
     return StepGraph(bs, slots, result, cap.parts, parent, exe)
-
-
-def stream_handle() -> int:
-    return torch.cuda.current_stream().cuda_stream
 
 
 def launch(worker, sg: StepGraph, copies, on_publish):
@@ -391,8 +547,8 @@ def launch(worker, sg: StepGraph, copies, on_publish):
     _route.driver.launch(sg.exe, stream_handle())
     _route.replays += 1
     if _route.replays in (1, 100) or _route.replays % 10000 == 0:
-        logger.info("hostsync: %s: %d steps replayed (%d graphs); eager: %s", NAME, _route.replays,
-                    len(_route.graphs), _route.eager or "none")
+        logger.info("hostsync: %s: %d steps replayed (%s); eager: %s", NAME, _route.replays, _route.held(),
+                    _route.eager or "none")
     out = sg.output()
     if on_publish is not None:
         on_publish(out.new_seq_lens)
@@ -416,6 +572,9 @@ def step_hook(original, self, batch, on_publish=None, grammar_barrier=None, pp_p
     if r.capture is not None:
         return original(self, batch, on_publish, grammar_barrier, pp_proxy_tensors)
     reason = ineligible(self, batch, pp_proxy_tensors) or (r.disabled and "capture off")
+    if not reason:
+        stray = stray_input(owners(batch))
+        reason = stray and f"the step reads {stray}"
     if reason:
         r.count_eager(reason)
         return original(self, batch, on_publish, grammar_barrier, pp_proxy_tensors)
@@ -425,20 +584,23 @@ def step_hook(original, self, batch, on_publish=None, grammar_barrier=None, pp_p
         return original(self, batch, on_publish, grammar_barrier, pp_proxy_tensors)
     layout, tensors = gather(owners(batch))
     key = (bs, layout)
+    if r.failures.get(key, 0) >= MAX_FAILURES:
+        r.count_eager(f"bs {bs}: its capture failed {MAX_FAILURES} times")
+        return original(self, batch, on_publish, grammar_barrier, pp_proxy_tensors)
     sg = r.graphs.get(key)
     if sg is not None and not sg.current():  # a runner re-captured: join its new graphs
         del r.graphs[key]
         r.driver.destroy(sg.parent, sg.exe)
         sg, r.warm[key] = None, 0
     if sg is None:
-        if len(r.graphs) >= MAX_GRAPHS:
-            r.count_eager(f"{MAX_GRAPHS} step graphs held already")
+        if len(r.graphs) >= r.max_graphs:
+            r.count_eager(f"{r.max_graphs} step graphs held already ({ENV_MAX})")
             return original(self, batch, on_publish, grammar_barrier, pp_proxy_tensors)
         r.warm[key] = r.warm.get(key, 0) + 1
         if r.warm[key] > WARMUPS:
-            sg = capture(original, self, batch, tensors)
+            sg = capture(original, self, batch, tensors, key)
             if sg is None:
-                r.warm[key] = 0  # (a stray input: try again after as many eager steps, not on every one)
+                r.warm[key] = 0  # (a failed capture: try again after as many eager steps, not on every one)
         if sg is None:
             return original(self, batch, on_publish, grammar_barrier, pp_proxy_tensors)
         r.graphs[key] = sg
@@ -468,6 +630,10 @@ class _Namespace:
 
 
 def keep_hook(original, self, shape_key, forward_fn, capture_inputs=None, post_warmup_hook=None):
+    # A runner captures after startup only where SGLang re-captures or replaces it (a weight update
+    # with recapture_cuda_graph builds a new runner, whose constructor re-allocates the attention
+    # backend's graph buffers the old runner graphs read): every step graph goes, with what it holds.
+    _route.drop("a runner is capturing its graphs")
     # capture_one makes its graph with torch.cuda.CUDAGraph(): for this call its module sees a
     # torch whose CUDAGraph keeps the cudaGraph_t, which a joined step graph adds as a child.
     module = sys.modules[BACKEND_MODULE]
@@ -511,8 +677,11 @@ def simulated_draw(env) -> str | None:
 
 
 def prepare(facts) -> str:
-    _route.check = check_every()
-    return f"eager check every {_route.check} replayed steps" if _route.check else ""
+    _route.check, _route.max_graphs = settings()
+    notes = [f"at most {_route.max_graphs} step graphs"]
+    if _route.check:
+        notes.append(f"eager check every {_route.check} replayed steps")
+    return "; ".join(notes)
 
 
 UNSAFE = "replays its own graph inside the step, which a step capture cannot hold"
@@ -523,7 +692,7 @@ SLOT = Slot(
     origin="hostsync (issue 16), after sglang#45450's one-graph DSpark step",
     summary="EAGLE v2 topk-1 decode step as one CUDA graph launch (SGLang's runner graphs joined with the glue)",
     default=False,
-    precheck=config_precheck(check_every),
+    precheck=config_precheck(settings),
     inert=inert,
     prepare=prepare,
     unsafe_with=(("metadata_glue_graph", UNSAFE), ("draft_extend_glue_graph", UNSAFE),
