@@ -1,4 +1,4 @@
-# Quick start: `make doctor`, `make test`. Both create .venv/ on first use.
+# Quick start: `make doctor`, `make test` (TESTS=paths, PYTEST_ARGS=arguments, below). Both create .venv/ on first use.
 PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
@@ -21,8 +21,13 @@ $(STAMP): requirements/ci-lock.txt setup.py
 doctor: $(STAMP)
 	$(VPY) -m sglang_hostsync_plugin doctor
 
+# Unset, both give the CI command (.ci/run). PYTEST_ARGS adds pytest arguments
+# (make test PYTEST_ARGS="-k doctor --durations=20"); TESTS replaces the paths, since a path in
+# PYTEST_ARGS runs beside the whole of tests/ (make test TESTS=tests/test_config.py).
+TESTS ?= tests
+PYTEST_ARGS ?=
 test: $(STAMP)
-	$(VPY) -m pytest -q tests
+	$(VPY) -m pytest -q $(TESTS) $(PYTEST_ARGS)
 
 # On a CUDA machine (see scripts/gpu_run.sh for the device run).
 gpu:
