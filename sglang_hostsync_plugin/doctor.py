@@ -60,6 +60,9 @@ def _parser() -> argparse.ArgumentParser:
     pre.add_argument("kernels", nargs="*", help="default: all (eagle_tail, h2d_stage)")
     sub.add_parser("e2e", help="stock vs plugin in real servers (python -m sglang_hostsync_plugin.e2e --help)")
     doc.add_argument("--json", action="store_true", help="print one JSON object")
+    doc.add_argument("--wide", action="store_true",
+                     help=f"every column (kind, origin, default too), nothing wrapped; by default the output "
+                          f"fits {report.DOCTOR_WIDTH} columns")
     srv = doc.add_argument_group("server arguments (as for sglang serve)")
     srv.add_argument("--speculative-algorithm", default=None)
     srv.add_argument("--attention-backend", default=None)
@@ -226,17 +229,21 @@ def main(argv: list[str] | None = None) -> int:
             f"(supported {version.SUPPORTED_SGLANG}); "
             f"{config.ENV_SLOTS}={plan.spec!r} selects: {', '.join(plan.selected) or 'none'}; strict={plan.strict}"
         )
-        print(report.format_doctor(rows, header))
+        width = None if args.wide else report.DOCTOR_WIDTH
+        say = lambda text: print(report.fit(text, width))  # noqa: E731
+        print(report.format_doctor(rows, header, width))
         if facts is None:
-            print("(pass --speculative-algorithm etc. to check which slots would be inert)")
+            say("(pass --speculative-algorithm etc. to check which slots would be inert)")
+        if width is not None:
+            say("(--wide: also each slot's kind, origin and default; --json: everything)")
         if seq_lens is not None:
-            print(backends.format_report(seq_lens))
+            say(backends.format_report(seq_lens))
         for warning in plan.warnings():
-            print(f"warning: {warning}")
+            say(f"warning: {warning}")
         for hint in hints:
-            print(f"hint: {hint}")
+            say(f"hint: {hint}")
         missing = [role for role, here in roles.items() if not here]
-        print("process roles: " + ", ".join(f"{r} {'found' if here else 'NOT FOUND'}" for r, here in roles.items())
-              + ("" if not missing else " (those processes register hooks as any other process; no slot is affected)"))
-        print("OK: every slot is consistent with the installed sglang" if ok else "DRIFT: see the status column")
+        say("process roles: " + ", ".join(f"{r} {'found' if here else 'NOT FOUND'}" for r, here in roles.items())
+            + ("" if not missing else " (those processes register hooks as any other process; no slot is affected)"))
+        say("OK: every slot is consistent with the installed sglang" if ok else "DRIFT: see the status column")
     return 0 if ok else 1

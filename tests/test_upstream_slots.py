@@ -337,10 +337,94 @@ def test_doctor_unknown_backend_is_a_configuration_error(capsys):
     assert code == 2 and "unknown attention backend 'nope'" in cap.err
 
 
+def _unwrapped(out: str, prefix: str) -> list[str]:
+    """The doctor's lines that start with ``prefix``, each with its wrapped (indented) lines joined back."""
+    lines, found = out.splitlines(), []
+    for i, line in enumerate(lines):
+        if line.startswith(prefix):
+            rest = []
+            for more in lines[i + 1:]:
+                if not more.startswith("  "):
+                    break
+                rest.append(more.strip())
+            found.append(" ".join([line, *rest]))
+    return found
+
+
+def _table(out: str) -> dict[str, list[str]]:
+    """The default table's rows: slot -> [selected, status, reason with its wrapped lines joined]."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("slot  "))
+    at = [lines[start].index(h) for h in ("selected", "status", "reason")]
+    rows: dict[str, list[str]] = {}
+    for line in lines[start + 2:]:
+        if not line.strip() or line.startswith("("):
+            break
+        if line[:at[0]].strip():
+            rows[line[:at[0]].strip()] = [line[at[0]:at[1]].strip(), line[at[1]:at[2]].strip(), line[at[2]:]]
+        else:  # a wrapped reason's next line
+            rows[list(rows)[-1]][2] += " " + line[at[2]:]
+    return rows
+
+
+# Server arguments whose reasons are long (inert slots), and the widest selection.
+WIDE_CASES = [((), {}),
+              (("--speculative-algorithm", "EAGLE", "--attention-backend", "flashinfer", "--page-size", "16"), {}),
+              (("--speculative-algorithm", "NGRAM", "--attention-backend", "flashinfer"), {"SGLANG_HOSTSYNC_SLOTS": "all"})]
+
+
+@pytest.mark.parametrize("argv,env", WIDE_CASES)
+def test_doctor_fits_120_columns_and_loses_no_reason(capsys, monkeypatch, argv, env):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    code, cap = _doctor(capsys, *argv)
+    assert code == 0, cap.err
+    assert max(map(len, cap.out.splitlines())) <= 120, max(cap.out.splitlines(), key=len)
+    code, js = _doctor(capsys, "--json", *argv)
+    slots = json.loads(js.out)["slots"]
+    table = _table(cap.out)
+    assert list(table) == [r["name"] for r in slots]
+    for r in slots:  # wrapping moves line breaks only (a word longer than the column is cut)
+        selected, status, reason = table[r["name"]]
+        assert (selected, status) == ("yes" if r["selected"] else "no", r["status"]), r
+        assert reason.replace(" ", "") == r["reason"].replace(" ", ""), (reason, r["reason"])
+    assert next(line for line in cap.out.splitlines() if line.startswith("slot  ")).split() == [
+        "slot", "selected", "status", "reason"]
+    assert "(--wide: also each slot's kind, origin and default; --json: everything)" in cap.out
+
+
+@pytest.mark.parametrize("argv,env", WIDE_CASES)
+def test_doctor_wide_is_one_line_per_slot_with_every_column(capsys, monkeypatch, argv, env):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    code, cap = _doctor(capsys, "--wide", *argv)
+    assert code == 0, cap.err
+    lines = cap.out.splitlines()
+    assert lines[1].split() == ["slot", "kind", "origin", "default", "selected", "status", "reason"]
+    origin_at, default_at = lines[1].index("origin"), lines[1].index("default")
+    rows = {line.split()[0]: line for line in lines[3:3 + len(CATALOGUE)]}
+    assert list(rows) == list(CATALOGUE)
+    for name, slot in CATALOGUE.items():
+        assert rows[name][origin_at:default_at].strip() == slot.origin
+    assert max(map(len, lines)) > 120 and "(--wide" not in cap.out
+
+
+def test_no_internal_issue_numbers_in_origins_reasons_or_hints(capsys, monkeypatch):
+    import re
+
+    issue = re.compile(r"\bissues? ?#?\d", re.IGNORECASE)
+    assert not [(n, s.origin) for n, s in CATALOGUE.items() if issue.search(s.origin) or issue.search(s.summary)]
+    for argv, env in WIDE_CASES:
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        code, cap = _doctor(capsys, "--wide", *argv)
+        assert code == 0 and not issue.search(cap.out), cap.out
+
+
 def test_doctor_hints_the_flashinfer_preset_where_its_switches_would_run(capsys, monkeypatch):
     code, cap = _doctor(capsys, "--attention-backend", "flashinfer", "--speculative-algorithm", "EAGLE")
     assert code == 0, cap.err
-    (hint,) = [line for line in cap.out.splitlines() if line.startswith("hint: ")]
+    (hint,) = _unwrapped(cap.out, "hint: ")
     assert "SGLANG_HOSTSYNC_SLOTS=default,flashinfer" in hint
     assert "draft_extend_fused_layout, flashinfer_verify_host_plan, flashinfer_draft_host_indptr (" in hint
     # topk 4: SGLang's verify switch is topk 1 only, so it is not named.

@@ -24,7 +24,7 @@ NAME = "audit_block"
 SLOT = Slot(
     name=NAME,
     kind=SlotKind.TOOL,
-    origin="hostsync (issue 16)",
+    origin="hostsync (audit phases of the DFlash family)",
     summary="the audit's phase attribution for DFlash and DSpark steps (worker glue, draft block, verify "
             "input, verify, accept, draft KV append, next draft input, model runner forward)",
     default=False,

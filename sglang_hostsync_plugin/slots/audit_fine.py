@@ -20,7 +20,7 @@ NAME = "audit_fine"
 SLOT = Slot(
     name=NAME,
     kind=SlotKind.TOOL,
-    origin="hostsync (issue 16)",
+    origin="hostsync (audit phases inside EAGLE v2's)",
     summary="the audit's phase attribution inside its phases (worker glue, target forward, verify "
             "sampling, commit, tree compaction, draft-extend prep and graph)",
     default=False,

@@ -22,7 +22,7 @@ NAME = "audit_ngram"
 SLOT = Slot(
     name=NAME,
     kind=SlotKind.TOOL,
-    origin="hostsync (issue 16)",
+    origin="hostsync (audit phases of NGRAM)",
     summary="the audit's phase attribution for NGRAM steps (worker glue, verify input, host draft, "
             "corpus wait and lookup, KV move, corpus update)",
     default=False,

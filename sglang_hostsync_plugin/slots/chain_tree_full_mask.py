@@ -150,7 +150,7 @@ def inert(f) -> str | None:
 SLOT = Slot(
     name=NAME,
     kind=SlotKind.OWNED,
-    origin="hostsync (EAGLE topk 1 verify input, full-mask backends; issue 16)",
+    origin="hostsync (EAGLE topk 1 verify input, full-mask backends)",
     summary="the topk 1 verify tree (tokens, positions, retrieve lists, full-mask tree cells) in one Triton launch",
     default=False,
     # In the preset since its GPU test passed and a real server showed verify_input 0.81x beyond the

@@ -56,7 +56,7 @@ def inert(f) -> str | None:
 SLOT = Slot(
     name=NAME,
     kind=SlotKind.OWNED,
-    origin="hostsync (EAGLE-family / NGRAM decode prep; issue 16)",
+    origin="hostsync (EAGLE-family / NGRAM decode prep)",
     summary="the decode prep's two KV-length H2D copies only on steps that allocate KV (the others "
             "never read them)",
     default=False,

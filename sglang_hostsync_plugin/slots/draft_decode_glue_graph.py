@@ -160,7 +160,7 @@ def prepare(facts) -> str:
 SLOT = Slot(
     name=NAME,
     kind=SlotKind.OWNED,
-    origin="sglang 0.5.23 MetadataGlueGraph, routed for the EAGLE multi-step draft (issue 16)",
+    origin="sglang 0.5.23 MetadataGlueGraph, routed for the EAGLE multi-step draft",
     summary="EAGLE multi-step draft graph's triton metadata prep replayed as one small CUDA graph (SGLang's glue)",
     default=False,
     presets=(HOST_PRESET,),

@@ -92,7 +92,7 @@ def inert(f) -> str | None:
 SLOT = Slot(
     name=NAME,
     kind=SlotKind.OWNED,
-    origin="hostsync (EAGLE v2 draft extend with host lengths; issue 15 item 3)",
+    origin="hostsync (EAGLE v2 draft extend with host lengths)",
     summary="the draft extend's lengths and positions in SGLang's one fused launch where FlashInfer "
             "keeps host lengths, not two pinned tensors + H2D per step",
     default=False,

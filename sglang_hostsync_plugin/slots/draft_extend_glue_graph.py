@@ -281,7 +281,7 @@ def prepare(facts) -> str:
 SLOT = Slot(
     name=NAME,
     kind=SlotKind.OWNED,
-    origin="sglang 0.5.23 MetadataGlueGraph, routed for the EAGLE draft extend (issue 16)",
+    origin="sglang 0.5.23 MetadataGlueGraph, routed for the EAGLE draft extend",
     summary="EAGLE draft-extend graph's triton metadata prep replayed as one small CUDA graph (SGLang's glue)",
     default=False,
     presets=(HOST_PRESET,),

@@ -155,7 +155,7 @@ def inert(f) -> str | None:
 SLOT = Slot(
     name=NAME,
     kind=SlotKind.OWNED,
-    origin="hostsync (EAGLE v2 draft extend at topk > 1; issue 16)",
+    origin="hostsync (EAGLE v2 draft extend's top-k at topk > 1)",
     summary="the draft extend's softmax + top-k over the vocabulary replayed from a CUDA graph",
     default=False,
     presets=(HOST_PRESET,),

@@ -113,7 +113,7 @@ def inert(f) -> str | None:
 SLOT = Slot(
     name=NAME,
     kind=SlotKind.OWNED,
-    origin="hostsync (EAGLE draft top-k over the vocabulary at topk > 1; issue 16)",
+    origin="hostsync (EAGLE draft top-k over the vocabulary at topk > 1)",
     summary="the draft's vocabulary-wide top-k through a per-block candidate pass and torch's top-k of the candidates",
     default=False,
     presets=(HOST_PRESET,),

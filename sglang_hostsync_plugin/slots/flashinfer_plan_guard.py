@@ -144,7 +144,7 @@ def prefill_begin_forward_hook(original, self, wrapper_ragged, wrapper_paged, *a
 SLOT = Slot(
     name=NAME,
     kind=SlotKind.OWNED,
-    origin="issue 15 item 6 (FlashInfer pinned plan buffer WAR)",
+    origin="hostsync (FlashInfer pinned plan buffer WAR)",
     summary="FlashInfer CUDA-graph plans write a ring of pinned buffers, each reused only after its H2D ran",
     default=True,
     presets=(PRESET,),

@@ -159,7 +159,7 @@ def inert(facts) -> str | None:
 SLOT = Slot(
     name=NAME,
     kind=SlotKind.OWNED,
-    origin="sglang 0.5.23 fast_prefill_plan, extended to topk > 1 and NGRAM (issue 15 item 1)",
+    origin="sglang 0.5.23 fast_prefill_plan, extended to topk > 1 and NGRAM",
     summary="FlashInfer verify (EAGLE topk > 1, NGRAM) planned from host values: no indptr reads per step",
     default=True,
     requires=(GUARD,),

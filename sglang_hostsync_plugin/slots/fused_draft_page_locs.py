@@ -165,7 +165,7 @@ def inert(f) -> str | None:
 SLOT = Slot(
     name=NAME,
     kind=SlotKind.OWNED,
-    origin="hostsync (EAGLE page > 1, topk > 1; issue 16)",
+    origin="hostsync (EAGLE paged tree-draft KV slots, page > 1, topk > 1)",
     summary="paged tree-draft slot gather and prefix-tail lists in one Triton launch (prepare_for_draft)",
     default=False,
     presets=(HOST_PRESET,),

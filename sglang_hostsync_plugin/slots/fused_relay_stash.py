@@ -199,7 +199,7 @@ def inert(f) -> str | None:
 SLOT = Slot(
     name=NAME,
     kind=SlotKind.OWNED,
-    origin="hostsync (spec-v2 overlap relay, EAGLE family; issue 16)",
+    origin="hostsync (spec-v2 overlap relay stash, EAGLE family)",
     summary="FutureMap.stash's per-field index writes (bonus token, top-k, hidden states) in one Triton launch",
     default=False,
     presets=(HOST_PRESET,),

@@ -192,7 +192,7 @@ def inert(f) -> str | None:
 SLOT = Slot(
     name=NAME,
     kind=SlotKind.OWNED,
-    origin="hostsync (EAGLE tree verify, topk > 1; issue 16)",
+    origin="hostsync (EAGLE tree verify, topk > 1: accepted-path compaction)",
     summary="accepted-path compaction after tree verify (slot lists, predict, hidden) in one Triton launch",
     default=False,
     presets=(HOST_PRESET,),

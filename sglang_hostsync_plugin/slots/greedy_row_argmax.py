@@ -109,7 +109,7 @@ def inert(f) -> str | None:
 SLOT = Slot(
     name=NAME,
     kind=SlotKind.OWNED,
-    origin="hostsync (greedy EAGLE-family / NGRAM verify and topk-1 draft extend; issue 16)",
+    origin="hostsync (greedy EAGLE-family / NGRAM verify and topk-1 draft extend)",
     summary="the greedy verify and topk-1 draft-extend argmax in one Triton program per row",
     default=False,
     presets=(HOST_PRESET,),

@@ -126,7 +126,7 @@ def inert(f) -> str | None:
 SLOT = Slot(
     name=NAME,
     kind=SlotKind.OWNED,
-    origin="hostsync (spec v2 scheduler loop; issue 16)",
+    origin="hostsync (spec v2 scheduler loop: forward isolation snapshot)",
     summary="the scheduler's per-forward batch snapshot and restore in one dict read and one dict "
             "update, not ~300 getattr/setattr per step",
     default=False,

@@ -76,7 +76,7 @@ def inert(f) -> str | None:
 SLOT = Slot(
     name=NAME,
     kind=SlotKind.OWNED,
-    origin="hostsync (EAGLE-family / NGRAM verify; issue 16)",
+    origin="hostsync (EAGLE-family / NGRAM verify: mamba state commit)",
     summary="the verify's mamba-state commit asks whether the target has mamba-style state once per "
             "model config instead of every step",
     default=False,

@@ -133,7 +133,7 @@ def resolve_spec_extras_hook(original, self, batch):
 SLOT = Slot(
     name=NAME,
     kind=SlotKind.OWNED,
-    origin="issue 15 item 5 (NGRAM readback)",
+    origin="hostsync (NGRAM accepted-token readback)",
     summary="NGRAM draft prep reads step N-1's accept tokens/lens from pinned mirrors copied under "
             "SGLang's seq-lens synchronize: 3 syncs per step -> 1",
     default=True,

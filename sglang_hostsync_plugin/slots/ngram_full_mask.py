@@ -118,7 +118,7 @@ def inert(f) -> str | None:
 SLOT = Slot(
     name=NAME,
     kind=SlotKind.OWNED,
-    origin="hostsync (NGRAM USE_FULL_MASK verify mask; issue 15)",
+    origin="hostsync (NGRAM USE_FULL_MASK verify mask)",
     summary="NGRAM's full verify mask in one Triton launch, not per-request fills and pageable copies",
     default=False,
     presets=(NGRAM_PRESET,),

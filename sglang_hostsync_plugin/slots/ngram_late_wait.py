@@ -160,7 +160,7 @@ def check_pins() -> str | None:
 SLOT = Slot(
     name=NAME,
     kind=SlotKind.OWNED,
-    origin="hostsync (issue 16: NGRAM's in-step GPU idle)",
+    origin="hostsync (NGRAM's in-step GPU idle)",
     summary="NGRAM's per-step wait for step N-1 moves from the top of run_batch to the draft prep that "
             "reads its values: the scheduler and worker glue in between runs under step N-1's GPU work",
     default=False,

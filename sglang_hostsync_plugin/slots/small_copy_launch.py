@@ -255,7 +255,7 @@ def pinned_sources() -> str | None:
 SLOT = Slot(
     name=NAME,
     kind=SlotKind.OWNED,
-    origin="hostsync (CUDA-graph input copies of every graph runner; issue 16)",
+    origin="hostsync (CUDA-graph input copies of every graph runner)",
     summary="try_small_copy's checks and Triton launch worked out once per operand signature, then replayed",
     default=False,
     presets=(HOST_PRESET,),

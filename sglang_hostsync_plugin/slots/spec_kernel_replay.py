@@ -176,7 +176,7 @@ def prepare(facts) -> str:
 SLOT = Slot(
     name=NAME,
     kind=SlotKind.OWNED,
-    origin="sglang 0.5.23 replay_launches (fast_launch), applied to SGLang's EAGLE v2 step wrappers (issue 16)",
+    origin="sglang 0.5.23 replay_launches (fast_launch), applied to SGLang's EAGLE v2 step wrappers",
     summary="SGLang's small speculative Triton wrappers relaunch recorded kernels per operand signature (no JIT dispatch)",
     default=False,
     presets=(HOST_PRESET,),

@@ -123,7 +123,7 @@ def prepare(facts) -> str:
 SLOT = Slot(
     name=NAME,
     kind=SlotKind.OWNED,
-    origin="sglang 0.5.23 replay_launches (fast_launch), applied to the plugin's Triton wrappers (issue 16)",
+    origin="sglang 0.5.23 replay_launches (fast_launch), applied to the plugin's Triton wrappers",
     summary="the plugin's Triton wrappers relaunch recorded compiled kernels per operand signature (no JIT dispatch)",
     default=False,
     presets=(HOST_PRESET,),
