@@ -1,7 +1,9 @@
 """eagle_step_graph on the CPU: which steps stay eager and why, the inputs it stages, the result it
-hands out, the capture/replay flow around fakes, the startup hook that keeps the runners' graphs,
-and its rules (inert, unsafe pairs, setting) against SGLang 0.5.23's code. The joined graph
-itself runs in tests/test_gpu_eagle_step_graph.py (CUDA) and in the real-server e2e."""
+hands out, the capture/replay flow around fakes (``capture()`` itself over fakes of torch's CUDA graph
+and stream calls, in their order: a failed capture, the batch restored), the startup hook that keeps
+the runners' graphs and drops the step graphs when a runner captures again, and its rules (inert,
+server settings, unsafe pairs, settings) against SGLang 0.5.23's code. The joined graph itself runs
+in tests/test_gpu_eagle_step_graph.py (CUDA) and in the real-server e2e."""
 
 import collections
 import contextlib
