@@ -250,11 +250,15 @@ try:
         engine._set_envs_and_config(ServerArgs(**kw))
 except Exception as exc:
     err = f"{type(exc).__name__}: {exc}"
-child = subprocess.run([sys.executable, "-c", sys.argv[2]], capture_output=True, text=True, env=dict(os.environ)) if err is None else None
+# One process spawned per child snippet (argv[2:]), all at once, as SGLang starts its processes.
+children = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=dict(os.environ)) for code in sys.argv[2:]] if err is None else []
+outs = [child.communicate() for child in children]
 print("RESULT" + json.dumps({"rt": runtime.current() is not None, "hooked": hooked, "err": err,
     "exported": json.loads(os.environ["SGLANG_HOSTSYNC_PLAN"]) if "SGLANG_HOSTSYNC_PLAN" in os.environ else None,
     "dspark_imported": "sglang.srt.speculative.dspark_components.dspark_worker_v2" in sys.modules,
-    "child": child.stdout.split("RESULT", 1)[-1] if child else None, "child_err": child.stderr[-3000:] if child else None}))
+    "child": outs[0][0].split("RESULT", 1)[-1] if outs else None, "child_err": outs[0][1][-3000:] if outs else None,
+    "children": [[stdout.split("RESULT", 1)[-1], stderr[-3000:]] for stdout, stderr in outs]}))
 """
 
 
@@ -326,16 +330,27 @@ else:
 """
 
 
+ROLES = ("scheduler", "detokenizer", "dp_controller")
+_launches: dict[bool, subprocess.CompletedProcess] = {}
+
+
 def _process_of_a_launch(role, enabled):
-    env = clean_env(TEST_ROLE=role, SGLANG_HOSTSYNC_SLOTS="default,eagle_host")
-    if enabled:
-        env["SGLANG_ENABLE_HOSTSYNC_PLUGIN"] = "1"
-    launcher = subprocess.run([sys.executable, "-c", LAUNCHER, "cli", PROCESS], capture_output=True, text=True,
-                              env=env, cwd=REPO, timeout=600)
+    """What ``role``'s process registered, spawned by a launcher (with or without the plugin enabled)
+    that starts one process of each role at once, as SGLang does; one launcher per ``enabled``."""
+    if enabled not in _launches:
+        env = clean_env(SGLANG_HOSTSYNC_SLOTS="default,eagle_host")
+        if enabled:
+            env["SGLANG_ENABLE_HOSTSYNC_PLUGIN"] = "1"
+        # The role is set before anything else runs, as TEST_ROLE in the child's environment.
+        children = [f"import os\nos.environ['TEST_ROLE'] = {r!r}\n" + PROCESS for r in ROLES]
+        _launches[enabled] = subprocess.run([sys.executable, "-c", LAUNCHER, "cli", *children], capture_output=True,
+                                            text=True, env=env, cwd=REPO, timeout=600)
+    launcher = _launches[enabled]
     assert launcher.returncode == 0, out(launcher)
     res = json.loads(launcher.stdout.split("RESULT", 1)[1])
     assert res["err"] is None and (res["exported"] is not None) == enabled, out(launcher)
-    return json.loads(res["child"]), res["child_err"]
+    child, child_err = res["children"][ROLES.index(role)]
+    return json.loads(child), child_err
 
 
 @pytest.mark.parametrize("role", ["detokenizer", "dp_controller"])

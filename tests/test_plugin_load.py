@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from helpers import BUILTINS, HOST_PLAN_FLAGS, LOAD_AND_STARTUP_CHECK, REPO, SWITCH_FLAGS, clean_env, out, run_python
+from helpers import (BUILTINS, HOST_PLAN_FLAGS, LOAD_AND_STARTUP_CHECK, REPO, SWITCH_FLAGS, clean_env, out,
+                     run_concurrently, run_python)
 
 PRINT_HOOKS = """
 from sglang.srt.plugins.hook_registry import HookRegistry
@@ -249,31 +250,38 @@ def test_third_party_bogus_slot_lenient_mode_disables_it(bogus_path):
     assert "bogus_unapplied" in proc.stderr and "failed (hook not in place" in proc.stderr, out(proc)
 
 
-def test_doctor_table_json_and_drift(bogus_path):
-    ok = subprocess.run([sys.executable, "-m", "sglang_hostsync_plugin", "doctor"],
-                        capture_output=True, text=True, env=clean_env(), timeout=300, cwd=REPO)
-    assert ok.returncode == 0, out(ok)
-    assert "dspark_dp_meta" in ok.stdout and "would apply" in ok.stdout and "OK:" in ok.stdout
+def test_doctor_table_json_and_drift(bogus_path, monkeypatch, capsys):
+    from sglang_hostsync_plugin import doctor
+
+    # The table and the bad token in this process (the doctor hooks nothing); the console script and
+    # ``python -m`` (with a third-party slot package on the path) in children.
+    for name in [n for n in os.environ if n.startswith("SGLANG_")]:
+        monkeypatch.delenv(name)
+    assert doctor.main(["doctor"]) == 0
+    ok = capsys.readouterr()
+    assert "dspark_dp_meta" in ok.out and "would apply" in ok.out and "OK:" in ok.out, ok
     script = os.path.join(os.path.dirname(sys.executable), "sglang-hostsync")
-    js = subprocess.run([script, "doctor", "--json"], capture_output=True, text=True,
-                        env=clean_env(), timeout=300, cwd=REPO)
+    env = clean_env()
+    env["PYTHONPATH"] = bogus_path
+    js, drift = run_concurrently([
+        lambda: subprocess.run([script, "doctor", "--json"], capture_output=True, text=True,
+                               env=clean_env(), timeout=300, cwd=REPO),
+        lambda: subprocess.run([sys.executable, "-m", "sglang_hostsync_plugin", "doctor", "--json"],
+                               capture_output=True, text=True, env=env, timeout=300, cwd=REPO)])
     assert js.returncode == 0, out(js)
     data = json.loads(js.stdout)
     row = {r["name"]: r for r in data["slots"]}["dspark_dp_meta"]
     assert {"name", "kind", "origin", "default", "status", "reason"} <= set(row)
     assert row["status"] == "would apply" and row["kind"] == "owned" and row["origin"] == "sglang#47677"
     assert data["sglang"] == "0.5.23" and data["ok"] is True
-    env = clean_env()
-    env["PYTHONPATH"] = bogus_path
-    drift = subprocess.run([sys.executable, "-m", "sglang_hostsync_plugin", "doctor", "--json"],
-                           capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
     assert drift.returncode == 1, out(drift)
     rows = {r["name"]: r for r in json.loads(drift.stdout)["slots"]}
     assert rows["bogus_missing"]["status"] == "failed"
     assert rows["bogus_missing"]["reason"].startswith("target missing: sglang.srt.no_such_module")
-    bad = subprocess.run([sys.executable, "-m", "sglang_hostsync_plugin", "doctor"], capture_output=True,
-                         text=True, env=clean_env(SGLANG_HOSTSYNC_SLOTS="nope"), timeout=300, cwd=REPO)
-    assert bad.returncode == 2 and "'nope'" in bad.stderr, out(bad)
+    monkeypatch.setenv("SGLANG_HOSTSYNC_SLOTS", "nope")
+    assert doctor.main(["doctor"]) == 2
+    bad = capsys.readouterr()
+    assert "'nope'" in bad.err, bad
 
 
 def test_bad_enable_switch_is_loud_at_startup():

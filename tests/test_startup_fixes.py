@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from helpers import LOAD_AND_STARTUP_CHECK, REPO, clean_env, out, run_python
+from helpers import LOAD_AND_STARTUP_CHECK, REPO, clean_env, out, run_concurrently, run_python
 from sglang_hostsync_plugin import csrc, runtime
 from sglang_hostsync_plugin.slot import ServingFacts
 from sglang_hostsync_plugin.slots import audit, eagle_fixed_shape_tail as eft
@@ -227,19 +227,33 @@ def test_empty_strict_means_unset_not_lenient():
     {"SGLANG_HOSTSYNC_AUDIT_EVERY": "often", "SGLANG_HOSTSYNC_SLOTS": "default,audit"},
 ])
 def test_bad_slot_env_values_fail_argument_preparation_even_lenient(env):
-    for strict in ("0", "", "1"):
-        proc = subprocess.run([sys.executable, "-c", LAUNCHER, "--enable-hostsync-plugin"], capture_output=True,
-                              text=True, env=clean_env(SGLANG_HOSTSYNC_STRICT=strict, **env), cwd=REPO, timeout=300)
+    stricts = ("0", "", "1")
+    procs = run_concurrently([
+        lambda strict=strict: subprocess.run([sys.executable, "-c", LAUNCHER, "--enable-hostsync-plugin"],
+                                             capture_output=True, text=True,
+                                             env=clean_env(SGLANG_HOSTSYNC_STRICT=strict, **env), cwd=REPO, timeout=300)
+        for strict in stricts])
+    for strict, proc in zip(stricts, procs):
         err = json.loads(proc.stdout.split("RESULT", 1)[1])["err"]
         assert err and err.startswith("HostsyncConfigError") and list(env)[0] in err, (strict, out(proc))
 
 
-def doctor(**env):
-    return subprocess.run([sys.executable, "-m", "sglang_hostsync_plugin", "doctor", "--json"], capture_output=True,
-                          text=True, env=clean_env(**env), cwd=REPO, timeout=300)
+def doctor(monkeypatch, capsys, **env):
+    """``sglang-hostsync doctor --json`` under the environment a child of ``clean_env(**env)`` gets, run in
+    this process (the doctor hooks nothing and reads the environment when it runs): (exit code, stdout).
+    ``python -m`` and the console script around the same ``main`` run in test_plugin_load's children."""
+    from sglang_hostsync_plugin import doctor as doctor_module
+
+    with monkeypatch.context() as m:
+        for name in [n for n in os.environ if n.startswith("SGLANG_")]:
+            m.delenv(name)
+        for name, value in clean_env(**env).items():
+            m.setenv(name, value)
+        code = doctor_module.main(["doctor", "--json"])
+    return code, capsys.readouterr().out
 
 
-def test_doctor_exit_codes_match_what_the_server_does():
+def test_doctor_exit_codes_match_what_the_server_does(monkeypatch, capsys):
     # (env, doctor exit code, what the server does)
     table = [
         ({}, 0, "starts"),
@@ -253,13 +267,15 @@ def test_doctor_exit_codes_match_what_the_server_does():
         ({"SGLANG_HOSTSYNC_AUDIT_JSON": "/proc/nope.json", "SGLANG_HOSTSYNC_SLOTS": "default,audit"}, 2,
          "argument preparation fails"),
     ]
-    for env, code, server in table:
-        proc = doctor(**env)
-        assert proc.returncode == code, (env, out(proc))
-        report = json.loads(proc.stdout)  # --json prints JSON on every exit, errors too
+    launches = run_concurrently([
+        lambda env=env: subprocess.run([sys.executable, "-c", LAUNCHER, "--enable-hostsync-plugin"],
+                                       capture_output=True, text=True, env=clean_env(**env), cwd=REPO, timeout=300)
+        for env, _, _ in table])
+    for (env, code, server), launch in zip(table, launches):
+        got, stdout = doctor(monkeypatch, capsys, **env)
+        assert got == code, (env, stdout)
+        report = json.loads(stdout)  # --json prints JSON on every exit, errors too
         assert report["ok"] is (code == 0), (env, report)
-        launch = subprocess.run([sys.executable, "-c", LAUNCHER, "--enable-hostsync-plugin"], capture_output=True,
-                                text=True, env=clean_env(**env), cwd=REPO, timeout=300)
         err = json.loads(launch.stdout.split("RESULT", 1)[1])["err"]
         assert (err is None) == (server == "starts"), (env, err)
 
@@ -341,8 +357,9 @@ def test_two_slots_on_one_target_are_both_refused_and_nothing_of_them_is_hooked(
     assert err.startswith("HostsyncStartupError") and "rb_hook" in err and "audit" in err, out(strict)
 
 
-def test_doctor_rejects_an_unknown_algorithm_with_exit_2():
-    proc = subprocess.run([sys.executable, "-m", "sglang_hostsync_plugin", "doctor", "--json",
-                           "--speculative-algorithm", "NOPE"], capture_output=True, text=True, env=clean_env(),
-                          cwd=REPO, timeout=300)
-    assert proc.returncode == 2 and "NOPE" in json.loads(proc.stdout)["error"], out(proc)
+def test_doctor_rejects_an_unknown_algorithm_with_exit_2(capsys):
+    from sglang_hostsync_plugin import doctor as doctor_module
+
+    code = doctor_module.main(["doctor", "--json", "--speculative-algorithm", "NOPE"])
+    cap = capsys.readouterr()
+    assert code == 2 and "NOPE" in json.loads(cap.out)["error"], cap
