@@ -87,9 +87,9 @@ def _parser() -> argparse.ArgumentParser:
 FLASHINFER_PRESET_GAIN = ("on the H200, default,flashinfer gave 1.06-1.11x stock's tok/s/user against the default "
                           "slots' 0.99-1.07x (benchmarks/results/2026-12-01-h200-flashinfer-matrix/); in later runs "
                           "1.12-1.19x, once 0.94x (2026-12-02-h200-c/)")
-NGRAM_PRESET_GAIN = ("its earlier figures (1.065-1.085x stock's tok/s/user, 2026-12-05) were measured with SGLang's "
-                     "metadata glue graph on, which changed NGRAM's outputs and is inert under NGRAM since; see "
-                     "docs/results.md for the runs without it")
+NGRAM_PRESET_GAIN = ("with default,eagle_host,ngram_host an H100 NGRAM server with real acceptance ran 1.171x stock's "
+                     "tok/s/user at c8 (6 rounds, 1.118-1.212), outputs identical, a small host-bound target "
+                     "(benchmarks/results/2026-12-06-h100-real-traffic/)")
 # Preset -> (does it concern these server facts, what its slots do, what they were worth).
 PRESET_HINTS = (
     (FLASHINFER_PRESET,

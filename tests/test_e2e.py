@@ -1119,3 +1119,18 @@ def test_after_the_aborts_an_ngram_servers_request_is_no_evidence():
                           "standalone-t4-p16/plugin": {"after_aborts": {"identical": False, "evidence": True}}}}
     assert run.traffic_failures(result) == ["standalone-t4-p16/plugin: the request after the aborts differs from stock's"]
     assert "differs (no evidence: trie)" in stats.traffic_markdown(result["traffic"])
+
+
+def test_an_ngram_identity_pass_after_concurrent_requests_is_no_evidence(capsys):
+    """On an H100 (2026-12-06) NGRAM's identity pass, after the concurrent phase, differed at a token while
+    the one-at-a-time pass before it was 25/25 identical: each server's trie held other outputs."""
+    ns = lambda *a: run.build_parser().parse_args(list(a))  # noqa: E731
+    ngram, t4 = matrix.CONFIGS["ngram-p1"], matrix.CONFIGS["standalone-t4-p16"]
+    assert not run.identity_is_evidence(ngram, ns())
+    assert not run.identity_is_evidence(ngram, ns("--traffic", "sequential", "--concurrency", "1", "8"))
+    assert run.identity_is_evidence(ngram, ns("--traffic", "sequential", "--concurrency", "1"))
+    assert run.identity_is_evidence(t4, ns())
+    verdict = {"identical": False, "first_mismatch": "prompt 1, token 9: output ids differ", "logprobs_compared": True,
+               "prompts": 4, "evidence": False}
+    md = stats.markdown([], {"ngram-p1/plugin": {"ready_s": 1.0}}, {"ngram-p1/plugin": verdict})
+    assert "NO: prompt 1, token 9: output ids differ (no evidence: trie)" in md

@@ -587,6 +587,8 @@ def markdown(cell_rows: list[dict], servers: dict[str, dict], identity: dict[str
         ident = identity.get(name)
         if ident is not None:
             verdict = "yes" if ident["identical"] else f"NO: {ident['first_mismatch']}"
+            if not ident.get("evidence", True):  # .get: e2e.json from before the real-traffic pass
+                verdict += " (no evidence: trie)"
         else:  # no verdict: the stock arm itself, or a server that never served
             verdict = "reference" if name.rsplit("/", 1)[-1] == STOCK.name else "-"
         lines.append(
