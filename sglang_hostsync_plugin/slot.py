@@ -105,6 +105,12 @@ class ServingFacts:
     # Without attention DP, an MoE setting under which SGLang still stages token counts per
     # ForwardBatch: --ep-size > 1, an MoE all-to-all backend, --moe-dense-tp-size, elastic EP.
     moe_counts: bool = False
+    disable_overlap_schedule: bool = False
+    speculative_adaptive: bool = False
+    # --enable-return-routed-experts / --enable-return-indexer-topk: per-step capture outputs in the result.
+    returns_capture_outputs: bool = False
+    # Expert distribution recording (--expert-distribution-recorder-mode, or EPLB): per-forward host bookkeeping.
+    expert_distribution: bool = False
 
     @classmethod
     def from_server_args(cls, server_args, env: Mapping[str, str]) -> "ServingFacts":
@@ -135,6 +141,10 @@ class ServingFacts:
             draft_window_size=view.speculative_draft_window_size,
             moe_counts=(int(view.ep_size or 1) > 1 or (view.moe_a2a_backend or "none") != "none"
                         or view.moe_dense_tp_size is not None or view.elastic_ep_backend is not None),
+            disable_overlap_schedule=bool(view.disable_overlap_schedule),
+            speculative_adaptive=bool(view.speculative_adaptive),
+            returns_capture_outputs=bool(view.enable_return_routed_experts or view.enable_return_indexer_topk),
+            expert_distribution=view.expert_distribution_recorder_mode is not None or bool(view.enable_eplb),
         )
 
     def record(self) -> dict:

@@ -395,12 +395,35 @@ def facts(**over):
     ({"disable_cuda_graph": True}, "--disable-cuda-graph"),
     ({"two_batch_overlap": True}, "two-batch overlap"),
     ({"attention_backends": ("fa3", "fa3"), "draft_attention_backend": "fa3"}, "not triton"),
+    ({"disable_overlap_schedule": True}, "--disable-overlap-schedule"),
+    ({"speculative_adaptive": True}, "--speculative-adaptive"),
+    ({"returns_capture_outputs": True}, "--enable-return-routed-experts"),
+    ({"expert_distribution": True}, "expert distribution recording"),
     ({"env": {"SGLANG_SIMULATE_ACC_LEN": "3"}}, None),
     ({"env": {"SGLANG_SIMULATE_ACC_LEN": "2.5"}}, "draws a new length"),
     ({"env": {"SGLANG_SIMULATE_ACC_LEN": "3", "SGLANG_SIMULATE_ACC_METHOD": "multinomial"}}, "draws a new length"),
 ])
 def test_inert_rules(over, reason):
     got = sg.inert(facts(**over))
+    assert (got is None) if reason is None else (reason in got), got
+
+
+@pytest.mark.parametrize("argv, reason", [
+    ((), None),
+    (("--disable-overlap-schedule",), "--disable-overlap-schedule"),
+    (("--speculative-adaptive",), "--speculative-adaptive"),
+    (("--enable-return-routed-experts",), "--enable-return-routed-experts"),
+    (("--expert-distribution-recorder-mode", "stat"), "expert distribution recording"),
+])
+def test_the_server_settings_that_keep_sglangs_step_are_inert_at_startup(argv, reason):
+    """Read from SGLang's own argument preparation, so the status block and the doctor say it (the
+    scheduler's check stays for what SGLang resolves later)."""
+    from sglang.srt.server_args import prepare_server_args
+
+    args = prepare_server_args(["--model-path", "dummy", "--speculative-algorithm", "STANDALONE",
+                                "--speculative-draft-model-path", "dummy", "--speculative-eagle-topk", "1",
+                                "--attention-backend", "triton", *argv])
+    got = sg.inert(ServingFacts.from_server_args(args, {}))
     assert (got is None) if reason is None else (reason in got), got
 
 

@@ -658,6 +658,15 @@ def inert(f: ServingFacts) -> str | None:
         return f"inert because --speculative-eagle-topk is {f.topk}; the step graph is built for topk 1"
     if f.dp_attention or f.tp_size > 1:
         return "inert because attention DP or tensor parallelism is on (not built for collectives in the step)"
+    # The same rules as ``unsupported``, which the scheduler applies again to SGLang's resolved settings.
+    for on, why in ((f.disable_overlap_schedule, "--disable-overlap-schedule (the draft extend stages the host "
+                     "sequence lengths)"),
+                    (f.speculative_adaptive, "--speculative-adaptive (the step count changes at run time)"),
+                    (f.returns_capture_outputs, "--enable-return-routed-experts / --enable-return-indexer-topk "
+                     "(per-step capture outputs)"),
+                    (f.expert_distribution, "expert distribution recording or EPLB (per-forward host bookkeeping)")):
+        if on:
+            return f"inert because of {why}"
     return simulated_draw(f.env)
 
 
