@@ -1,9 +1,10 @@
 """Kernel by kernel, GPU µs per step of two arms of one ``profile_step_kernels.py`` output folder.
 
-Reads ``<config>__<arm>.gpu.tsv.xz`` of both arms and prints: all kernels' µs per step, the triton
-extend-attention kernel's (``_fwd_kernel``) mean duration over its first and last calls (it grows
-with the KV length: equal values mean the two windows sat at the same position in the requests),
-the kernels whose per-step time differs most, and the draft's softmax / top-k kernels.
+Reads ``<config>__<arm>.gpu.tsv.xz`` of both arms (from the folder, or from its run folder's
+``raw.tar.xz`` under ``benchmarks/results/``: ``raw_archive.py``) and prints: all kernels' µs per
+step, the triton extend-attention kernel's (``_fwd_kernel``) mean duration over its first and last
+calls (it grows with the KV length: equal values mean the two windows sat at the same position in
+the requests), the kernels whose per-step time differs most, and the draft's softmax / top-k kernels.
 
     python benchmarks/compare_kernels.py benchmarks/results/2026-12-04-h200/profile-c8 standalone-t4-p16
 """
@@ -19,6 +20,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from profile_step_kernels import arm_stem  # noqa: E402  (how the profile names each arm's files)
+import raw_archive  # noqa: E402
 
 ATTENTION = "_fwd_kernel"
 TOPK_PARTS = ("mbtopk", "sbtopk", "bitonicSort", "scan_by_key", "SoftMax")
@@ -27,16 +29,17 @@ TOPK_PARTS = ("mbtopk", "sbtopk", "bitonicSort", "scan_by_key", "SoftMax")
 def load(path: str, width: int = 70) -> tuple[collections.Counter, collections.Counter, list[float]]:
     """Kernel name (cut to ``width``) -> count and total µs; the attention kernel's durations in time order."""
     n, us, attention = collections.Counter(), collections.Counter(), []
-    with lzma.open(path, "rt") as f:
-        next(f)  # header
-        for line in f:
-            ts, dur, cat, _, _, _, name = line.rstrip("\n").split("\t")
-            if cat != "kernel":
-                continue
-            n[name[:width]] += 1
-            us[name[:width]] += float(dur)
-            if name == ATTENTION:
-                attention.append((float(ts), float(dur)))
+    text = lzma.decompress(raw_archive.read_bytes(path)).decode()
+    for line in text.split("\n")[1:]:  # after the header
+        if not line:
+            continue
+        ts, dur, cat, _, _, _, name = line.split("\t")
+        if cat != "kernel":
+            continue
+        n[name[:width]] += 1
+        us[name[:width]] += float(dur)
+        if name == ATTENTION:
+            attention.append((float(ts), float(dur)))
     return n, us, [d for _, d in sorted(attention)]
 
 

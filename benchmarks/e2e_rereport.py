@@ -3,16 +3,17 @@
     python benchmarks/e2e_rereport.py RUN_DIR [--out OUT_DIR]
 
 RUN_DIR holds the run's ``e2e.json`` (or ``e2e.json.xz``) and its audited servers' traces, plain
-or xz-compressed, under the names the run wrote. The rounds' windows are cut from the traces
-again, as the e2e does at the end of a run; OUT_DIR (default RUN_DIR/rereport) gets e2e.md,
-e2e.png and e2e.json.
+or xz-compressed, under the names the run wrote; in a folder under ``benchmarks/results/`` the traces
+are read from the run folder's ``raw.tar.xz`` (``raw_archive.py``: no unpacking; a clone without the
+archive rebuilds it with ``python benchmarks/raw_archive.py restore RUN``). The rounds' windows are
+cut from the traces again, as the e2e does at the end of a run; OUT_DIR (default RUN_DIR/rereport)
+gets e2e.md, e2e.png and e2e.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import lzma
 import os
 import shlex
 import sys
@@ -21,13 +22,13 @@ import tempfile
 from sglang_hostsync_plugin.e2e import run
 from sglang_hostsync_plugin.slots.audit import ENV_TRACE, rank_path
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import raw_archive  # noqa: E402
+
 
 def _read(path: str) -> str:
-    if os.path.exists(path):
-        with open(path) as f:
-            return f.read()
-    with lzma.open(path + ".xz", "rt") as f:
-        return f.read()
+    """PATH or PATH.xz, in RUN_DIR or in its run folder's raw.tar.xz."""
+    return raw_archive.read_text(path)
 
 
 def trace_names(result: dict) -> dict[tuple, str]:

@@ -1,5 +1,6 @@
 """``python benchmarks/ramp_pace.py TRACE [--steps N]``: the host's pace after each prefill in an
-audit trace (``SGLANG_HOSTSYNC_AUDIT_TRACE``, v1-v3, plain or ``.xz``).
+audit trace (``SGLANG_HOSTSYNC_AUDIT_TRACE``, v1-v3, plain or ``.xz``; one of ``benchmarks/results/``
+is read from its run folder's ``raw.tar.xz``, ``raw_archive.py``).
 
 One line per prefill: its launch time, the start lead (the prefill's GPU finish minus the first
 decode step's launch, ms) and, for the next ``--steps`` decode steps, ``gap/cpu/lead``: the
@@ -12,13 +13,15 @@ The e2e report's ramp table has the pooled figures; this is the per-request view
 from __future__ import annotations
 
 import argparse
-import lzma
 import math
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from sglang_hostsync_plugin.slots.audit import parse_trace  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import raw_archive  # noqa: E402
 
 
 def ramps(steps, n: int) -> list[dict]:
@@ -46,9 +49,7 @@ def main(argv=None) -> int:
     ap.add_argument("trace")
     ap.add_argument("--steps", type=int, default=6, help="decode steps shown after each prefill")
     args = ap.parse_args(argv)
-    opener = lzma.open if args.trace.endswith(".xz") else open
-    with opener(args.trace, "rt") as f:
-        steps = parse_trace(f.read())
+    steps = parse_trace(raw_archive.read_text(args.trace))
     for r in ramps(steps, args.steps):
         cells = " ".join(f"{s['gap_ms']:.1f}/{s['cpu_ms']:.1f}/{s['lead_ms']:+.1f}" for s in r["steps"])
         print(f"prefill {r['prefill']:>6} at {r['t_launch']:9.2f} s  start {r['start_lead_ms']:+6.1f} ms | {cells}")

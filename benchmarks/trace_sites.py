@@ -3,23 +3,26 @@ benchmark's ``*.trace.tsv[.xz]``), over every decode step a server ran: also the
 greedy-identity and warm-up traffic, which the e2e tables leave out.
 
     python benchmarks/trace_sites.py DIR [--skip 5]     # every trace in DIR
+
+Under ``benchmarks/results/`` the traces are inside the run folder's ``raw.tar.xz``; they are read
+from there (``raw_archive.py``).
 """
 
 from __future__ import annotations
 
 import argparse
-import glob
-import lzma
 import os
+import sys
 
 from sglang_hostsync_plugin.e2e.stats import audit_figures
 from sglang_hostsync_plugin.slots.audit import parse_trace
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import raw_archive  # noqa: E402
+
 
 def _read(path: str) -> str:
-    opener = lzma.open if path.endswith(".xz") else open
-    with opener(path, "rt") as f:
-        return f.read()
+    return raw_archive.read_text(path)
 
 
 def summarize(path: str, skip: int) -> str:
@@ -43,7 +46,7 @@ def main() -> None:
     ap.add_argument("dir")
     ap.add_argument("--skip", type=int, default=5, help="leading decode steps to leave out (warm-up)")
     args = ap.parse_args()
-    paths = sorted(glob.glob(os.path.join(args.dir, "*.trace.tsv")) + glob.glob(os.path.join(args.dir, "*.trace.tsv.xz")))
+    paths = [os.path.join(args.dir, n) for n in raw_archive.listdir(args.dir) if n.endswith((".trace.tsv", ".trace.tsv.xz"))]
     if not paths:
         raise SystemExit(f"no *.trace.tsv[.xz] in {args.dir}")
     for p in paths:

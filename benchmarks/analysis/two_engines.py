@@ -1,3 +1,6 @@
+# benchmarks/results/2026-12-04-cpu-engine/ (README and out.txt there; until 2026-12-06 this script lived
+# there): three embedded Engines' launcher gates in one process, same server args, each call's time.
+#   SGLANG_ENABLE_HOSTSYNC_PLUGIN=1 SGLANG_HOSTSYNC_SLOTS=default,eagle_host TRITON_INTERPRET=1 python benchmarks/analysis/two_engines.py
 import json, os, sys, time
 from sglang.srt.entrypoints import engine
 try:

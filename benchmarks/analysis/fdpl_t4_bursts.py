@@ -1,16 +1,21 @@
-"""The audited arms of this run, per concurrency, from their traces (the run's e2e.json was lost
+"""2026-12-02-h200/fdpl-t4/: the audited arms of that run, per concurrency, from their traces (the run's e2e.json was lost
 when a server died, which the e2e now survives). Each server's trace holds only its own steps;
 the arms took turns, so its timed rounds are its bursts of steps: after the identity and warm-up
 bursts come c1 rounds 0-2, c8 rounds 0-2, and the final flush request.
 
-    python benchmarks/results/2026-12-02-h200/fdpl-t4/analysis.py benchmarks/results/2026-12-02-h200/fdpl-t4/*.trace.tsv.xz
+    python benchmarks/analysis/fdpl_t4_bursts.py benchmarks/results/2026-12-02-h200/fdpl-t4
+
+A folder stands for its ``*.trace.tsv.xz``, read from the run folder's ``raw.tar.xz``; trace paths
+work too. (Until 2026-12-06 this script was ``benchmarks/results/2026-12-02-h200/fdpl-t4/analysis.py``.)
 """
 
-import lzma
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), *[".."] * 4))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, "..", ".."), os.path.join(HERE, "..")]  # the repository, benchmarks/
+
+import raw_archive  # noqa: E402  (the traces are inside the run folder's raw.tar.xz)
 
 from sglang_hostsync_plugin.e2e import stats  # noqa: E402
 from sglang_hostsync_plugin.slots.audit import parse_trace  # noqa: E402
@@ -26,10 +31,14 @@ def bursts(steps, gap_s=1.0):
     return out + [cur]
 
 
+paths = []
+for arg in sys.argv[1:]:
+    paths += ([os.path.join(arg, n) for n in raw_archive.listdir(arg) if n.endswith(".trace.tsv.xz")]
+              if os.path.isdir(arg) else [arg])
 phases = {}
-for path in sys.argv[1:]:
+for path in paths:
     name = os.path.basename(path).split("__", 1)[1].split(".trace")[0]
-    b = bursts(parse_trace(lzma.open(path, "rt").read()))
+    b = bursts(parse_trace(raw_archive.read_text(path)))
     for conc, windows in (("c1", b[-7:-4]), ("c8", b[-4:-1])):
         p = stats.pool_audit(windows)
         print(f"{name} {conc}: steps {p['steps']}, syncs/step {p['syncs_per_step']:.2f}, run-ahead "
@@ -47,9 +56,9 @@ for ph in sorted(set().union(*phases.values()), key=lambda n: -phases[keys[0]].g
 # steps/requests steps) or later.
 print("\n| arm | c1 round | decode pairs | lead <= 0 | of them in a request's first 10 steps |")
 print("| --- | --- | --- | --- | --- |")
-for path in sys.argv[1:]:
+for path in paths:
     name = os.path.basename(path).split("__", 1)[1].split(".trace")[0]
-    b = bursts(parse_trace(lzma.open(path, "rt").read()))
+    b = bursts(parse_trace(raw_archive.read_text(path)))
     for rnd, w in enumerate(b[-7:-4]):
         by = {s.step: s for s in w}
         per_request = len(w) / 6  # --requests 6 at c1

@@ -1,4 +1,5 @@
-# Why SGLang's _record keeps prepare_verify_commit_outputs on the normal path (device diagnosis).
+# Why SGLang's _record keeps prepare_verify_commit_outputs on the normal path (device diagnosis, 2026-12-04:
+# benchmarks/results/2026-12-04-h200-c/unit/probe_verify_commit.txt; until 2026-12-06 this script lived there).
 import random, torch
 from triton.runtime.jit import JITFunction
 from sglang.kernels.ops.diffusion.common import fast_launch as fl

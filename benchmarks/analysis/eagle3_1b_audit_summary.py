@@ -1,13 +1,18 @@
-# eagle3-t4-p16, Llama-1B shape, c1 round 0 (the e2e was stopped by its time limit before its report):
-# per-step audit figures from the two audited servers' traces, the timed round only (the longest run of
-# steps without a 1 s gap; the shorter runs are the identity prompts). Run from the repository root:
-#   python benchmarks/results/2026-12-04-h200-c/eagle3-1b-audit/summary.py
-import lzma, os, sys
+# benchmarks/results/2026-12-04-h200-c/eagle3-1b-audit/ (summary.txt there): eagle3-t4-p16, Llama-1B shape,
+# c1 round 0 (the e2e was stopped by its time limit before its report): per-step audit figures from the two
+# audited servers' traces (inside that run folder's raw.tar.xz), the timed round only (the longest run of
+# steps without a 1 s gap; the shorter runs are the identity prompts). Until 2026-12-06 this script was that
+# folder's summary.py. Run from the repository root:
+#   python benchmarks/analysis/eagle3_1b_audit_summary.py
+import os, sys
+here = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(here, "..", ".."), os.path.join(here, "..")]  # the repository, benchmarks/
+import raw_archive
 from sglang_hostsync_plugin.slots.audit import parse_trace
 from sglang_hostsync_plugin.e2e import stats
-here = os.path.dirname(os.path.abspath(__file__))
+run = os.path.join(here, "..", "results", "2026-12-04-h200-c", "eagle3-1b-audit")
 for arm in ("audit", "slots_default_eagle_host"):
-    steps = parse_trace(lzma.open(os.path.join(here, f"eagle3-t4-p16__{arm}.trace.tsv.xz"), "rt").read())
+    steps = parse_trace(raw_archive.read_text(os.path.join(run, f"eagle3-t4-p16__{arm}.trace.tsv.xz")))
     segs = [[steps[0]]]
     for a, b in zip(steps, steps[1:]):
         (segs.append([b]) if b.t_launch - a.t_launch > 1.0 else segs[-1].append(b))

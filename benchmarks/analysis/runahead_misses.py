@@ -2,34 +2,34 @@
 decode-step pairs of its timed windows (e2e.json rows) whose launch lead is not positive, by how
 many steps after the last prefill they came, and the GPU-idle time before each step.
 
-    python benchmarks/results/2026-12-02-h200-c/runahead_misses.py benchmarks/results/2026-12-02-h200-c/eagle-host-t1-t4
+    python benchmarks/analysis/runahead_misses.py benchmarks/results/2026-12-02-h200-c/eagle-host-t1-t4
+
+(The traces are read from the run folder's ``raw.tar.xz``; until 2026-12-06 this script lived in
+``benchmarks/results/2026-12-02-h200-c/``.)
 """
 
 import collections
 import json
-import lzma
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), *[".."] * 3))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, "..", ".."), os.path.join(HERE, "..")]  # the repository, benchmarks/
+
+import raw_archive  # noqa: E402  (the traces are inside the run folder's raw.tar.xz)
 
 from sglang_hostsync_plugin.slots.audit import parse_trace  # noqa: E402
 
 BUCKETS = ((1, 1), (2, 3), (4, 6), (7, 10), (11, 10**9))
 
 
-def read(path):
-    return (lzma.open(path, "rt") if path.endswith(".xz") else open(path)).read()
-
-
 def main(folder):
-    path = os.path.join(folder, "e2e.json")
-    run = json.loads(read(path if os.path.exists(path) else path + ".xz"))
-    for name in sorted(os.listdir(folder)):
+    run = json.loads(raw_archive.read_text(os.path.join(folder, "e2e.json")))
+    for name in raw_archive.listdir(folder):
         if ".trace.tsv" not in name:
             continue
         config, arm_file = name.split(".trace")[0].split("__", 1)
-        steps = parse_trace(read(os.path.join(folder, name)))
+        steps = parse_trace(raw_archive.read_text(os.path.join(folder, name)))
         by = {s.step: s for s in steps}
         since = {}
         for s in steps:  # decode steps since the last non-decode step (1 = the first decode step after it)
