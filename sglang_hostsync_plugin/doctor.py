@@ -80,6 +80,12 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--ep-size", "--ep", type=int, default=1)
     srv.add_argument("--moe-a2a-backend", default="none")
     srv.add_argument("--moe-dense-tp-size", type=int, default=None)
+    srv.add_argument("--disable-overlap-schedule", action="store_true")
+    srv.add_argument("--speculative-adaptive", action="store_true")
+    srv.add_argument("--enable-return-routed-experts", action="store_true")
+    srv.add_argument("--enable-return-indexer-topk", action="store_true")
+    srv.add_argument("--expert-distribution-recorder-mode", default=None)
+    srv.add_argument("--enable-eplb", action="store_true")
     return parser
 
 
@@ -150,6 +156,10 @@ def facts_of(args) -> ServingFacts | None:
                             args.decode_attention_backend or args.attention_backend),
         draft_attention_backend=args.speculative_draft_attention_backend,
         moe_counts=args.ep_size > 1 or args.moe_a2a_backend != "none" or args.moe_dense_tp_size is not None,
+        disable_overlap_schedule=args.disable_overlap_schedule,
+        speculative_adaptive=args.speculative_adaptive,
+        returns_capture_outputs=args.enable_return_routed_experts or args.enable_return_indexer_topk,
+        expert_distribution=args.expert_distribution_recorder_mode is not None or args.enable_eplb,
     )
 
 

@@ -79,6 +79,14 @@ def _log_warnings(plan: Plan) -> None:
         logger.warning("hostsync: %s", warning)
 
 
+def _log_new_warnings(before: Plan, after: Plan) -> None:
+    """The warnings the server facts revealed (e.g. a user's own flag where its slot is unsafe)."""
+    seen = set(before.warnings())
+    for warning in after.warnings():
+        if warning not in seen:
+            logger.warning("hostsync: %s", warning)
+
+
 # SGLang's process functions that call load_plugins(), by (file, function). Schedulers run the
 # slots; the detokenizer and the DP controller (its schedulers are spawned) run no slot code.
 PROCESS_CALLERS = {
@@ -177,7 +185,8 @@ def validate(server_args=None) -> Plan:
             apply_facts(rt, server_args)
             plan = rt.plan
         else:
-            plan = plan.with_facts(registry.catalogue(), facts)
+            before, plan = plan, plan.with_facts(registry.catalogue(), facts)
+            _log_new_warnings(before, plan)
         plan.check_startup()  # the facts can refuse a slot (Slot.unsafe_with)
         if rt is None:
             _set_switch_flags(plan)
@@ -283,7 +292,9 @@ def apply_facts(rt: Runtime, server_args) -> None:
                     "that set the plugin up for one Engine starts an Engine with other arguments only in a new process")
         return
     rt.args = server_args
+    before = rt.plan
     rt.plan = rt.plan.with_facts(registry.catalogue(), ServingFacts.from_server_args(server_args, os.environ))
+    _log_new_warnings(before, rt.plan)
     for v in rt.plan.verdicts:
         if v.selected and v.status in (Status.SKIPPED, Status.FAILED) and v.name in rt.state.active:
             rt.state.set(v.name, v.status, v.reason)
@@ -382,6 +393,7 @@ def refine_exported(server_args) -> Plan | None:
         logger.info("hostsync: SGLang's resolution changed server facts the plan was made with; resolving it again")
         return validate(server_args)
     refined.check_startup()  # bad input the resolved facts reveal (Slot.unsafe_with), before any model load
+    _log_new_warnings(exported, refined)
     now_skipped = [v.name for v, old in zip(refined.verdicts, exported.verdicts)
                    if v.selected and v.status is not old.status]
     switches.clear_own()

@@ -1119,6 +1119,28 @@ def test_after_the_aborts_an_ngram_servers_request_is_no_evidence():
                           "standalone-t4-p16/plugin": {"after_aborts": {"identical": False, "evidence": True}}}}
     assert run.traffic_failures(result) == ["standalone-t4-p16/plugin: the request after the aborts differs from stock's"]
     assert "differs (no evidence: trie)" in stats.traffic_markdown(result["traffic"])
+    # An error after the aborts, or no KV token count after the drain, fails the run, trie or not.
+    broken = {"ngram-p1/plugin": {"after_aborts_error": "an empty output", "tokens_after_drain": None,
+                                  "after_aborts": {"identical": False, "evidence": False, "errors": ["x"]}}}
+    assert run.traffic_failures({"traffic": broken}) == [
+        "ngram-p1/plugin: no KV token count after the drain",
+        "ngram-p1/plugin: the request after the aborts failed: an empty output"]
+
+
+def test_a_cut_reply_is_a_request_error_not_the_runs(monkeypatch):
+    """http.client's errors (a server that dies mid-body) are neither OSError nor URLError."""
+    import http.client
+    import urllib.request
+
+    from sglang_hostsync_plugin.e2e import traffic
+
+    def cut(*a, **k):
+        raise http.client.IncompleteRead(b"{")
+
+    monkeypatch.setattr(urllib.request, "urlopen", cut)
+    (out,) = traffic.sequential("http://127.0.0.1:9", traffic.request_mix(32000, 0)[:1])
+    assert out.error and "IncompleteRead" in out.error and out.output_ids == ()
+    assert traffic.token_usage("http://127.0.0.1:9") is None
 
 
 def test_an_ngram_identity_pass_after_concurrent_requests_is_no_evidence(capsys):

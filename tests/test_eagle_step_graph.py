@@ -880,3 +880,15 @@ def test_a_step_returning_routed_experts_stays_sglangs(gpu):
         sg.step_hook(step, WORKER, batch())
     assert r.replays == 0 and r.graphs == {} and "routed_experts_output" in r.disabled
     assert r.eager == {"capture off": 2} and len(calls) == sg.WARMUPS + 1 + 1 + 2
+
+
+def test_the_doctor_reads_the_settings_that_make_the_step_graph_inert():
+    from sglang_hostsync_plugin import doctor
+
+    base = ["doctor", "--speculative-algorithm", "STANDALONE", "--speculative-eagle-topk", "1", "--attention-backend",
+            "triton"]
+    for flag in (["--disable-overlap-schedule"], ["--speculative-adaptive"], ["--enable-return-routed-experts"],
+                 ["--enable-return-indexer-topk"], ["--expert-distribution-recorder-mode", "stat"], ["--enable-eplb"]):
+        facts = doctor.facts_of(doctor._parser().parse_args([*base, *flag]))
+        assert sg.inert(facts) is not None, flag
+    assert sg.inert(doctor.facts_of(doctor._parser().parse_args(base))) is None

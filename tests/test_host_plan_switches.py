@@ -148,7 +148,8 @@ def test_the_glue_graph_is_inert_under_ngram_whose_verify_mask_is_new_every_step
 
 
 @pytest.mark.parametrize("argv, inert", [
-    ((*EAGLE, "--speculative-eagle-topk", "4", "--attention-backend", "fa3"), "backend is fa3"),
+    ((*EAGLE, "--speculative-eagle-topk", "4", "--attention-backend", "aiter"), "backend is aiter"),
+    ((*EAGLE, "--speculative-eagle-topk", "4", "--attention-backend", "fa3"), None),  # the mask in its VerifyMask
     ((*EAGLE, "--speculative-eagle-topk", "4", "--attention-backend", "triton"), None),
     ((*EAGLE, "--speculative-eagle-topk", "1", "--attention-backend", "flashinfer"), None),
     ((*NGRAM, "--attention-backend", "triton"), "NGRAM's verify mask"),
@@ -191,6 +192,8 @@ def test_the_ngram_mask_hazard_is_still_in_sglang():
     assert "custom_mask[: spec_info.custom_mask.shape[0]] = spec_info.custom_mask" in verify
     eagle = source("sglang.srt.speculative.eagle_worker_common")
     assert "tree_mask_buf = verify_mask.buffer if verify_mask.fits(bs) else None" in eagle
+    fa3 = source("sglang.srt.layers.attention.flashattention_backend")
+    assert "self._verify_mask = maybe_create_verify_mask(" in fa3  # why fa3 is among hp.GLUE_BACKENDS
 
 
 def _args(*argv):
@@ -316,3 +319,20 @@ def test_the_step_graph_applies_alone_and_is_refused_beside_the_glue_graphs():
     t4 = _plan("default,eagle_step_graph", *EAGLE, "--speculative-eagle-topk", "4", "--page-size", "16",
                "--attention-backend", "triton")
     assert t4.verdict("eagle_step_graph").status is Status.SKIPPED
+
+
+def test_the_users_glue_flag_warning_is_logged_once_the_facts_come(monkeypatch):
+    """A plan resolved before the server arguments were known (an activated launcher) learns the warning
+    from apply_facts, which logs it."""
+    from sglang_hostsync_plugin import plan as plans, runtime
+
+    env = {config.ENV_ENABLE: "1", config.ENV_SLOTS: "default", hp.GLUE_FLAG: "1"}
+    monkeypatch.setenv(hp.GLUE_FLAG, "1")
+    rt = runtime.Runtime()
+    rt.plan = plans.resolve(env)
+    assert rt.plan.warnings() == []
+    monkeypatch.setattr(runtime.switches, "apply", lambda slots: [])
+    logged = []
+    monkeypatch.setattr(runtime.logger, "warning", lambda fmt, *a: logged.append(fmt % a))
+    runtime.apply_facts(rt, _args(*NGRAM, "--attention-backend", "triton"))
+    assert [m for m in logged if "unset it" in m] == [f"hostsync: {rt.plan.warnings()[0]}"]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import threading
 import time
@@ -37,8 +38,8 @@ def _post(url: str, payload: dict, timeout: float) -> dict:
             return json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         raise ClientError(f"{url}: HTTP {exc.code}: {exc.read()[:300]!r}") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise ClientError(f"{url}: {exc}") from None
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as exc:  # HTTPException: a cut reply
+        raise ClientError(f"{url}: {exc!r}" if isinstance(exc, http.client.HTTPException) else f"{url}: {exc}") from None
 
 
 def health(base: str, timeout: float = 2.0) -> bool:

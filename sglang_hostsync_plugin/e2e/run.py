@@ -507,6 +507,8 @@ def traffic_pass(config, live: dict, args, result: dict, out_dir: str) -> None:
             entry["concurrent"] = load
             entry["tokens_after_drain"] = traffic.wait_drained(srv.base)
             after[name] = traffic.after_aborts(srv.base, mix)
+            if after[name].error or not after[name].output_ids:  # the aborts' damage shows here, trie or not
+                entry["after_aborts_error"] = after[name].error or "an empty output"
             entry["log_problems"] = traffic.log_problems(srv.log_text())[:20]
             say(f"{config.name}/{name}: real traffic, {args.traffic_clients} clients: {load['completed']} completed, "
                 f"{load['aborted']} aborted, {len(load['errors'])} errors, health {load['health']}, "
@@ -543,10 +545,13 @@ def traffic_failures(result: dict) -> list[str]:
             bad.append(f"{key}: {len(c['errors'])} errors, health {c['health']} with concurrent clients")
         if t.get("log_problems"):
             bad.append(f"{key}: {len(t['log_problems'])} problem lines in the server log")
-        if "tokens_after_drain" in t and t["tokens_after_drain"] not in (None, 0):
-            bad.append(f"{key}: {t['tokens_after_drain']} KV tokens still held after the drain")
+        if "tokens_after_drain" in t and t["tokens_after_drain"] != 0:
+            bad.append(f"{key}: {t['tokens_after_drain']} KV tokens still held after the drain" if
+                       t["tokens_after_drain"] is not None else f"{key}: no KV token count after the drain")
+        if t.get("after_aborts_error"):
+            bad.append(f"{key}: the request after the aborts failed: {t['after_aborts_error']}")
         a = t.get("after_aborts")
-        if a and a.get("evidence") and not a["identical"]:
+        if a and a.get("evidence") and not a["identical"] and not a.get("errors"):
             bad.append(f"{key}: the request after the aborts differs from stock's")
     return bad
 

@@ -158,9 +158,13 @@ def request_mix(vocab: int, seed: int, prefix_len: int = 600, prompt_len: int = 
         "max_new_tokens": n, **SAMPLED, "sampling_seed": rng.randrange(1 << 31)}}, deterministic) for i in range(2)])
     kinds.append([Request(f"sampled-unseeded-{i}", {"input_ids": ids(prompt_len), "sampling_params": {
         "max_new_tokens": n, **SAMPLED}}, False) for i in range(2)])
+    # Interleaved, sampled requests last: an unseeded sample differs between servers, and an NGRAM server's
+    # trie would then draft the compared requests after it differently.
+    sampled, compared = kinds[-2:], kinds[:-2]
     mix: list[Request] = []
-    for i in range(max(len(k) for k in kinds)):
-        mix += [k[i] for k in kinds if i < len(k)]
+    for group in (compared, sampled):
+        for i in range(max(len(k) for k in group)):
+            mix += [k[i] for k in group if i < len(k)]
     return mix
 
 
@@ -182,7 +186,7 @@ def _outcome(req: Request, data) -> Outcome:
 def _send(base: str, req: Request, timeout: float) -> Outcome:
     try:
         return _outcome(req, _post(f"{base}/generate", req.payload, timeout))
-    except (ClientError, AttributeError, TypeError, ValueError) as exc:  # a reply of another shape is an error too
+    except Exception as exc:  # noqa: BLE001 (a broken reply, a dropped connection: this request's error, never the run's)
         return Outcome(req.name, (), None, None, str(exc) or repr(exc), req.compared)
 
 
@@ -374,7 +378,7 @@ def token_usage(base: str, timeout: float = 5.0) -> int | None:
     try:
         with urllib.request.urlopen(f"{base}/v1/loads?include=core", timeout=timeout) as resp:
             loads = json.loads(resp.read()).get("loads")
-    except (urllib.error.URLError, OSError, ValueError, AttributeError):
+    except (urllib.error.URLError, OSError, ValueError, AttributeError, http.client.HTTPException):
         return None
     if not isinstance(loads, list) or not loads:
         return None
@@ -410,7 +414,7 @@ _PROBLEM = re.compile("|".join((
     r"\[http_server\] Error", r"CUDA error", r"CUDA out of memory", r"OutOfMemoryError", r"illegal memory access",
     r"device-side assert", r"CUBLAS_STATUS_", r"cudaError", r"NCCL error", r"memory leak detected",
     r"watchdog timeout", r"SIGQUIT", r"Segmentation fault", r"core dumped", r"Fatal Python error",
-    r"terminate called", r"crashed with exit code", r"\bAbort",
+    r"terminate called", r"crashed with exit code", r"\bAbort", r"retract_decode: aborted",
     r'"[A-Z]+ /(?!health)\S* HTTP/1\.[01]" 5\d\d ',  # uvicorn's access line; /health says 503 until ready
 )))
 # SGLang's normal lines about a client that hung up (tokenizer_manager, http_server; the

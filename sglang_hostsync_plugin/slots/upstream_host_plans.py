@@ -53,11 +53,11 @@ def _uses_flashinfer(f: ServingFacts, which: str) -> str | None:
     return None
 
 
-# Target backends whose verify prep reads its spec tensors from buffers at stable addresses (triton:
-# the tree mask is written into its own VerifyMask buffer) or fails the capture on its host plan
-# (flashinfer, whose host-fed plans are refused separately). fa3 and aiter read the tree mask EAGLE
-# allocates every step when the backend has no VerifyMask: a captured prep replays a freed tensor.
-GLUE_BACKENDS = ("triton", "flashinfer")
+# Target backends whose verify prep reads EAGLE's tree mask from their own VerifyMask buffer, where
+# EAGLE writes it (triton, fa3), or fails the capture on its host plan (flashinfer, whose host-fed
+# plans are refused separately). A backend without a VerifyMask (aiter, ...) is handed the mask EAGLE
+# allocates every step: a captured prep would replay a freed tensor.
+GLUE_BACKENDS = ("triton", "fa3", "flashinfer")
 GLUE_PER_STEP_MASK = ("NGRAM's verify mask is a new tensor every step (SGLang's USE_FULL_MASK torch.cat, "
                       "and ngram_full_mask's kernel): the glue graph would copy the capture step's freed mask "
                       "on every replay and change the outputs")
@@ -69,8 +69,9 @@ def glue_unsafe_reason(f: ServingFacts) -> str | None:
         return GLUE_PER_STEP_MASK
     known = {b for b in f.attention_backends if b}
     if f.speculative_algorithm and known - set(GLUE_BACKENDS):
-        return (f"the target attention backend is {', '.join(sorted(known))}: only triton's verify prep reads the tree "
-                "mask from its own buffer (fa3 and aiter copy the mask EAGLE allocates every step)")
+        return (f"the target attention backend is {', '.join(sorted(known))}: only the verify prep of "
+                f"{', '.join(GLUE_BACKENDS)} was read to use no tensor EAGLE allocates every step (a backend "
+                "without a VerifyMask buffer copies the tree mask EAGLE allocates per step)")
     return None
 
 
