@@ -104,10 +104,10 @@ class Plan:
         out, the attention backends): the plan is refined, never widened."""
         if self.facts_applied and not refines(self.facts, facts.record()):
             return self
-        verdicts = []
-        for v in self.verdicts:
-            inert = inert_reason(catalogue[v.name], facts) if v.status is Status.WOULD_APPLY else None
-            verdicts.append(dataclasses.replace(v, status=Status.SKIPPED, reason=inert) if inert else v)
+        applying = {v.name for v in self.verdicts if v.status in (Status.WOULD_APPLY, Status.UPSTREAM)}
+        inert = inert_reasons(catalogue, facts, {v.name for v in self.verdicts if v.selected}, applying)
+        verdicts = [dataclasses.replace(v, status=Status.SKIPPED, reason=inert[v.name])
+                    if v.status is Status.WOULD_APPLY and inert[v.name] else v for v in self.verdicts]
         return dataclasses.replace(self, verdicts=refuse_unsafe_pairs(tuple(verdicts), catalogue, facts),
                                    facts=facts.record())
 
@@ -119,6 +119,19 @@ class Plan:
         data = json.loads(raw)
         verdicts = tuple(Verdict(v["name"], v["selected"], Status(v["status"]), v["reason"]) for v in data.pop("verdicts"))
         return cls(verdicts=verdicts, **data)
+
+
+def inert_reasons(catalogue: Mapping[str, Slot], facts: ServingFacts | None, selected: set[str],
+                  candidates: set[str] | None = None) -> dict[str, str | None]:
+    """Slot name -> why it would do nothing for these facts (None: it would act). A
+    ``kept_by_dependents`` slot acts wherever a selected slot that requires it would act
+    (of ``candidates``: those not refused yet; None: all)."""
+    inert = {name: inert_reason(slot, facts) for name, slot in catalogue.items()}
+    acting = {n for n in selected if inert[n] is None and (candidates is None or n in candidates)}
+    for name, slot in catalogue.items():
+        if slot.kept_by_dependents and inert[name] and any(name in catalogue[d].requires for d in acting):
+            inert[name] = None
+    return inert
 
 
 def refines(old: Mapping, new: Mapping) -> bool:
@@ -194,7 +207,7 @@ def resolve(env: Mapping[str, str] | None = None, facts: ServingFacts | None = N
     selection = config.selected_slots(catalogue, env)
     chosen = set(selection.names)
     switches.check_contrary_env([catalogue[n] for n in selection.names], env)
-    inert = {name: inert_reason(slot, facts) for name, slot in catalogue.items()}
+    inert = inert_reasons(catalogue, facts, chosen)
     reasons = {name: _check(slot, inert[name]) for name, slot in catalogue.items()}
     # Two selected slots on one target are both refused before anything is registered.
     passed = [catalogue[n] for n in selection.names if reasons[n] is None and inert[n] is None]

@@ -217,6 +217,9 @@ class Slot:
     # Returns why the slot would do nothing under these facts ("inert because ..."),
     # or None. An inert slot is reported skipped and changes nothing.
     inert: Callable[[ServingFacts], str | None] | None = None
+    # A guard: its inert reason does not hold where a selected slot that ``requires`` it applies
+    # (that slot removes what made the guard unneeded: ``plan.inert_reasons``).
+    kept_by_dependents: bool = False
     # Returns a warning when the user's environment undoes the slot, or None.
     env_warning: Callable[[Mapping[str, str]], str | None] | None = None
     # Named presets (besides default/all/none) that include this slot.

@@ -65,7 +65,11 @@ def test_eagle_tail_is_reached_exactly_where_its_kernel_is_prebuilt(f, expected)
     # A backend no draft supports: SGLang gives an unnamed draft FlashInfer instead.
     (facts("DFLASH", 4, 16, "flashmla"), None, "is DFLASH"),
     (facts("DFLASH", 4, 16, "flashmla", draft="triton"), "not flashinfer", "is DFLASH"),
-    (facts("EAGLE", 1, 16, "flashinfer"), None, "topk is 1"),
+    # Stock's topk-1 verify plan() reads back every step: nothing to guard, unless that read is off.
+    (facts("EAGLE", 1, 16, "flashinfer"), "topk is 1", "topk is 1"),
+    (facts("EAGLE3", 1, 16, "flashinfer", env={"SGLANG_OPT_FLASHINFER_VERIFY_HOST_PLAN": "1"}), None, "topk is 1"),
+    (facts("EAGLE", None, 16, "flashinfer"), None, None),  # topk not resolved yet
+    (facts("DFLASH", 1, 16, "flashinfer"), None, "is DFLASH"),
     (facts("NGRAM", 1, 1, "flashinfer"), None, None),  # NGRAM verify is planned on the host too
     (facts("NGRAM", 1, 1, "triton"), "not flashinfer", "not flashinfer"),
     (facts(None, 1, 1, "fa3"), "not flashinfer", "is unset"),
@@ -74,6 +78,27 @@ def test_flashinfer_slots_are_inert_only_when_no_backend_is_flashinfer(f, guard,
     for name, expected in (("flashinfer_plan_guard", guard), ("flashinfer_tree_verify_plan", tree)):
         reason = inert_reason(CATALOGUE[name], f)
         assert (reason is None) if expected is None else (expected in reason), (name, reason)
+
+
+@pytest.mark.parametrize("spec, guard", [
+    ("default", Status.SKIPPED),
+    ("default,flashinfer", Status.WOULD_APPLY),  # flashinfer_verify_host_plan removes the read: it keeps the guard
+    ("default,flashinfer,-flashinfer_verify_host_plan", Status.SKIPPED),
+])
+def test_the_plan_guard_applies_at_topk_1_only_beside_a_slot_that_requires_it(spec, guard):
+    topk1 = facts("STANDALONE", 1, 16, "flashinfer")
+    assert "flashinfer_plan_guard" in CATALOGUE["flashinfer_verify_host_plan"].requires
+    env = {"SGLANG_HOSTSYNC_SLOTS": spec}
+    for plan in (plans.resolve(env, facts=topk1),
+                 plans.resolve(env, facts=facts("STANDALONE", None, 16, None)).with_facts(CATALOGUE, topk1)):
+        assert plan.verdict("flashinfer_plan_guard").status is guard, plan.verdict("flashinfer_plan_guard")
+    # A requiring slot that is itself inert (topk 4: the switch covers topk 1 only) keeps nothing.
+    reasons = plans.inert_reasons(CATALOGUE, facts("STANDALONE", 4, 16, "flashinfer"),
+                                  {"flashinfer_verify_host_plan", "flashinfer_plan_guard"})
+    assert reasons["flashinfer_verify_host_plan"] and reasons["flashinfer_plan_guard"] is None
+    reasons = plans.inert_reasons(CATALOGUE, facts("STANDALONE", 1, 16, "triton"),
+                                  {"flashinfer_verify_host_plan", "flashinfer_plan_guard"})
+    assert reasons["flashinfer_verify_host_plan"] and "not flashinfer" in reasons["flashinfer_plan_guard"]
 
 
 def test_slots_reached_by_every_configuration_have_no_rule():

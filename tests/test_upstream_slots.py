@@ -53,7 +53,9 @@ def test_no_other_switch_declares_a_dependency():
     # Besides the switches: the FlashInfer host plan needs the pinned-buffer guard, and the
     # audit's sub-phases (a tool slot) time into the audit's clock; NGRAM's late wait defers the
     # readback's synchronize and relies on the full-mask edit sizing the mask after the draft prep.
-    owned = {"flashinfer_tree_verify_plan": ("flashinfer_plan_guard",), "audit_fine": ("audit",), "audit_block": ("audit",),
+    # SGLang's own topk-1 host plan needs it too (stock's verify read-back was the only drain).
+    owned = {"flashinfer_tree_verify_plan": ("flashinfer_plan_guard",),
+             "flashinfer_verify_host_plan": ("flashinfer_plan_guard",), "audit_fine": ("audit",), "audit_block": ("audit",),
              "audit_ngram": ("audit",), "ngram_late_wait": ("ngram_accept_readback", "ngram_full_mask")}
     assert declared == {**{n: (d,) for n, d in SWITCH_REQUIRES.items()}, **owned}
 

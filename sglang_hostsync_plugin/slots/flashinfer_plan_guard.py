@@ -23,6 +23,12 @@ stock's blocking read would have, and the wait is counted (``ring().host_waits``
 Eager wrappers (``is_cuda_graph_enabled`` false) run ``plan()``, which reads its
 indptr back with a blocking copy, so they are passed through.
 
+Where nothing removes that read it guards nothing: at EAGLE topk 1 stock SGLang's verify
+``plan()`` still reads back every step (measured 2026-12-06, H100, FlashInfer topk 1 page 16:
+``default`` with the guard 0.970x stock at c1), so the slot is inert there unless a selected slot
+that requires it applies (``flashinfer_verify_host_plan``) or the user's own
+``SGLANG_OPT_FLASHINFER_VERIFY_HOST_PLAN`` turns that read off.
+
 Hook targets: ``FlashInferIndicesUpdaterDecode.call_begin_forward`` and
 ``FlashInferIndicesUpdaterPrefill.call_begin_forward`` (AROUND; SGLang's bodies run
 unchanged). Under any other attention backend they are never called.
@@ -37,8 +43,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..slot import HookTarget, Slot, SlotKind, TargetKind, not_flashinfer
-from .upstream_host_plans import FLASHINFER_PRESET as PRESET
+from .. import switches
+from ..slot import HookTarget, ServingFacts, Slot, SlotKind, TargetKind, not_flashinfer
+from .upstream_host_plans import FLASHINFER_PRESET as PRESET, VERIFY_HOST_PLAN_FLAG
 
 NAME = "flashinfer_plan_guard"
 FB = "sglang.srt.layers.attention.flashinfer_backend"
@@ -115,6 +122,16 @@ def precheck() -> str | None:
     return None
 
 
+def inert(f: ServingFacts) -> str | None:
+    if reason := not_flashinfer(f):
+        return reason
+    if f.speculative_algorithm and f.is_eagle_family() and f.topk == 1 \
+            and not switches.env_value(VERIFY_HOST_PLAN_FLAG, f.env):
+        return ("inert because --speculative-eagle-topk is 1: SGLang's verify plan() reads back every step, "
+                "so no plan outruns its copy (flashinfer_verify_host_plan, which removes that read, keeps it)")
+    return None
+
+
 def _guard_before(wrappers) -> tuple:
     live = tuple(w for w in wrappers if w is not None and w.is_cuda_graph_enabled)
     for w in live:
@@ -149,7 +166,8 @@ SLOT = Slot(
     default=True,
     presets=(PRESET,),
     precheck=precheck,
-    inert=not_flashinfer,
+    inert=inert,
+    kept_by_dependents=True,
     targets=(
         HookTarget(
             f"{FB}.FlashInferIndicesUpdaterDecode.call_begin_forward", TargetKind.FUNCTION,

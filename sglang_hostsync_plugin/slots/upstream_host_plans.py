@@ -41,6 +41,7 @@ GLUE_FLAG = "SGLANG_ENABLE_METADATA_GLUE_GRAPH"
 # ``SGLANG_HOSTSYNC_SLOTS=default,flashinfer``: these two plus the owned FlashInfer slots and
 # ``draft_extend_fused_layout``.
 FLASHINFER_PRESET = "flashinfer"
+VERIFY_HOST_PLAN_FLAG = "SGLANG_OPT_FLASHINFER_VERIFY_HOST_PLAN"
 # --kv-cache-dtype values whose FlashInfer KV dtype is bf16, fp16 or fp8 ("auto": the model's).
 HOST_PLAN_KV_DTYPES = ("auto", "bf16", "bfloat16", "fp8_e4m3", "fp8_e5m2")
 
@@ -114,10 +115,10 @@ def draft_host_indptr_inert(f: ServingFacts) -> str | None:
     return _uses_flashinfer(f, "draft")
 
 
-def _switch(name, flag, summary, inert, conflicts=(), presets=(), unsafe_with=()) -> Slot:
+def _switch(name, flag, summary, inert, conflicts=(), presets=(), unsafe_with=(), requires=()) -> Slot:
     return Slot(name=name, kind=SlotKind.UPSTREAM_SWITCH, origin=ORIGIN, summary=summary, default=False,
                 precheck=lambda: flag_precheck(flag), env_flag=flag, inert=inert, conflicts=tuple(conflicts),
-                presets=tuple(presets), unsafe_with=tuple(unsafe_with))
+                presets=tuple(presets), unsafe_with=tuple(unsafe_with), requires=tuple(requires))
 
 
 GLUE_FREEZES_HOST_PLAN = ("its FlashInfer verify plan is computed on the host every replay, and the glue graph "
@@ -129,9 +130,10 @@ SLOTS = (
             "per-replay attention metadata prep captured into one small CUDA graph", glue_inert,
             conflicts=("flashinfer_verify_host_plan",),
             unsafe_with=(("flashinfer_tree_verify_plan", GLUE_FREEZES_HOST_PLAN),), presets=(HOST_PRESET,)),
-    _switch("flashinfer_verify_host_plan", "SGLANG_OPT_FLASHINFER_VERIFY_HOST_PLAN",
+    # Without the verify's read-back nothing drains the stream before the next plan.
+    _switch("flashinfer_verify_host_plan", VERIFY_HOST_PLAN_FLAG,
             "FlashInfer EAGLE verify (topk 1) planned from host values: no indptr reads per step",
-            verify_host_plan_inert, presets=(FLASHINFER_PRESET,)),
+            verify_host_plan_inert, presets=(FLASHINFER_PRESET,), requires=("flashinfer_plan_guard",)),
     _switch("flashinfer_draft_host_indptr", "SGLANG_OPT_FLASHINFER_DRAFT_HOST_INDPTR",
             "FlashInfer multi-step draft kv indptr from the host seq lens: no .cpu() per step",
             draft_host_indptr_inert, presets=(FLASHINFER_PRESET,)),
