@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from . import choice
 from .slot import Slot
 
 ENV_ENABLE = "SGLANG_ENABLE_HOSTSYNC_PLUGIN"
@@ -77,6 +78,9 @@ class Selection:
 
     spec: str
     names: tuple[str, ...]
+    # ``auto`` named: ``names`` is every slot the automatic choice may pick; the plan narrows it
+    # to the pick once the server facts decide (``choice.pick``).
+    auto: bool = False
 
 
 def _all_without_conflicts(catalogue: Mapping[str, Slot]) -> set[str]:
@@ -102,7 +106,7 @@ def _shown(text: str, limit: int = 60) -> str:
 def parse_slot_spec(spec: str, catalogue: Mapping[str, Slot]) -> Selection:
     """Resolve ``SGLANG_HOSTSYNC_SLOTS``.
 
-    Comma list of presets (``default``, ``all``, ``none``, and any a slot declares,
+    Comma list of presets (``default``, ``all``, ``none``, ``auto`` (``choice``), and any a slot declares,
     e.g. ``dspark_mega``) and slot names; ``-x`` removes preset or slot ``x``. The result does not depend on token order:
     everything named is added, then everything negated is removed. With no positive
     token the base is ``default`` (so ``-event_ring`` means ``default,-event_ring``);
@@ -123,6 +127,9 @@ def parse_slot_spec(spec: str, catalogue: Mapping[str, Slot]) -> Selection:
     for slot_name, slot in catalogue.items():
         for preset in slot.presets:
             presets.setdefault(preset, set()).add(slot_name)
+    auto = choice.is_auto(spec)
+    if auto:
+        presets[choice.AUTO] = choice.row_names(catalogue, parse_slot_spec)
     valid = f"Presets: {', '.join(presets)}. Slots: {', '.join(order)}."
     added: set[str] = set()
     removed: set[str] = set()
@@ -163,12 +170,12 @@ def parse_slot_spec(spec: str, catalogue: Mapping[str, Slot]) -> Selection:
                     f"selected. Add {dep!r} or remove {name!r}."
                 )
         for other in slot.conflicts:
-            if other in chosen:
+            if other in chosen and not auto:  # no pick holds both (tests/test_choice.py)
                 raise HostsyncConfigError(
                     f"{ENV_SLOTS}: slots {name!r} and {other!r} conflict; select one "
                     f"(add '-{name}' or '-{other}' to {spec.strip()!r})."
                 )
-    return Selection(spec=spec, names=tuple(n for n in order if n in chosen))
+    return Selection(spec=spec, names=tuple(n for n in order if n in chosen), auto=auto)
 
 
 def selected_slots(

@@ -22,7 +22,7 @@ import json
 import os
 import sys
 
-from . import backends, config, plan as plans, registry, report, version
+from . import backends, choice, config, plan as plans, registry, report, version
 from .slot import ServingFacts, Status, inert_reason
 from .slots import audit, audit_block, audit_ngram
 from .slots.upstream_host_plans import FLASHINFER_PRESET
@@ -139,6 +139,15 @@ def audit_hints(plan, catalogue, facts) -> list[str]:
             if name not in plan.selected and inert_reason(catalogue[name], facts) is None]
 
 
+def auto_line(plan) -> str | None:
+    """What ``auto`` picked for the given server arguments, or why it waits (None: no ``auto``)."""
+    if not choice.is_auto(plan.spec):
+        return None
+    return plan.choice or ("auto: decided once SGLang has resolved the server arguments (give "
+                           "--speculative-algorithm, --speculative-eagle-topk, --page-size and --attention-backend "
+                           "to see the pick); until then every slot it may pick is listed")
+
+
 def facts_of(args) -> ServingFacts | None:
     """The server facts the doctor's server arguments give (None without an algorithm)."""
     if args.speculative_algorithm is None:
@@ -217,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     hints = preset_hints(plan, catalogue, facts) + audit_hints(plan, catalogue, facts)
     rows = report.doctor_rows(plan, catalogue)
     common = dict(sglang=installed, supported_sglang=version.SUPPORTED_SGLANG, selected=list(plan.selected),
-                  strict=plan.strict)
+                  strict=plan.strict, choice=auto_line(plan))
     bad = plan.config_errors()
     if bad:  # the server would refuse these in argument preparation
         print("hostsync doctor: " + "; ".join(bad), file=sys.stderr)
@@ -248,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
             say("(--wide: also each slot's kind, origin and default; --json: everything)")
         if seq_lens is not None:
             say(backends.format_report(seq_lens))
+        if common["choice"]:
+            say(common["choice"])
         for warning in plan.warnings():
             say(f"warning: {warning}")
         for hint in hints:

@@ -22,7 +22,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from . import checks, config, registry, switches, version
+from . import checks, choice, config, registry, switches, version
 from .slot import ENV_UNSAFE, ConfigPrecheck, ServingFacts, Slot, SlotKind, Status, inert_reason
 
 # Internal: the launcher's plan, inherited by every process it spawns.
@@ -60,6 +60,7 @@ class Plan:
     verdicts: tuple[Verdict, ...]  # every catalogue slot, in catalogue order
     inputs: str  # digest of what it was computed from (see ``inputs_digest``)
     facts: dict | None = None  # ServingFacts.record() of the server args applied, once applied
+    choice: str | None = None  # ``auto``: what it picked and how to pin it (``choice.line``), once decided
 
     @property
     def facts_applied(self) -> bool:
@@ -105,11 +106,15 @@ class Plan:
         if self.facts_applied and not refines(self.facts, facts.record()):
             return self
         applying = {v.name for v in self.verdicts if v.status in (Status.WOULD_APPLY, Status.UPSTREAM)}
-        inert = inert_reasons(catalogue, facts, {v.name for v in self.verdicts if v.selected}, applying)
+        selected = {v.name for v in self.verdicts if v.selected}
+        skips, line = auto_skips(self.spec, selected, catalogue, facts) if self.choice is None else ({}, None)
+        inert = inert_reasons(catalogue, facts, selected - set(skips), applying)
+        inert.update({n: inert[n] or why for n, why in skips.items()})
         verdicts = [dataclasses.replace(v, status=Status.SKIPPED, reason=inert[v.name])
                     if v.status is Status.WOULD_APPLY and inert[v.name] else v for v in self.verdicts]
-        return dataclasses.replace(self, verdicts=refuse_unsafe_pairs(tuple(verdicts), catalogue, facts),
-                                   facts=facts.record())
+        pending = choice.is_auto(self.spec) and (line or self.choice) is None
+        return dataclasses.replace(self, verdicts=refuse_unsafe_pairs(tuple(verdicts), catalogue, facts, pending),
+                                   facts=facts.record(), choice=line or self.choice)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -134,6 +139,18 @@ def inert_reasons(catalogue: Mapping[str, Slot], facts: ServingFacts | None, sel
     return inert
 
 
+def auto_skips(spec: str, selected: set[str], catalogue: Mapping[str, Slot],
+               facts: ServingFacts | None) -> tuple[dict[str, str], str | None]:
+    """For an ``auto`` selection the facts decide: the selected slots its pick leaves out (name ->
+    reason) and the status line; else nothing (({}, None))."""
+    picked = choice.pick(facts) if choice.is_auto(spec) else None
+    if picked is None:
+        return {}, None
+    keep = set(config.parse_slot_spec(picked.spec, catalogue).names)
+    why = f"not picked by auto for {picked.label} (it picks {picked.spec})"
+    return {n: why for n in selected - keep}, choice.line(picked, spec)
+
+
 def refines(old: Mapping, new: Mapping) -> bool:
     """Whether the facts ``new`` only resolve values ``old`` held as unknown (None), and resolve
     at least one: the same server args, known better."""
@@ -146,12 +163,13 @@ def refines(old: Mapping, new: Mapping) -> bool:
 
 
 def refuse_unsafe_pairs(verdicts: tuple[Verdict, ...], catalogue: Mapping[str, Slot],
-                        facts: ServingFacts) -> tuple[Verdict, ...]:
+                        facts: ServingFacts, pending: bool = False) -> tuple[Verdict, ...]:
     """Refuse each selected slot that would apply beside a slot its ``unsafe_with`` names
     that would apply too (both known only once the server facts are: inert ones are
     skipped by then). With an EAGLE-family topk SGLang has not chosen yet, the pair waits
-    for the plan's refinement (topk 1 makes the tree slots inert)."""
-    if facts.topk is None:
+    for the plan's refinement (topk 1 makes the tree slots inert), as does an ``auto`` selection
+    the facts do not decide yet (``pending``: its pick holds no such pair)."""
+    if facts.topk is None or pending:
         return verdicts
     applying = {v.name for v in verdicts if v.selected and v.status in (Status.WOULD_APPLY, Status.UPSTREAM)}
     out = []
@@ -207,7 +225,9 @@ def resolve(env: Mapping[str, str] | None = None, facts: ServingFacts | None = N
     selection = config.selected_slots(catalogue, env)
     chosen = set(selection.names)
     switches.check_contrary_env([catalogue[n] for n in selection.names], env)
-    inert = inert_reasons(catalogue, facts, chosen)
+    skips, line = auto_skips(selection.spec, chosen, catalogue, facts)
+    inert = inert_reasons(catalogue, facts, chosen - set(skips))
+    inert.update({n: inert[n] or why for n, why in skips.items()})
     reasons = {name: _check(slot, inert[name]) for name, slot in catalogue.items()}
     # Two selected slots on one target are both refused before anything is registered.
     passed = [catalogue[n] for n in selection.names if reasons[n] is None and inert[n] is None]
@@ -216,10 +236,10 @@ def resolve(env: Mapping[str, str] | None = None, facts: ServingFacts | None = N
     verdicts = tuple(Verdict(name, name in chosen, Status.SKIPPED, inert[name]) if inert[name] and not reasons[name]
                      else _verdict(slot, name in chosen, reasons[name], env) for name, slot in catalogue.items())
     if facts is not None:
-        verdicts = refuse_unsafe_pairs(verdicts, catalogue, facts)
+        verdicts = refuse_unsafe_pairs(verdicts, catalogue, facts, selection.auto and line is None)
     return Plan(spec=selection.spec, strict=strict, sglang=installed, version_warning=version_warning,
                 verdicts=verdicts, inputs=inputs_digest(env, catalogue, installed),
-                facts=facts.record() if facts is not None else None)
+                facts=facts.record() if facts is not None else None, choice=line)
 
 
 def inherited(env: Mapping[str, str] | None = None) -> Plan | None:

@@ -79,6 +79,11 @@ def _log_warnings(plan: Plan) -> None:
         logger.warning("hostsync: %s", warning)
 
 
+def _log_choice(before: Plan | None, after: Plan) -> None:
+    if after.choice and (before is None or after.choice != before.choice):
+        logger.info("hostsync: %s", after.choice)
+
+
 def _log_new_warnings(before: Plan, after: Plan) -> None:
     """The warnings the server facts revealed (e.g. a user's own flag where its slot is unsafe)."""
     seen = set(before.warnings())
@@ -187,6 +192,7 @@ def validate(server_args=None) -> Plan:
         else:
             before, plan = plan, plan.with_facts(registry.catalogue(), facts)
             _log_new_warnings(before, plan)
+            _log_choice(None, plan)
         plan.check_startup()  # the facts can refuse a slot (Slot.unsafe_with)
         if rt is None:
             _set_switch_flags(plan)
@@ -295,6 +301,7 @@ def apply_facts(rt: Runtime, server_args) -> None:
     before = rt.plan
     rt.plan = rt.plan.with_facts(registry.catalogue(), ServingFacts.from_server_args(server_args, os.environ))
     _log_new_warnings(before, rt.plan)
+    _log_choice(before, rt.plan)
     for v in rt.plan.verdicts:
         if v.selected and v.status in (Status.SKIPPED, Status.FAILED) and v.name in rt.state.active:
             rt.state.set(v.name, v.status, v.reason)
@@ -323,7 +330,8 @@ def startup_check(rt: Runtime) -> None:
             report.format_status_block(
                 rt.state.statuses.values(),
                 f"hostsync: sglang {version.installed_sglang()}, "
-                f"{config.ENV_SLOTS}={spec!r}, strict={rt.plan.strict if rt.plan else '?'}",
+                f"{config.ENV_SLOTS}={spec!r}, strict={rt.plan.strict if rt.plan else '?'}"
+                + (f"\n  {rt.plan.choice}" if rt.plan and rt.plan.choice else ""),
             )
         )
         if rt.setup_s is not None:
@@ -394,6 +402,7 @@ def refine_exported(server_args) -> Plan | None:
         return validate(server_args)
     refined.check_startup()  # bad input the resolved facts reveal (Slot.unsafe_with), before any model load
     _log_new_warnings(exported, refined)
+    _log_choice(exported, refined)
     now_skipped = [v.name for v, old in zip(refined.verdicts, exported.verdicts)
                    if v.selected and v.status is not old.status]
     switches.clear_own()

@@ -1,0 +1,110 @@
+"""``SGLANG_HOSTSYNC_SLOTS=auto``: the slot set the real-traffic runs measured identical to stock and
+fastest for the server's kind of configuration.
+
+The choice is data: one row per configuration class, with the spec it picks and the results folder
+that backs it. A configuration no row covers gets ``default`` and says so. The plan applies the pick
+once the server facts decide the class (``pick`` returns None while SGLang has not resolved the topk
+or the attention backend yet); until then the selection is every row's slots, so the plan only
+narrows (``plan.Plan.with_facts``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from .slot import ServingFacts, Slot
+
+AUTO = "auto"
+CONSERVATIVE = "default"
+FIRST = "benchmarks/results/2026-12-06-h100-real-traffic/"
+SECOND = "benchmarks/results/2026-12-06-h100-real-traffic-b/"
+
+
+@dataclass(frozen=True)
+class Choice:
+    label: str  # the configuration class, as the status line says it
+    spec: str  # what SGLANG_HOSTSYNC_SLOTS it amounts to
+    evidence: str | None  # the results folder; None: nobody measured this class
+    gain: str = ""  # tok/s/user over stock at c1 / c8 (real acceptance, H100)
+
+
+@dataclass(frozen=True)
+class Row:
+    applies: Callable[[ServingFacts, str], bool]  # (facts, target backend) -> this class
+    choice: Choice
+
+
+def _eagle(topk_one: bool | None, backend: str):
+    def applies(f: ServingFacts, be: str) -> bool:
+        return (f.is_eagle_family() and be == backend and (f.page_size or 1) > 1
+                and (topk_one is None or (f.topk == 1) == topk_one))
+    return applies
+
+
+ROWS = (
+    Row(_eagle(True, "triton"), Choice(
+        "EAGLE family, topk 1, triton, page > 1", "default,eagle_step_graph", SECOND,
+        "EAGLE3 1.88x / 1.62x")),
+    Row(_eagle(False, "triton"), Choice(
+        "EAGLE family, topk > 1, triton, page > 1", "default,eagle_host", f"{FIRST}, {SECOND}",
+        "STANDALONE 1.56x / 1.40x, EAGLE3 1.58x / 1.42x")),
+    Row(_eagle(None, "flashinfer"), Choice(
+        "EAGLE family, FlashInfer, page > 1", "default,flashinfer,eagle_host,-metadata_glue_graph", SECOND,
+        "topk 1 1.11x / 1.08x, topk 4 1.30x / 1.23x")),
+    Row(lambda f, be: f.is_ngram() and be == "triton" and f.page_size == 1, Choice(
+        "NGRAM, triton, page 1", "default,eagle_host,ngram_host", FIRST, "1.45x / 1.17x")),
+)
+
+
+def _unmeasured(why: str) -> Choice:
+    return Choice(f"not measured ({why})", CONSERVATIVE, None)
+
+
+def pick(f: ServingFacts | None) -> Choice | None:
+    """The choice for these facts; None while they leave the class open (no facts, an EAGLE-family
+    topk or an attention backend SGLang has not resolved yet)."""
+    if f is None:
+        return None
+    if not f.speculative_algorithm:
+        return _unmeasured("no speculative decoding")
+    prefill, decode = f.attention_backends
+    if (f.is_eagle_family() and f.topk is None) or prefill is None or decode is None or f.page_size is None:
+        return None
+    # Every measured server: one GPU, overlap on, CUDA graphs, no adaptive steps.
+    for on, why in ((f.tp_size > 1 or f.dp_attention, "tensor or attention DP parallel"),
+                    (f.two_batch_overlap, "two-batch overlap"), (f.disable_overlap_schedule, "overlap off"),
+                    (f.speculative_adaptive, "adaptive steps"), (f.disable_cuda_graph, "CUDA graphs off"),
+                    (prefill != decode, f"prefill {prefill}, decode {decode}"),
+                    (f.draft_attention_backend not in (None, decode), f"draft {f.draft_attention_backend}")):
+        if on:
+            return _unmeasured(why)
+    for row in ROWS:
+        if row.applies(f, decode):
+            return row.choice
+    return _unmeasured(f"{f.speculative_algorithm}, {decode}, topk {f.topk}, page {f.page_size}")
+
+
+def is_auto(spec: str) -> bool:
+    return any(t.strip().lower() == AUTO for t in spec.split(","))
+
+
+def row_names(catalogue: Mapping[str, Slot], parse) -> set[str]:
+    """Every slot some choice picks (``parse``: the grammar, ``config.parse_slot_spec``)."""
+    names = set(parse(CONSERVATIVE, catalogue).names)
+    for row in ROWS:
+        names |= set(parse(row.choice.spec, catalogue).names)
+    return names
+
+
+def pinned(choice: Choice, spec: str) -> str:
+    """The ``SGLANG_HOSTSYNC_SLOTS`` value that pins ``choice`` (the user's other tokens kept)."""
+    rest = [t.strip() for t in spec.split(",") if t.strip() and t.strip().lower() != AUTO]
+    return ",".join([choice.spec, *rest])
+
+
+def line(choice: Choice, spec: str) -> str:
+    """The status line and the doctor's: what was chosen, why, and how to pin it."""
+    why = f"measured {choice.gain} stock at c1 / c8 ({choice.evidence})" if choice.evidence \
+        else "the conservative set"
+    return f"auto: {choice.label}: {why}; pin it with SGLANG_HOSTSYNC_SLOTS={pinned(choice, spec)}"

@@ -1,0 +1,140 @@
+"""``SGLANG_HOSTSYNC_SLOTS=auto``: the pick per configuration class, the conflicts no pick may hold,
+a configuration nobody measured, the plan narrowing once SGLang resolves the arguments, and the
+line that pins the pick."""
+
+import json
+
+import pytest
+
+from sglang_hostsync_plugin import choice, config, doctor, plan as plans, registry
+from sglang_hostsync_plugin.slot import ServingFacts, Status
+
+CATALOGUE = registry.catalogue()
+
+
+def facts(algo="STANDALONE", topk=1, page=16, backend="triton", **kw):
+    return ServingFacts(speculative_algorithm=algo, topk=topk, page_size=page, attention_backends=(backend, backend),
+                        **kw)
+
+
+def acting(plan):
+    return {v.name for v in plan.verdicts if v.selected and v.status in (Status.WOULD_APPLY, Status.UPSTREAM)}
+
+
+CLASSES = [
+    (facts("EAGLE3", 1), "default,eagle_step_graph"),
+    (facts("STANDALONE", 1), "default,eagle_step_graph"),
+    (facts("EAGLE3", 4), "default,eagle_host"),
+    (facts("STANDALONE", 4), "default,eagle_host"),
+    (facts("STANDALONE", 1, backend="flashinfer"), "default,flashinfer,eagle_host,-metadata_glue_graph"),
+    (facts("EAGLE", 4, backend="flashinfer"), "default,flashinfer,eagle_host,-metadata_glue_graph"),
+    (facts("NGRAM", 1, 1), "default,eagle_host,ngram_host"),
+]
+UNMEASURED = [
+    facts("STANDALONE", 4, 1),  # page 1
+    facts("EAGLE", 4, backend="fa3"),
+    facts("EAGLE", 1, tp_size=2),
+    facts("EAGLE", 1, dp_attention=True),
+    facts("EAGLE", 1, disable_overlap_schedule=True),
+    facts("EAGLE", 1, disable_cuda_graph=True),
+    facts("EAGLE", 4, draft_attention_backend="flashinfer"),
+    facts("DFLASH", 1),
+    facts("DSPARK", 1),
+    facts("NGRAM", 1, 1, backend="flashinfer"),
+    facts("NGRAM", 1, 16),
+    ServingFacts(),  # no speculative decoding
+]
+
+
+@pytest.mark.parametrize("f, spec", CLASSES)
+def test_each_measured_class_gets_its_fastest_verified_set_and_acts_as_that_set_pinned(f, spec):
+    picked = choice.pick(f)
+    assert picked.spec == spec and picked.evidence, picked
+    auto = plans.resolve({config.ENV_SLOTS: "auto"}, facts=f)
+    pinned = plans.resolve({config.ENV_SLOTS: spec}, facts=f)
+    assert not auto.refused() and not pinned.refused(), (auto.refused(), pinned.refused())
+    assert acting(auto) == acting(pinned)
+    assert auto.choice.endswith(f"pin it with SGLANG_HOSTSYNC_SLOTS={spec}") and picked.label in auto.choice
+    # Each slot the pick leaves out says so (an inert one says that first).
+    for v in auto.verdicts:
+        if v.selected and v.name not in set(config.parse_slot_spec(spec, CATALOGUE).names):
+            assert v.status is Status.SKIPPED, v
+            assert "not picked by auto" in v.reason or v.reason.startswith("inert because"), v
+
+
+@pytest.mark.parametrize("f", UNMEASURED)
+def test_a_configuration_nobody_measured_gets_default_and_says_so(f):
+    picked = choice.pick(f)
+    assert picked.spec == "default" and picked.evidence is None and picked.label.startswith("not measured"), picked
+    auto = plans.resolve({config.ENV_SLOTS: "auto"}, facts=f)
+    assert acting(auto) == acting(plans.resolve({}, facts=f))
+    assert "the conservative set" in auto.choice and auto.choice.endswith("SGLANG_HOSTSYNC_SLOTS=default")
+
+
+def test_no_pick_holds_a_conflicting_or_unsafe_pair():
+    for row in choice.ROWS:
+        names = set(config.parse_slot_spec(row.choice.spec, CATALOGUE).names)  # raises on a conflict
+        for name in names:
+            assert not set(CATALOGUE[name].conflicts) & names, (row.choice.spec, name)
+
+
+def test_the_conflict_cases_are_left_to_the_pick():
+    # FlashInfer topk 4: eagle_host's glue graph would freeze the host-planned verify.
+    fi4 = facts("EAGLE", 4, backend="flashinfer")
+    assert plans.resolve({config.ENV_SLOTS: "default,eagle_host"}, facts=fi4).config_errors()
+    auto = plans.resolve({config.ENV_SLOTS: "auto"}, facts=fi4)
+    assert not auto.config_errors() and "metadata_glue_graph" not in acting(auto)
+    assert {"flashinfer_tree_verify_plan", "flashinfer_plan_guard"} <= acting(auto)
+    # Topk 1 triton: the step graph cannot run beside eagle_host's glue graphs.
+    t1 = facts("EAGLE3", 1)
+    assert plans.resolve({config.ENV_SLOTS: "default,eagle_host,eagle_step_graph"}, facts=t1).config_errors()
+    auto = plans.resolve({config.ENV_SLOTS: "auto"}, facts=t1)
+    assert "eagle_step_graph" in acting(auto) and not acting(auto) & {
+        "metadata_glue_graph", "draft_extend_glue_graph", "draft_decode_glue_graph"}
+    assert "not picked by auto for EAGLE family, topk 1" in auto.verdict("metadata_glue_graph").reason
+
+
+def test_auto_waits_for_sglangs_resolution_then_narrows_to_the_same_plan():
+    env = {config.ENV_SLOTS: "auto"}
+    resolved = facts("EAGLE3", 1)
+    early = plans.resolve(env, facts=facts("EAGLE3", None, 16, None))  # topk and backend left to SGLang
+    assert early.choice is None and not early.refused()  # the unsafe pairs of the union wait too
+    assert {"eagle_step_graph", "metadata_glue_graph"} <= acting(early)
+    assert "decided once SGLang has resolved" in doctor.auto_line(early)
+    late = plans.Plan.from_json(early.to_json()).with_facts(CATALOGUE, resolved)
+    direct = plans.resolve(env, facts=resolved)
+    assert [(v.name, v.status) for v in late.verdicts] == [(v.name, v.status) for v in direct.verdicts]
+    assert late.choice == direct.choice and "eagle_step_graph" in late.choice
+    # Once decided, the pick stays (a refinement only resolves values that were unknown).
+    assert plans.Plan.from_json(late.to_json()).choice == late.choice
+    # Without any facts (a process that hooks at load_plugins()): every slot auto may pick is selected.
+    bare = plans.resolve(env)
+    assert set(bare.selected) == choice.row_names(CATALOGUE, config.parse_slot_spec) and bare.choice is None
+
+
+def test_the_users_other_tokens_stay_and_are_in_the_pinned_line():
+    env = {config.ENV_SLOTS: "auto,-event_ring"}
+    auto = plans.resolve(env, facts=facts("EAGLE3", 1))
+    assert "event_ring" not in acting(auto) and "eagle_step_graph" in acting(auto)
+    assert auto.choice.endswith("SGLANG_HOSTSYNC_SLOTS=default,eagle_step_graph,-event_ring")
+    pinned = plans.resolve({config.ENV_SLOTS: "default,eagle_step_graph,-event_ring"}, facts=facts("EAGLE3", 1))
+    assert acting(pinned) == acting(auto)
+
+
+def test_without_auto_nothing_changes():
+    plan = plans.resolve({config.ENV_SLOTS: "default,eagle_host"}, facts=facts("EAGLE3", 1))
+    assert plan.choice is None and doctor.auto_line(plan) is None
+    assert not any("auto" in v.reason for v in plan.verdicts)
+
+
+def test_the_doctor_prints_the_pick(monkeypatch, capsys):
+    monkeypatch.setenv(config.ENV_SLOTS, "auto")
+    argv = ["doctor", "--speculative-algorithm", "EAGLE3", "--speculative-eagle-topk", "4", "--page-size", "16",
+            "--attention-backend", "triton"]
+    assert doctor.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "auto: EAGLE family, topk > 1, triton, page > 1" in text
+    assert "SGLANG_HOSTSYNC_SLOTS=default,eagle_host" in text.replace("\n  ", " ")
+    assert doctor.main([*argv, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["choice"].endswith("SGLANG_HOSTSYNC_SLOTS=default,eagle_host")
