@@ -130,7 +130,7 @@ def parse_slot_spec(spec: str, catalogue: Mapping[str, Slot]) -> Selection:
     auto = choice.is_auto(spec)
     if auto:
         presets[choice.AUTO] = choice.row_names(catalogue, parse_slot_spec)
-    valid = f"Presets: {', '.join(presets)}. Slots: {', '.join(order)}."
+    valid = f"Presets: {', '.join({choice.AUTO: None, **presets})}. Slots: {', '.join(order)}."
     added: set[str] = set()
     removed: set[str] = set()
     positive = False

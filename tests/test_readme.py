@@ -69,7 +69,7 @@ def test_the_readme_preset_list_names_every_preset_and_no_other():
         if line.startswith("- "):
             listed |= set(re.findall(r"`([a-z_0-9]+)`", line.split(":", 1)[0]))
     declared = {p for s in catalogue().values() for p in s.presets}
-    assert listed == declared | {"default", "all", "none"}
+    assert listed == declared | {"default", "all", "none", "auto"}
 
 
 def test_every_selection_the_readme_recommends_parses():
