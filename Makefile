@@ -24,10 +24,13 @@ doctor: $(STAMP)
 # Unset, both give the CI command (.ci/run). PYTEST_ARGS adds pytest arguments
 # (make test PYTEST_ARGS="-k doctor --durations=20"); TESTS replaces the paths, since a path in
 # PYTEST_ARGS runs beside the whole of tests/ (make test TESTS=tests/test_config.py).
+# JOBS: pytest-xdist workers (2: the suite's CPU work and its e2e tests' waits on fake servers overlap
+# on CI's 2 cores); JOBS=0 runs in this one process (-s, --pdb).
 TESTS ?= tests
 PYTEST_ARGS ?=
+JOBS ?= 2
 test: $(STAMP)
-	$(VPY) -m pytest -q $(TESTS) $(PYTEST_ARGS)
+	$(VPY) -m pytest -q -n $(JOBS) --dist worksteal $(TESTS) $(PYTEST_ARGS)
 
 # On a CUDA machine (see scripts/gpu_run.sh for the device run).
 gpu:

@@ -12,6 +12,13 @@ def pytest_collection_modifyitems(session, config, items):
     # pytest exits 5 ("no tests collected") with success-like silence; make it an error.
     if not items and not config.getoption("keyword") and not config.getoption("markexpr"):
         raise pytest.UsageError("no tests collected: the suite must never be empty")
+    # Child processes (helpers.run_python, run_process) come from a fork server that preloads torch & co.
+    # (tests/forkserver.py): start it now, so it preloads while the first tests run.
+    files = {str(item.path) for item in items}
+    if any("run_python" in text or "run_process" in text for text in (open(f).read() for f in files)):
+        import forkserver
+
+        forkserver.launch()
 
 
 @pytest.fixture(autouse=True)
@@ -67,3 +74,14 @@ def jit_calls(monkeypatch):
 
     monkeypatch.setattr(JITFunction, "run", run)
     return calls
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Stop the fork server (tests/forkserver.py) if this session started one."""
+    import sys
+
+    forkserver = sys.modules.get("forkserver")
+    if forkserver is not None:
+        forkserver.stop()
+        if os.environ.get("HOSTSYNC_TEST_FORKSERVER_DEBUG"):
+            print("\nforkserver fallbacks:", *forkserver.FALLBACKS, sep="\n  ")

@@ -26,15 +26,28 @@ def run_concurrently(calls):
         return list(pool.map(lambda call: call(), calls))
 
 
-def run_python(code: str, timeout: float = 300, pythonpath: str | None = None, **env) -> subprocess.CompletedProcess:
-    """Run ``code`` in a fresh interpreter: HookRegistry patches are process-global."""
+def run_process(argv, *, env: dict, cwd: str = REPO, timeout: float | None = None,
+                fresh: bool = False) -> subprocess.CompletedProcess:
+    """``subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)`` for
+    ``[sys.executable, "-c" or "-m", ...]`` (or a script run by this interpreter): a new process with
+    nothing of this one's state (no HookRegistry patch, no SGLang module), forked from the tests' fork
+    server (tests/forkserver.py: third-party packages preloaded) where that is the same as a fresh
+    interpreter, else a fresh interpreter. ``fresh``: always a fresh interpreter (a child that must
+    start without torch & co. imported, e.g. one that blocks their import)."""
+    if fresh:
+        return subprocess.run(list(argv), capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
+    import forkserver
+
+    return forkserver.run(argv, env=env, cwd=cwd, timeout=timeout)
+
+
+def run_python(code: str, timeout: float = 300, pythonpath: str | None = None, fresh: bool = False,
+               **env) -> subprocess.CompletedProcess:
+    """Run ``code`` in a new process (see run_process): HookRegistry patches are process-global."""
     e = clean_env(**env)
     # tests/ on the path: the child imports hostsync_drivers and the shared helpers.
     e["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, os.path.join(REPO, "tests"), e.get("PYTHONPATH")) if p)
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True, text=True, timeout=timeout, env=e, cwd=REPO,
-    )
+    return run_process([sys.executable, "-c", textwrap.dedent(code)], env=e, cwd=REPO, timeout=timeout, fresh=fresh)
 
 
 # load_plugins() and the startup gate's check, in a child; leaves ``rt`` and ``err``

@@ -18,7 +18,7 @@ import zlib
 
 import pytest
 
-from helpers import REPO, free_port_base
+from helpers import REPO, clean_env, free_port_base, run_process
 from sglang_hostsync_plugin.e2e import client, matrix, run, stats
 from sglang_hostsync_plugin.e2e.png import bar_chart, line_plot
 from sglang_hostsync_plugin.slots.audit import ENV_TRACE, TraceStep, format_trace_line, parse_trace
@@ -154,8 +154,8 @@ def test_every_configuration_resolves_in_sglang_to_what_it_names(tmp_path):
         argvs[config.name] = [a for a in ln.argv[3:] if a != "--enable-hostsync-plugin"] + ["--device", "cuda"]
     spec = tmp_path / "argvs.json"
     spec.write_text(json.dumps(argvs))
-    proc = subprocess.run([sys.executable, "-c", RESOLVE_EVERY_CONFIG, str(spec)], capture_output=True, text=True,
-                          timeout=600, cwd=str(tmp_path), env={k: v for k, v in os.environ.items() if not k.startswith("SGLANG_")})
+    proc = run_process([sys.executable, "-c", RESOLVE_EVERY_CONFIG, str(spec)], timeout=600, cwd=str(tmp_path),
+                       env=clean_env())  # no SGLANG_ variable
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESOLVED ")]
     assert proc.returncode == 0 and line, proc.stderr[-4000:]
     resolved = json.loads(line[0][len("RESOLVED "):])

@@ -9,7 +9,20 @@ import sys
 
 import pytest
 
-from helpers import LOAD_AND_STARTUP_CHECK, REPO, clean_env, out, run_python
+from helpers import LOAD_AND_STARTUP_CHECK, REPO, clean_env, out, run_process, run_python
+
+# A launcher snippet's ``spawn(code, env)``: a new process running ``code``, as
+# ``subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)`` starts one;
+# forked from the tests' fork server (tests/forkserver.py) where the launcher is one of its children:
+# nothing of the launcher's state but ``env`` reaches it either way.
+SPAWN = """
+def spawn(code, env):
+    import os, subprocess, sys
+    server = sys.modules.get("forkserver")
+    if server is not None and server.SOCKET:
+        return server.run([sys.executable, "-c", code], env=env, cwd=os.getcwd())
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+"""
 
 # A third-party slot whose precheck records each process that computes its verdict.
 COUNTING_DIST = {
@@ -45,16 +58,15 @@ print("RESULT" + json.dumps({"err": err, "plan": json.loads(rt.plan.to_json()),
 
 # The launcher (load_plugins(), then argument preparation with the flag), then two
 # children spawned from it: one with its environment, one with a different slot list.
-LAUNCH_AND_SPAWN = """
-import json, os, subprocess, sys
+LAUNCH_AND_SPAWN = SPAWN + """
+import json, os, sys
 from sglang.srt.plugins import load_plugins
 load_plugins()
 from sglang.srt.server_args import prepare_server_args
 prepare_server_args(["--model-path", "dummy", "--enable-hostsync-plugin"])
 child = sys.argv[1]
-same = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=dict(os.environ))
-other = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
-                       env={**os.environ, "SGLANG_HOSTSYNC_SLOTS": "default"})
+same = spawn(child, dict(os.environ))
+other = spawn(child, {**os.environ, "SGLANG_HOSTSYNC_SLOTS": "default"})
 print("RESULT" + json.dumps({"exported": json.loads(os.environ["SGLANG_HOSTSYNC_PLAN"]),
     "same": same.stdout.split("RESULT", 1)[-1], "same_err": same.stderr[-3000:],
     "other": other.stdout.split("RESULT", 1)[-1], "pid": os.getpid()}))
@@ -71,8 +83,8 @@ def counting_path(tmp_path):
 
 def test_one_plan_per_launch_read_by_every_spawned_process(counting_path):
     count = counting_path / "count.txt"
-    proc = subprocess.run(
-        [sys.executable, "-c", LAUNCH_AND_SPAWN, CHILD], capture_output=True, text=True, cwd=REPO, timeout=600,
+    proc = run_process(
+        [sys.executable, "-c", LAUNCH_AND_SPAWN, CHILD], cwd=REPO, timeout=600,
         env={**clean_env(SGLANG_HOSTSYNC_SLOTS="default,counted", COUNT_FILE=str(count)),
              "PYTHONPATH": f"{counting_path}:{REPO}/tests"},
     )
@@ -111,8 +123,8 @@ def test_the_doctor_prints_the_same_plan_the_launcher_computes():
     from sglang_hostsync_plugin import plan as plans
 
     launcher = json.loads(plans.resolve({"SGLANG_HOSTSYNC_SLOTS": "default,audit"}).to_json())
-    proc = subprocess.run([sys.executable, "-m", "sglang_hostsync_plugin", "doctor", "--json"], capture_output=True,
-                          text=True, cwd=REPO, timeout=300, env=clean_env(SGLANG_HOSTSYNC_SLOTS="default,audit"))
+    proc = run_process([sys.executable, "-m", "sglang_hostsync_plugin", "doctor", "--json"], cwd=REPO, timeout=300,
+                       env=clean_env(SGLANG_HOSTSYNC_SLOTS="default,audit"))
     assert proc.returncode == 0, out(proc)
     doctor = json.loads(proc.stdout)
     assert [(r["name"], r["selected"], r["status"], r["reason"]) for r in doctor["slots"]] == [
@@ -182,8 +194,7 @@ print("RESULT" + json.dumps({"enabled": os.environ.get("SGLANG_ENABLE_HOSTSYNC_P
 def test_config_yaml_enables_the_plugin(tmp_path, value, enabled):
     cfg = tmp_path / "server.yaml"
     cfg.write_text(f"model-path: dummy\nenable-hostsync-plugin: {value}\n")
-    proc = subprocess.run([sys.executable, "-c", CONFIG_LAUNCH, str(cfg)], capture_output=True, text=True,
-                          env=clean_env(), cwd=REPO, timeout=300)
+    proc = run_process([sys.executable, "-c", CONFIG_LAUNCH, str(cfg)], env=clean_env(), cwd=REPO, timeout=300)
     assert proc.returncode == 0, out(proc)
     res = json.loads(proc.stdout.split("RESULT", 1)[1])
     assert res == {"enabled": enabled, "plan": enabled is not None}, out(proc)
@@ -224,8 +235,8 @@ def test_enabling_after_load_plugins_is_checked_and_said():
 # SGLang's embedded Engine: load_plugins() from engine.py, then ServerArgs(**kwargs) refuses
 # the unknown keyword before anything launches. Then the arguments reach the plugin either
 # through prepare_server_args (the CLI) or through the launcher gate (an Engine's args).
-LAUNCHER = """
-import json, logging, os, subprocess, sys
+LAUNCHER = SPAWN + """
+import json, logging, os, sys
 logging.basicConfig(level=logging.INFO)  # an Engine configures SGLang's logger before the gate runs
 from sglang.srt.entrypoints import engine
 try:
@@ -251,9 +262,10 @@ try:
 except Exception as exc:
     err = f"{type(exc).__name__}: {exc}"
 # One process spawned per child snippet (argv[2:]), all at once, as SGLang starts its processes.
-children = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=dict(os.environ)) for code in sys.argv[2:]] if err is None else []
-outs = [child.communicate() for child in children]
+from concurrent.futures import ThreadPoolExecutor
+codes = sys.argv[2:] if err is None else []
+with ThreadPoolExecutor(max(1, len(codes))) as pool:
+    outs = [(p.stdout, p.stderr) for p in pool.map(lambda code: spawn(code, dict(os.environ)), codes)]
 print("RESULT" + json.dumps({"rt": runtime.current() is not None, "hooked": hooked, "err": err,
     "exported": json.loads(os.environ["SGLANG_HOSTSYNC_PLAN"]) if "SGLANG_HOSTSYNC_PLAN" in os.environ else None,
     "dspark_imported": "sglang.srt.speculative.dspark_components.dspark_worker_v2" in sys.modules,
@@ -264,9 +276,9 @@ print("RESULT" + json.dumps({"rt": runtime.current() is not None, "hooked": hook
 
 @pytest.mark.parametrize("route", ["cli", "engine_gate"])
 def test_a_launcher_hooks_nothing_and_its_schedulers_read_its_plan(route):
-    proc = subprocess.run([sys.executable, "-c", LAUNCHER, route, CHILD], capture_output=True, text=True,
-                          env=clean_env(SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", SGLANG_HOSTSYNC_SLOTS="default,eagle_host"),
-                          cwd=REPO, timeout=600)
+    proc = run_process([sys.executable, "-c", LAUNCHER, route, CHILD],
+                       env=clean_env(SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", SGLANG_HOSTSYNC_SLOTS="default,eagle_host"),
+                       cwd=REPO, timeout=600)
     assert proc.returncode == 0, out(proc)
     res = json.loads(proc.stdout.split("RESULT", 1)[1])
     assert res["err"] is None, out(proc)
@@ -343,8 +355,8 @@ def _process_of_a_launch(role, enabled):
             env["SGLANG_ENABLE_HOSTSYNC_PLUGIN"] = "1"
         # The role is set before anything else runs, as TEST_ROLE in the child's environment.
         children = [f"import os\nos.environ['TEST_ROLE'] = {r!r}\n" + PROCESS for r in ROLES]
-        _launches[enabled] = subprocess.run([sys.executable, "-c", LAUNCHER, "cli", *children], capture_output=True,
-                                            text=True, env=env, cwd=REPO, timeout=600)
+        _launches[enabled] = run_process([sys.executable, "-c", LAUNCHER, "cli", *children], env=env, cwd=REPO,
+                                         timeout=600)
     launcher = _launches[enabled]
     assert launcher.returncode == 0, out(launcher)
     res = json.loads(launcher.stdout.split("RESULT", 1)[1])
@@ -445,10 +457,8 @@ print("RESULT" + json.dumps(out))
 
 
 def _two_engines(mode, backends="flashinfer,triton", *between, slots="default,flashinfer"):
-    proc = subprocess.run([sys.executable, "-c", TWO_ENGINES, mode, backends, *between], capture_output=True,
-                          text=True, cwd=REPO,
-                          env=clean_env(SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", SGLANG_HOSTSYNC_SLOTS=slots),
-                          timeout=600)
+    proc = run_process([sys.executable, "-c", TWO_ENGINES, mode, backends, *between], cwd=REPO,
+                       env=clean_env(SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", SGLANG_HOSTSYNC_SLOTS=slots), timeout=600)
     assert proc.returncode == 0, out(proc)
     return (*json.loads(proc.stdout.split("RESULT", 1)[1]), proc)
 
@@ -518,9 +528,9 @@ def test_a_plan_matches_args_it_left_unresolved():
 
 
 def test_a_launcher_with_bad_input_stops_when_the_args_come():
-    proc = subprocess.run([sys.executable, "-c", LAUNCHER, "cli", CHILD], capture_output=True, text=True,
-                          env=clean_env(SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", SGLANG_HOSTSYNC_SLOTS="default,nope"),
-                          cwd=REPO, timeout=600)
+    proc = run_process([sys.executable, "-c", LAUNCHER, "cli", CHILD],
+                       env=clean_env(SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", SGLANG_HOSTSYNC_SLOTS="default,nope"),
+                       cwd=REPO, timeout=600)
     assert proc.returncode == 0, out(proc)
     res = json.loads(proc.stdout.split("RESULT", 1)[1])
     assert res["err"].startswith("HostsyncConfigError") and "'nope'" in res["err"], res
@@ -579,8 +589,8 @@ def test_the_doctor_says_whether_sglangs_process_functions_still_call_load_plugi
 # A launcher whose user left the topk to SGLang: load_plugins() as SGLang's Engine entry point calls it,
 # prepare_server_args (the plan, from unresolved args), SGLang's resolution, then the launcher gate
 # around _set_envs_and_config, as Engine._launch_subprocesses runs them; then a scheduler child.
-AUTO_TOPK_LAUNCH = """
-import json, os, subprocess, sys, tempfile
+AUTO_TOPK_LAUNCH = SPAWN + """
+import json, os, sys, tempfile
 from sglang.srt.entrypoints import engine
 try:
     engine.Engine(not_a_server_arg=1)
@@ -598,7 +608,7 @@ def plan():
 before = plan()
 args.resolve_once()
 engine._set_envs_and_config(args)
-child = subprocess.run([sys.executable, "-c", sys.argv[2]], capture_output=True, text=True, env=dict(os.environ))
+child = spawn(sys.argv[2], dict(os.environ))
 print("RESULT" + json.dumps({"before": before, "after": plan(), "child": child.stdout.split("RESULT", 1)[-1],
                              "child_err": child.stderr[-3000:]}))
 """
@@ -611,8 +621,8 @@ def test_the_launcher_refines_its_plan_once_sglang_resolved_the_args(algorithm, 
     keeps the topk > 1 tail slot; the gate (args resolved, no scheduler spawned yet) refines it, and
     a scheduler reads the refined plan. Before 2026-12-05 the first plan read a missing topk as 1 and
     skipped the tail slot for EAGLE, whose server then ran topk 4 with stock's tail-copy syncs."""
-    proc = subprocess.run([sys.executable, "-c", AUTO_TOPK_LAUNCH, algorithm, CHILD], capture_output=True, text=True,
-                          cwd=REPO, timeout=600, env=clean_env(SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", PYTHONPATH=f"{REPO}/tests"))
+    proc = run_process([sys.executable, "-c", AUTO_TOPK_LAUNCH, algorithm, CHILD], cwd=REPO, timeout=600,
+                       env=clean_env(SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", PYTHONPATH=f"{REPO}/tests"))
     assert proc.returncode == 0, out(proc)
     res = json.loads(proc.stdout.split("RESULT", 1)[1])
     assert res["before"] == [None, ["would apply", ""]]

@@ -6,13 +6,12 @@ are process-global and rebind module globals)."""
 import json
 import re
 import os
-import subprocess
 import sys
 
 import pytest
 
 from helpers import (BUILTINS, HOST_PLAN_FLAGS, LOAD_AND_STARTUP_CHECK, REPO, SWITCH_FLAGS, clean_env, out,
-                     run_concurrently, run_python)
+                     run_concurrently, run_process, run_python)
 
 PRINT_HOOKS = """
 from sglang.srt.plugins.hook_registry import HookRegistry
@@ -24,8 +23,7 @@ def ours():
 
 
 def test_flag_in_launch_server_help():
-    proc = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--help"],
-                          capture_output=True, text=True, env=clean_env(), timeout=300, cwd=REPO)
+    proc = run_process([sys.executable, "-m", "sglang.launch_server", "--help"], env=clean_env(), timeout=300, cwd=REPO)
     assert proc.returncode == 0, out(proc)
     assert "--enable-hostsync-plugin" in proc.stdout, out(proc)
 
@@ -264,10 +262,9 @@ def test_doctor_table_json_and_drift(bogus_path, monkeypatch, capsys):
     env = clean_env()
     env["PYTHONPATH"] = bogus_path
     js, drift = run_concurrently([
-        lambda: subprocess.run([script, "doctor", "--json"], capture_output=True, text=True,
-                               env=clean_env(), timeout=300, cwd=REPO),
-        lambda: subprocess.run([sys.executable, "-m", "sglang_hostsync_plugin", "doctor", "--json"],
-                               capture_output=True, text=True, env=env, timeout=300, cwd=REPO)])
+        lambda: run_process([script, "doctor", "--json"], env=clean_env(), timeout=300, cwd=REPO),
+        lambda: run_process([sys.executable, "-m", "sglang_hostsync_plugin", "doctor", "--json"],
+                            env=env, timeout=300, cwd=REPO)])
     assert js.returncode == 0, out(js)
     data = json.loads(js.stdout)
     row = {r["name"]: r for r in data["slots"]}["dspark_dp_meta"]

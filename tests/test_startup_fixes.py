@@ -5,12 +5,11 @@ kernel sources, and kernel builds moved out of the serving path."""
 import importlib.resources
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
-from helpers import LOAD_AND_STARTUP_CHECK, REPO, clean_env, out, run_concurrently, run_python
+from helpers import LOAD_AND_STARTUP_CHECK, REPO, clean_env, out, run_concurrently, run_process, run_python
 from sglang_hostsync_plugin import csrc, runtime
 from sglang_hostsync_plugin.slot import ServingFacts
 from sglang_hostsync_plugin.slots import audit, eagle_fixed_shape_tail as eft
@@ -43,8 +42,8 @@ def test_env_switch_launch_passes_argument_preparation_strict():
 
 
 def test_env_switch_and_flag_together_also_pass():
-    proc = subprocess.run([sys.executable, "-c", LAUNCHER, "--enable-hostsync-plugin"], capture_output=True, text=True,
-                          env=clean_env(SGLANG_ENABLE_HOSTSYNC_PLUGIN="1"), cwd=REPO, timeout=300)
+    proc = run_process([sys.executable, "-c", LAUNCHER, "--enable-hostsync-plugin"],
+                       env=clean_env(SGLANG_ENABLE_HOSTSYNC_PLUGIN="1"), cwd=REPO, timeout=300)
     assert proc.returncode == 0 and json.loads(proc.stdout.split("RESULT", 1)[1])["err"] is None, out(proc)
 
 
@@ -203,11 +202,11 @@ def test_prepare_loads_the_kernel_or_falls_back_under_auto(monkeypatch, caplog):
 
 
 def test_prebuild_command_without_a_gpu_builds_nothing_and_says_so():
-    proc = subprocess.run([sys.executable, "-m", "sglang_hostsync_plugin", "prebuild"], capture_output=True,
-                          text=True, env=clean_env(CUDA_VISIBLE_DEVICES=""), cwd=REPO, timeout=300)
+    proc = run_process([sys.executable, "-m", "sglang_hostsync_plugin", "prebuild"],
+                       env=clean_env(CUDA_VISIBLE_DEVICES=""), cwd=REPO, timeout=300)
     assert proc.returncode == 0 and "nothing built" in proc.stdout, out(proc)
-    bad = subprocess.run([sys.executable, "-m", "sglang_hostsync_plugin", "prebuild", "nope"], capture_output=True,
-                         text=True, env=clean_env(), cwd=REPO, timeout=300)
+    bad = run_process([sys.executable, "-m", "sglang_hostsync_plugin", "prebuild", "nope"], env=clean_env(), cwd=REPO,
+                      timeout=300)
     assert bad.returncode == 2 and "unknown kernel" in bad.stderr, out(bad)
 
 
@@ -229,9 +228,8 @@ def test_empty_strict_means_unset_not_lenient():
 def test_bad_slot_env_values_fail_argument_preparation_even_lenient(env):
     stricts = ("0", "", "1")
     procs = run_concurrently([
-        lambda strict=strict: subprocess.run([sys.executable, "-c", LAUNCHER, "--enable-hostsync-plugin"],
-                                             capture_output=True, text=True,
-                                             env=clean_env(SGLANG_HOSTSYNC_STRICT=strict, **env), cwd=REPO, timeout=300)
+        lambda strict=strict: run_process([sys.executable, "-c", LAUNCHER, "--enable-hostsync-plugin"],
+                                          env=clean_env(SGLANG_HOSTSYNC_STRICT=strict, **env), cwd=REPO, timeout=300)
         for strict in stricts])
     for strict, proc in zip(stricts, procs):
         err = json.loads(proc.stdout.split("RESULT", 1)[1])["err"]
@@ -268,8 +266,8 @@ def test_doctor_exit_codes_match_what_the_server_does(monkeypatch, capsys):
          "argument preparation fails"),
     ]
     launches = run_concurrently([
-        lambda env=env: subprocess.run([sys.executable, "-c", LAUNCHER, "--enable-hostsync-plugin"],
-                                       capture_output=True, text=True, env=clean_env(**env), cwd=REPO, timeout=300)
+        lambda env=env: run_process([sys.executable, "-c", LAUNCHER, "--enable-hostsync-plugin"],
+                                    env=clean_env(**env), cwd=REPO, timeout=300)
         for env, _, _ in table])
     for (env, code, server), launch in zip(table, launches):
         got, stdout = doctor(monkeypatch, capsys, **env)
