@@ -3,6 +3,7 @@ a configuration nobody measured, the plan narrowing once SGLang resolves the arg
 line that pins the pick."""
 
 import json
+import sys
 
 import pytest
 
@@ -138,3 +139,34 @@ def test_the_doctor_prints_the_pick(monkeypatch, capsys):
     assert doctor.main([*argv, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["choice"].endswith("SGLANG_HOSTSYNC_SLOTS=default,eagle_host")
+
+
+@pytest.mark.parametrize("algorithm, picks, left_out", [
+    ("STANDALONE", "default,eagle_step_graph", "draft_extend_glue_graph"),  # SGLang resolves topk 1
+    ("EAGLE", "default,eagle_host", "eagle_step_graph"),  # SGLang resolves topk 4
+])
+def test_the_launcher_decides_auto_once_sglang_resolved_the_topk_and_a_scheduler_applies_the_pick(
+        algorithm, picks, left_out):
+    """The user leaves the topk to SGLang: the launcher's plan (prepare_server_args) cannot decide
+    the class, selects every slot a pick may hold and refuses no pair; the gate refines it with the
+    resolved topk, and a scheduler child installs exactly the pick."""
+    from helpers import REPO, clean_env, out, run_process
+    from test_pipeline import AUTO_TOPK_LAUNCH, CHILD
+
+    proc = run_process([sys.executable, "-c", AUTO_TOPK_LAUNCH, algorithm, CHILD], cwd=REPO, timeout=600,
+                       env=clean_env(SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", SGLANG_HOSTSYNC_SLOTS="auto",
+                                     PYTHONPATH=f"{REPO}/tests"))
+    assert proc.returncode == 0, out(proc)
+    res = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert res["before"][0] is None  # the topk was unknown to the first plan
+    child = json.loads(res["child"])
+    assert child["err"] is None, res["child_err"]
+    assert child["plan"]["choice"].endswith(f"pin it with SGLANG_HOSTSYNC_SLOTS={picks}"), child["plan"]["choice"]
+    status = child["status"]
+    assert status[left_out][0] == "skipped", status[left_out]
+    if algorithm == "STANDALONE":
+        assert "not picked by auto" in status[left_out][1]
+        assert status["eagle_step_graph"][0] == "applied", status["eagle_step_graph"]
+    else:
+        assert status["draft_extend_glue_graph"][0] == "applied" and status["eagle_fixed_shape_tail"][0] == "applied"
+    assert "hostsync: auto: EAGLE family" in proc.stderr, out(proc)
