@@ -102,3 +102,15 @@ def test_the_settings_table_has_a_row_for_every_setting_the_package_reads():
 def test_every_hostsync_setting_the_readme_names_exists():
     named = set(re.findall(r"SGLANG_(?:ENABLE_)?HOSTSYNC_[A-Z_]*[A-Z]", README))
     assert named and named <= _package_envs()
+
+
+def test_no_text_a_user_reads_cites_an_internal_issue_number():
+    """Users cannot look up this project's issue numbers: name the mechanism or the upstream PR."""
+    texts = {"README.md": README}
+    for folder, _, files in [*os.walk(os.path.join(ROOT, "docs")), *os.walk(PACKAGE)]:
+        for name in files:
+            if name.endswith((".md", ".py")):
+                path = os.path.join(folder, name)
+                texts[os.path.relpath(path, ROOT)] = open(path, encoding="utf-8").read()
+    cited = {path: re.findall(r"\b[Ii]ssues? #?\d+", text) for path, text in texts.items()}
+    assert {p: c for p, c in cited.items() if c} == {}

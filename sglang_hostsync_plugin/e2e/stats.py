@@ -311,8 +311,8 @@ def cells(rows: list[dict], windows: dict[tuple, list[list[TraceStep]]] | None =
 
 
 def host_work_ratios(c: dict, ref: dict | None) -> dict:
-    """A cell's host work over the stock-code arm's of its configuration and concurrency (issue 16's
-    target), also without SGLang's simulated acceptance (benchmark-only, in both); {} without them."""
+    """A cell's host work over the stock-code arm's of its configuration and concurrency (the
+    host-work target), also without SGLang's simulated acceptance (benchmark-only, in both); {} without them."""
     if ref is None or ref is c or not c["audit"]:
         return {}
     mine, theirs = c["audit"], ref["audit"]

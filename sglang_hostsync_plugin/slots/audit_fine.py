@@ -1,7 +1,7 @@
 """Slot ``audit_fine`` (tool, requires ``audit``): the audit's phase attribution split
 further, inside its phases: the EAGLE v2 worker's own glue, the input resolve, result relay
 and D2H launch, the target forward, verify sampling, commit, logprobs and tree compaction,
-and the draft extend's prep and graph runner (``audit_phases.FINE_PHASES``, issue 16).
+and the draft extend's prep and graph runner (``audit_phases.FINE_PHASES``).
 
 Eleven more timed functions, which about doubles the audit's timed calls per step: where
 the host sets the pace that is measurable in tok/s (``benchmarks/results/2026-12-02-h200-e/``),

@@ -1,5 +1,5 @@
 """Part of slot ``audit``: where the scheduler thread's host time goes, by phase, and
-how much of it ran while the GPU sat idle (issue 16's attribution).
+how much of it ran while the GPU sat idle (the host-work attribution).
 
 Phase clock. Each function in ``PHASES`` gets an AROUND hook (a target of the audit
 slot; those in ``FINE_PHASES``, ``BLOCK_PHASES`` and ``NGRAM_PHASES`` are slots ``audit_fine``'s,
@@ -84,7 +84,7 @@ PHASES: tuple[tuple[str, str], ...] = (
     # length draw samples on the CPU, about 180 µs a step on the H200, timed apart from verify.
     ("simulate", "sglang.srt.speculative.spec_utils.generate_simulated_accept_index"),
 )
-# Inside the phases above (issue 16: which part of verify / draft extend / run_batch): the
+# Inside the phases above (which part of verify / draft extend / run_batch): the
 # targets of slot ``audit_fine``, which doubles the timed calls per step.
 FINE_PHASES: tuple[tuple[str, str], ...] = (
     ("worker", "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation"),

@@ -1,5 +1,5 @@
 """Slot ``chain_tree_full_mask``: the topk 1 verify tree with a full attention mask (the triton
-backend's) in one Triton launch (issue 16).
+backend's) in one Triton launch.
 
 At ``--speculative-eagle-topk`` 1 the draft is a chain. SGLang 0.5.23 builds its verify input in
 one launch (``build_chain_tree``) only for backends that read the short ``QLEN_ONLY`` mask; for the

@@ -1,5 +1,5 @@
 """Slot ``decode_lens_lazy_h2d``: the spec decode prep copies the KV lengths to the GPU only on the
-steps that allocate KV (issue 16: host work per step).
+steps that allocate KV (host work per step).
 
 SGLang 0.5.23, ``eagle_utils.eagle_prepare_for_decode`` (EAGLE family and NGRAM, every decode
 step): it builds the current and next page-aligned KV lengths as host tensors, copies both to the

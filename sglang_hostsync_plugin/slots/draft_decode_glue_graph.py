@@ -1,5 +1,5 @@
 """Slot ``draft_decode_glue_graph``: the EAGLE multi-step draft graph's per-replay attention
-metadata prep (triton) through SGLang's own metadata glue graph (issue 16).
+metadata prep (triton) through SGLang's own metadata glue graph.
 
 SGLang 0.5.23's ``EAGLEDraftCudaGraphRunner.execute`` copies the batch into the runner's
 static buffers and then runs ``TritonMultiStepDraftBackend.init_forward_metadata_out_graph``

@@ -1,6 +1,6 @@
 """Slot ``draft_extend_fused_layout``: the EAGLE v2 draft extend takes SGLang's own one-launch
 length/position layout also where the batch carries host lengths (FlashInfer), instead of two
-fresh pinned tensors and H2D copies per step (issue 15, item 3).
+fresh pinned tensors and H2D copies per step.
 
 Stock SGLang 0.5.23, ``eagle_worker_common.prepare_for_draft_extend``: without ``seq_lens_cpu``
 (triton and the other device-length backends) the prefix and extend lengths, the post-extend

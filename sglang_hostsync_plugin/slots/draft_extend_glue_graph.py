@@ -1,5 +1,5 @@
 """Slot ``draft_extend_glue_graph``: the EAGLE draft-extend graph's per-replay attention
-metadata prep (triton) through SGLang's own metadata glue graph (issue 16).
+metadata prep (triton) through SGLang's own metadata glue graph.
 
 SGLang 0.5.23's ``EAGLEDraftExtendCudaGraphRunner.execute`` runs
 ``draft_extend_attn_backend.init_forward_metadata_out_graph(fb_view)`` eagerly before

@@ -1,5 +1,5 @@
 """Slot ``draft_extend_topk_graph``: the EAGLE v2 draft extend's top-k at topk > 1 replayed from a
-CUDA graph (issue 16: host time per step).
+CUDA graph (host time per step).
 
 After the draft-extend graph, SGLang 0.5.23's ``EagleDraftWorker._draft_extend_for_decode`` takes the
 next step's draft proposals eagerly: ``probs = renorm_draft_probs(logits, ...)`` (a softmax over the

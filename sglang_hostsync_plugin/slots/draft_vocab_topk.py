@@ -1,5 +1,5 @@
 """Slot ``draft_vocab_topk``: the EAGLE draft's top-k over the vocabulary (topk > 1) through a
-candidate pass, torch's own top-k over the candidates (issue 16: GPU time per step, where topk 4
+candidate pass, torch's own top-k over the candidates (GPU time per step, where topk 4
 is GPU-bound).
 
 At ``--speculative-eagle-topk`` > 1 SGLang 0.5.23 takes ``fast_topk(probs, topk, dim=-1)``

@@ -1,5 +1,5 @@
 """Slot ``eagle_step_graph``: an EAGLE v2 topk-1 decode step replayed as one CUDA graph launch
-(issue 16; design notes in docs/host-work.md).
+(design notes in docs/host-work.md).
 
 SGLang 0.5.23's ``EAGLEWorkerV2.forward_batch_generation`` runs three CUDA graphs per decode step
 (draft, target verify, draft extend) and, between them, a few milliseconds of Python that stages

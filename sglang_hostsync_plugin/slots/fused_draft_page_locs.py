@@ -1,5 +1,5 @@
 """Slot ``fused_draft_page_locs``: EAGLE's paged tree-draft slot gather and prefix-tail lists in
-one kernel launch (issue 16).
+one kernel launch.
 
 SGLang 0.5.23 ``prepare_for_draft`` (eagle_worker_common.py), EAGLE family with page_size > 1
 and topk > 1, builds each draft step's KV slots inline with about eighteen small tensor ops

@@ -1,5 +1,5 @@
 """Slot ``fused_relay_stash``: the overlap scheduler's per-step relay stash in one Triton
-launch (issue 16).
+launch.
 
 After each EAGLE-family v2 forward SGLang 0.5.23's ``FutureMap.stash`` (overlap_utils.py) writes
 the next step's draft input into its request-indexed buffers, one advanced-index write per

@@ -1,5 +1,5 @@
 """Slot ``fused_tree_compact``: EAGLE tree verify's accepted-path compaction in one kernel
-launch plus the pool's own KV move (issue 16).
+launch plus the pool's own KV move.
 
 After each tree verify (EAGLE family, topk > 1) SGLang 0.5.23 runs
 ``_finalize_accept_tree_path`` (eagle_worker_common.py): ``move_accept_tokens_to_target_kvcache``

@@ -1,5 +1,5 @@
 """Slot ``greedy_row_argmax``: the greedy speculative argmax over the vocabulary in one
-Triton program per row (issue 16: GPU time per step, where topk 1 is GPU-bound).
+Triton program per row (GPU time per step, where topk 1 is GPU-bound).
 
 SGLang 0.5.23 takes ``torch.argmax(next_token_logits, dim=-1)`` eagerly, outside the graphs,
 in two places each step: the greedy verify (``eagle_sample``: EAGLE family and NGRAM, rows =

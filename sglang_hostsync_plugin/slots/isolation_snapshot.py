@@ -1,6 +1,6 @@
 """Slot ``isolation_snapshot``: the scheduler's per-forward snapshot of the batch's fields reads and
-restores them in one C-level call each, not one Python ``getattr``/``setattr`` per field (issue 16:
-host work per step).
+restores them in one C-level call each, not one Python ``getattr``/``setattr`` per field (host
+work per step).
 
 SGLang 0.5.23, ``Scheduler._forward_isolation`` (every speculative forward under spec v2): it takes
 ``dataclasses.fields(batch)`` and a ``getattr`` of each of the ScheduleBatch's 99 fields before the

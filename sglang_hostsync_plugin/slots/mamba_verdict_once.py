@@ -1,5 +1,5 @@
 """Slot ``mamba_verdict_once``: whether the target keeps mamba-style state is decided once per model
-config, not once per verify step (issue 16: host work per step).
+config, not once per verify step (host work per step).
 
 SGLang 0.5.23 calls ``commit_mamba_states_after_verify`` after every EAGLE-family and NGRAM verify
 (``run_eagle_verify``, ``NGRAMWorker``, a pipeline's non-last ranks). Its first statement asks

@@ -1,5 +1,5 @@
 """Slot ``ngram_full_mask``: NGRAM's verify attention mask in one Triton launch instead of a
-per-request loop of allocations, fills and pageable copies (issue 15, item 5).
+per-request loop of allocations, fills and pageable copies.
 
 Stock SGLang 0.5.23, ``NGRAMWorker._prepare_for_speculative_decoding`` with ``USE_FULL_MASK``
 (on, every CUDA NGRAM server, any attention backend), per decode step and per request ``i``:

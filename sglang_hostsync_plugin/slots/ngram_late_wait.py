@@ -1,5 +1,5 @@
 """Slot ``ngram_late_wait``: NGRAM's one wait per step for step N-1 moves from the start of
-``run_batch`` to the draft prep that needs its values (issue 16: GPU idle inside the step).
+``run_batch`` to the draft prep that needs its values (GPU idle inside the step).
 
 NGRAM drafts on the host from the tokens step N-1 accepted, so step N cannot launch its verify
 before step N-1 is done: the GPU is idle from step N-1's end until step N's verify graph starts,

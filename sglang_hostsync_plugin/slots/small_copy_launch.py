@@ -1,5 +1,5 @@
 """Slot ``small_copy_launch``: SGLang's ``try_small_copy`` with its checks and its Triton launch
-worked out once per operand signature (issue 16).
+worked out once per operand signature.
 
 Every CUDA-graph replay of SGLang 0.5.23 copies the step's inputs into the graph's static buffers
 through ``_grouped_foreach_copy_``, which first tries ``try_small_copy`` (kernels/ops/memory/

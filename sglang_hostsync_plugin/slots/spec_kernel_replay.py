@@ -1,6 +1,5 @@
 """Slot ``spec_kernel_replay``: SGLang's own small Triton wrappers of the EAGLE v2 step relaunch
-their recorded kernels per operand signature instead of going through Triton's JIT dispatch
-(issue 16).
+their recorded kernels per operand signature instead of going through Triton's JIT dispatch.
 
 After the plugin's other host slots, Triton's per-call JIT dispatch of SGLang's small
 speculative kernels was the largest remaining item of host work outside graphs that is not

@@ -1,5 +1,5 @@
 """Slot ``triton_replay_launch``: the plugin's own Triton wrappers launch through SGLang's
-signature-cached replay (``replay_launches``) instead of Triton's JIT dispatch (issue 16).
+signature-cached replay (``replay_launches``) instead of Triton's JIT dispatch.
 
 Each owned slot that replaces an op soup with one Triton launch pays Triton's per-call JIT
 dispatch (argument binding, specialization key, cache lookup) on the host: on the H200 host

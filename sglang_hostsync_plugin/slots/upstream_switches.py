@@ -16,7 +16,7 @@ from ..switches import env_value, flag_precheck
 
 ORIGIN = "sglang#45450"
 PRESET = "dspark_mega"
-# The slots that cut EAGLE-family host work between graphs (issue 16), one A/B handle:
+# The slots that cut EAGLE-family host work between graphs, one A/B handle:
 # ``SGLANG_HOSTSYNC_SLOTS=default,eagle_host`` (its real-server figures: README, docs/results.md).
 HOST_PRESET = "eagle_host"
 # NGRAM's host-work slots (ngram_full_mask, ngram_late_wait), one A/B handle:
