@@ -61,6 +61,11 @@ def _unmeasured(why: str) -> Choice:
     return Choice(f"not measured ({why})", CONSERVATIVE, None)
 
 
+def undecided() -> Choice:
+    """What a pick the facts never decided falls back to."""
+    return _unmeasured("the server facts left the configuration open")
+
+
 def pick(f: ServingFacts | None) -> Choice | None:
     """The choice for these facts; None while they leave the class open (no facts, an EAGLE-family
     topk or an attention backend SGLang has not resolved yet)."""

@@ -85,12 +85,31 @@ class Plan:
         return found + [f"{v.name}: {v.reason}" for v in self.verdicts
                         if (v.selected and v.reason.startswith("undone: ")) or ENV_UNSAFE in v.reason]
 
+    @property
+    def auto_pending(self) -> bool:
+        """``auto`` whose pick the server facts have not decided yet."""
+        return choice.is_auto(self.spec) and self.choice is None
+
+    def settle_auto(self, catalogue: Mapping[str, Slot]) -> "Plan":
+        """A pick still open where the plan must be final (a scheduler installing it): ``default`` with
+        the user's other tokens, said so."""
+        if not self.auto_pending:
+            return self
+        picked = choice.undecided()
+        keep = set(config.parse_slot_spec(choice.pinned(picked, self.spec), catalogue).names)
+        why = f"not picked by auto: {picked.label}"
+        verdicts = tuple(dataclasses.replace(v, status=Status.SKIPPED, reason=why)
+                         if v.selected and v.name not in keep and v.status is not Status.SKIPPED else v
+                         for v in self.verdicts)
+        return dataclasses.replace(self, verdicts=verdicts, choice=choice.line(picked, self.spec))
+
     def check_startup(self) -> None:
-        """Raise what the server must stop on: bad input always, a refused slot in strict mode."""
+        """Raise what the server must stop on: bad input always, a refused slot in strict mode
+        (with ``auto`` once its pick is known: a slot it does not pick never stops startup)."""
         bad = self.config_errors()
         if bad:
             raise config.HostsyncConfigError("hostsync: " + "; ".join(bad))
-        refused = self.refused()
+        refused = [] if self.auto_pending else self.refused()
         if self.strict and refused:
             raise HostsyncStartupError(
                 "hostsync: selected slots cannot be applied to this SGLang (strict mode): "
@@ -111,7 +130,8 @@ class Plan:
         inert = inert_reasons(catalogue, facts, selected - set(skips), applying)
         inert.update({n: inert[n] or why for n, why in skips.items()})
         verdicts = [dataclasses.replace(v, status=Status.SKIPPED, reason=inert[v.name])
-                    if v.status is Status.WOULD_APPLY and inert[v.name] else v for v in self.verdicts]
+                    if (v.status is Status.WOULD_APPLY or (v.status is Status.FAILED and v.name in skips))
+                    and inert[v.name] else v for v in self.verdicts]
         pending = choice.is_auto(self.spec) and (line or self.choice) is None
         return dataclasses.replace(self, verdicts=refuse_unsafe_pairs(tuple(verdicts), catalogue, facts, pending),
                                    facts=facts.record(), choice=line or self.choice)
@@ -146,7 +166,8 @@ def auto_skips(spec: str, selected: set[str], catalogue: Mapping[str, Slot],
     picked = choice.pick(facts) if choice.is_auto(spec) else None
     if picked is None:
         return {}, None
-    keep = set(config.parse_slot_spec(picked.spec, catalogue).names)
+    # What the pinning value selects (the pick with the user's other tokens): bad input raises here.
+    keep = set(config.parse_slot_spec(choice.pinned(picked, spec), catalogue).names)
     why = f"not picked by auto for {picked.label} (it picks {picked.spec})"
     return {n: why for n in selected - keep}, choice.line(picked, spec)
 

@@ -300,11 +300,15 @@ def apply_facts(rt: Runtime, server_args) -> None:
     rt.args = server_args
     before = rt.plan
     rt.plan = rt.plan.with_facts(registry.catalogue(), ServingFacts.from_server_args(server_args, os.environ))
+    rt.plan = rt.plan.settle_auto(registry.catalogue())  # hooks are installed: the pick must be final
     _log_new_warnings(before, rt.plan)
     _log_choice(before, rt.plan)
     for v in rt.plan.verdicts:
+        now = rt.state.statuses.get(v.name)
         if v.selected and v.status in (Status.SKIPPED, Status.FAILED) and v.name in rt.state.active:
             rt.state.set(v.name, v.status, v.reason)
+        elif v.selected and v.status is Status.SKIPPED and now is not None and now.status is Status.FAILED:
+            rt.state.set(v.name, v.status, v.reason)  # failed, but ``auto`` did not pick it
     for slot in switches.switch_slots(_will_apply(rt.plan)):
         if slot.name in rt.state.active:
             switches.apply([slot])
@@ -393,7 +397,8 @@ def refine_exported(server_args) -> Plan | None:
     exported = plans.inherited()
     if exported is None or not exported.facts_applied:
         return None
-    facts = ServingFacts.from_server_args(server_args, os.environ)
+    # The flags the first plan set here are the plugin's, not the user's (e.g. every switch auto may pick).
+    facts = ServingFacts.from_server_args(server_args, switches.user_env())
     if facts.record() == exported.facts:
         return None
     refined = exported.with_facts(registry.catalogue(), facts)

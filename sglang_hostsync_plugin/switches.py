@@ -91,6 +91,11 @@ def apply(slots: Iterable[Slot]) -> list[str]:
     return flags
 
 
+def user_env() -> dict[str, str]:
+    """This environment without the flags this process turned on itself."""
+    return {k: v for k, v in os.environ.items() if k not in _set_here}
+
+
 def clear_own() -> list[str]:
     """Unset the flags an earlier plan of this process turned on (a launcher that starts a
     second Engine resolves its plan again: a switch inert for those args must be off)."""

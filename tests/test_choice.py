@@ -170,3 +170,68 @@ def test_the_launcher_decides_auto_once_sglang_resolved_the_topk_and_a_scheduler
     else:
         assert status["draft_extend_glue_graph"][0] == "applied" and status["eagle_fixed_shape_tail"][0] == "applied"
     assert "hostsync: auto: EAGLE family" in proc.stderr, out(proc)
+
+
+def test_the_users_positive_tokens_stay_beside_the_pick():
+    f = facts("EAGLE3", 1)
+    auto = plans.resolve({config.ENV_SLOTS: "auto,pinned_d2h_ring"}, facts=f)
+    assert {"pinned_d2h_ring", "eagle_step_graph"} <= acting(auto)
+    assert auto.choice.endswith("SGLANG_HOSTSYNC_SLOTS=default,eagle_step_graph,pinned_d2h_ring")
+    pinned = plans.resolve({config.ENV_SLOTS: "default,eagle_step_graph,pinned_d2h_ring"}, facts=f)
+    assert acting(pinned) == acting(auto)
+
+
+def test_negating_a_slot_some_pick_requires_is_checked_on_the_pick_only():
+    env = {config.ENV_SLOTS: "auto,-ngram_accept_readback"}  # ngram_host's slots require it
+    assert plans.resolve(env, facts=facts("EAGLE3", 4)).choice.endswith("default,eagle_host,-ngram_accept_readback")
+    with pytest.raises(config.HostsyncConfigError, match="requires slot 'ngram_accept_readback'"):
+        plans.resolve(env, facts=facts("NGRAM", 1, 1))
+    # As pinned: what the pinning value would refuse, auto refuses (default's FlashInfer verify needs the guard).
+    with pytest.raises(config.HostsyncConfigError, match="requires slot 'flashinfer_plan_guard'"):
+        plans.resolve({config.ENV_SLOTS: "auto,-flashinfer_plan_guard"}, facts=facts("EAGLE3", 4))
+
+
+def test_a_slot_auto_does_not_pick_never_stops_a_strict_startup(monkeypatch):
+    from sglang_hostsync_plugin import checks
+
+    real = checks.check_slot
+    monkeypatch.setattr(checks, "check_slot",
+                        lambda slot: "source of its target changed" if slot.name == "eagle_step_graph" else real(slot))
+    env = {config.ENV_SLOTS: "auto"}
+    early = plans.resolve(env, facts=facts("EAGLE3", 1, None, None))  # page size and backend left to SGLang
+    assert early.verdict("eagle_step_graph").status is Status.FAILED and early.strict
+    early.check_startup()  # the pick may not hold it: no refusal yet
+    on_flashinfer = early.with_facts(CATALOGUE, facts("EAGLE3", 1, backend="flashinfer"))
+    assert on_flashinfer.verdict("eagle_step_graph").status is Status.SKIPPED  # inert there, and not picked
+    on_flashinfer.check_startup()
+    page1 = early.with_facts(CATALOGUE, facts("EAGLE3", 1, 1))  # triton page 1: not measured, default
+    assert "not picked by auto" in page1.verdict("eagle_step_graph").reason
+    page1.check_startup()
+    on_triton = early.with_facts(CATALOGUE, facts("EAGLE3", 1))  # picked: strict mode stops on it
+    with pytest.raises(plans.HostsyncStartupError, match="eagle_step_graph"):
+        on_triton.check_startup()
+
+
+def test_a_pick_still_open_where_the_plan_must_be_final_is_default_and_says_so():
+    env = {config.ENV_SLOTS: "auto,-event_ring"}
+    open_ = plans.resolve(env, facts=facts("EAGLE3", 1, None, None))
+    assert open_.auto_pending and "metadata_glue_graph" in acting(open_)
+    settled = open_.settle_auto(CATALOGUE)
+    assert not settled.auto_pending and "left the configuration open" in settled.choice
+    assert settled.choice.endswith("SGLANG_HOSTSYNC_SLOTS=default,-event_ring")
+    assert acting(settled) <= set(config.parse_slot_spec("default,-event_ring", CATALOGUE).names)
+    assert "metadata_glue_graph" not in acting(settled) and "event_ring" not in acting(settled)
+    assert settled.settle_auto(CATALOGUE) is settled
+
+
+def test_the_refinement_reads_the_users_environment_not_the_flags_the_plugin_set(monkeypatch):
+    from sglang_hostsync_plugin import switches
+
+    flag = CATALOGUE["flashinfer_verify_host_plan"].env_flag
+    monkeypatch.delenv(flag, raising=False)
+    monkeypatch.setattr(switches, "_set_here", set())
+    switches.apply([CATALOGUE["flashinfer_verify_host_plan"]])
+    try:
+        assert flag not in switches.user_env() and __import__("os").environ[flag] == "1"
+    finally:
+        switches.clear_own()

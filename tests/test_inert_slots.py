@@ -196,3 +196,11 @@ def test_a_plan_is_refined_by_resolved_facts_never_widened():
     assert plans.refines({"a": None, "b": [None, "x"]}, {"a": 4, "b": ["triton", "x"]})
     assert not plans.refines({"a": 1}, {"a": 4}) and not plans.refines({"a": 4}, {"a": None})
     assert not plans.refines({"a": 4}, {"a": 4}) and not plans.refines({"a": None}, {"b": None})
+
+
+def test_the_plan_guard_stays_at_topk_1_where_the_verify_may_not_be_flashinfers():
+    # A FlashInfer draft beside another target backend: no FlashInfer verify plan() drains the stream.
+    for f in (facts("EAGLE", 1, 16, "fa3", draft="flashinfer"),
+              ServingFacts(speculative_algorithm="EAGLE", topk=1, page_size=16,
+                           attention_backends=("fa3", "flashinfer"))):
+        assert inert_reason(CATALOGUE["flashinfer_plan_guard"], f) is None, f

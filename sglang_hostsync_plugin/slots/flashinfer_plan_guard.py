@@ -125,7 +125,9 @@ def precheck() -> str | None:
 def inert(f: ServingFacts) -> str | None:
     if reason := not_flashinfer(f):
         return reason
+    # Both target backends FlashInfer: the verify plans with FlashInfer's plan() whatever the attention mode.
     if f.speculative_algorithm and f.is_eagle_family() and f.topk == 1 \
+            and f.attention_backends == ("flashinfer", "flashinfer") \
             and not switches.env_value(VERIFY_HOST_PLAN_FLAG, f.env):
         return ("inert because --speculative-eagle-topk is 1: SGLang's verify plan() reads back every step, "
                 "so no plan outruns its copy (flashinfer_verify_host_plan, which removes that read, keeps it)")
