@@ -164,7 +164,7 @@ def parse_slot_spec(spec: str, catalogue: Mapping[str, Slot]) -> Selection:
     for name in sorted(chosen, key=order.index):
         slot = catalogue[name]
         for dep in slot.requires:
-            if dep not in chosen and not auto:  # auto: checked on its pick (plan.auto_skips)
+            if dep not in chosen and not auto:  # auto: checked on its pick (plan.left_out)
                 raise HostsyncConfigError(
                     f"{ENV_SLOTS}: slot {name!r} requires slot {dep!r}, which is not "
                     f"selected. Add {dep!r} or remove {name!r}."

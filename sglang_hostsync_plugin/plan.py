@@ -96,11 +96,9 @@ class Plan:
         if not self.auto_pending:
             return self
         picked = choice.undecided()
-        keep = set(config.parse_slot_spec(choice.pinned(picked, self.spec), catalogue).names)
-        why = f"not picked by auto: {picked.label}"
-        verdicts = tuple(dataclasses.replace(v, status=Status.SKIPPED, reason=why)
-                         if v.selected and v.name not in keep and v.status is not Status.SKIPPED else v
-                         for v in self.verdicts)
+        skips = left_out(picked, self.spec, set(self.selected), catalogue)
+        verdicts = tuple(dataclasses.replace(v, status=Status.SKIPPED, reason=skips[v.name])
+                         if v.name in skips and v.status is not Status.SKIPPED else v for v in self.verdicts)
         return dataclasses.replace(self, verdicts=verdicts, choice=choice.line(picked, self.spec))
 
     def check_startup(self) -> None:
@@ -126,9 +124,9 @@ class Plan:
             return self
         applying = {v.name for v in self.verdicts if v.status in (Status.WOULD_APPLY, Status.UPSTREAM)}
         selected = {v.name for v in self.verdicts if v.selected}
-        skips, line = auto_skips(self.spec, selected, catalogue, facts) if self.choice is None else ({}, None)
-        inert = inert_reasons(catalogue, facts, selected - set(skips), applying)
-        inert.update({n: inert[n] or why for n, why in skips.items()})
+        picked = choice.pick(facts) if self.auto_pending else None
+        inert, skips = skip_reasons(catalogue, facts, self.spec, picked, selected, applying)
+        line = picked and choice.line(picked, self.spec)
         verdicts = [dataclasses.replace(v, status=Status.SKIPPED, reason=inert[v.name])
                     if (v.status is Status.WOULD_APPLY or (v.status is Status.FAILED and v.name in skips))
                     and inert[v.name] else v for v in self.verdicts]
@@ -159,17 +157,22 @@ def inert_reasons(catalogue: Mapping[str, Slot], facts: ServingFacts | None, sel
     return inert
 
 
-def auto_skips(spec: str, selected: set[str], catalogue: Mapping[str, Slot],
-               facts: ServingFacts | None) -> tuple[dict[str, str], str | None]:
-    """For an ``auto`` selection the facts decide: the selected slots its pick leaves out (name ->
-    reason) and the status line; else nothing (({}, None))."""
-    picked = choice.pick(facts) if choice.is_auto(spec) else None
-    if picked is None:
-        return {}, None
+def left_out(picked: choice.Choice, spec: str, selected: set[str], catalogue: Mapping[str, Slot]) -> dict[str, str]:
+    """The selected slots an ``auto`` pick leaves out, name -> reason."""
     # What the pinning value selects (the pick with the user's other tokens): bad input raises here.
     keep = set(config.parse_slot_spec(choice.pinned(picked, spec), catalogue).names)
     why = f"not picked by auto for {picked.label} (it picks {picked.spec})"
-    return {n: why for n in selected - keep}, choice.line(picked, spec)
+    return {n: why for n in selected - keep}
+
+
+def skip_reasons(catalogue: Mapping[str, Slot], facts: ServingFacts | None, spec: str, picked: choice.Choice | None,
+                 selected: set[str], candidates: set[str] | None = None) -> tuple[dict[str, str | None], dict[str, str]]:
+    """Every slot's reason to be skipped for these facts (inert, or left out by ``auto``'s pick; None:
+    it would act), and the ones the pick left out."""
+    skips = left_out(picked, spec, selected, catalogue) if picked else {}
+    inert = inert_reasons(catalogue, facts, selected - set(skips), candidates)
+    inert.update({n: inert[n] or why for n, why in skips.items()})
+    return inert, skips
 
 
 def refines(old: Mapping, new: Mapping) -> bool:
@@ -246,9 +249,9 @@ def resolve(env: Mapping[str, str] | None = None, facts: ServingFacts | None = N
     selection = config.selected_slots(catalogue, env)
     chosen = set(selection.names)
     switches.check_contrary_env([catalogue[n] for n in selection.names], env)
-    skips, line = auto_skips(selection.spec, chosen, catalogue, facts)
-    inert = inert_reasons(catalogue, facts, chosen - set(skips))
-    inert.update({n: inert[n] or why for n, why in skips.items()})
+    picked = choice.pick(facts) if selection.auto else None
+    inert, _ = skip_reasons(catalogue, facts, selection.spec, picked, chosen)
+    line = picked and choice.line(picked, selection.spec)
     reasons = {name: _check(slot, inert[name]) for name, slot in catalogue.items()}
     # Two selected slots on one target are both refused before anything is registered.
     passed = [catalogue[n] for n in selection.names if reasons[n] is None and inert[n] is None]

@@ -225,13 +225,28 @@ def test_a_pick_still_open_where_the_plan_must_be_final_is_default_and_says_so()
 
 
 def test_the_refinement_reads_the_users_environment_not_the_flags_the_plugin_set(monkeypatch):
-    from sglang_hostsync_plugin import switches
+    """The launcher's first (undecided) plan turned on every switch auto may pick; refining it must not
+    read those flags as the user's (a FlashInfer guard kept, a glue-graph warning about our own flag)."""
+    import os
+
+    from sglang_hostsync_plugin import runtime, switches
 
     flag = CATALOGUE["flashinfer_verify_host_plan"].env_flag
     monkeypatch.delenv(flag, raising=False)
     monkeypatch.setattr(switches, "_set_here", set())
-    switches.apply([CATALOGUE["flashinfer_verify_host_plan"]])
+    env = {config.ENV_SLOTS: "auto"}
+    early = plans.resolve(env, facts=facts("EAGLE", 1, None, None))
+    monkeypatch.setattr(plans, "inherited", lambda env=None: early)
+    monkeypatch.setattr(plans, "export", lambda plan, env=None: None)
+    seen = []
+    resolved = facts("EAGLE", 1, 1, "flashinfer")  # page 1: not measured, so default
+    monkeypatch.setattr(runtime.ServingFacts, "from_server_args",
+                        classmethod(lambda cls, args, e: seen.append(dict(e)) or
+                                    ServingFacts(**{**resolved.__dict__, "env": dict(e)})))
+    switches.apply([CATALOGUE["flashinfer_verify_host_plan"]])  # as the first plan's switches did
     try:
-        assert flag not in switches.user_env() and __import__("os").environ[flag] == "1"
+        refined = runtime.refine_exported(object())
     finally:
         switches.clear_own()
+    assert seen and flag not in seen[0] and os.environ.get(flag) is None
+    assert refined.verdict("flashinfer_plan_guard").status is Status.SKIPPED, refined.verdict("flashinfer_plan_guard")

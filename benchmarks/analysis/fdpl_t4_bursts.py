@@ -20,15 +20,7 @@ import raw_archive  # noqa: E402  (the traces are inside the run folder's raw.ta
 from sglang_hostsync_plugin.e2e import stats  # noqa: E402
 from sglang_hostsync_plugin.slots.audit import parse_trace  # noqa: E402
 
-
-def bursts(steps, gap_s=1.0):
-    out, cur = [], []
-    for s in steps:
-        if cur and s.t_launch - cur[-1].t_launch > gap_s:
-            out.append(cur)
-            cur = []
-        cur.append(s)
-    return out + [cur]
+from _traces import bursts  # noqa: E402
 
 
 paths = []

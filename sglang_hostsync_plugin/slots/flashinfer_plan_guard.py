@@ -23,11 +23,12 @@ stock's blocking read would have, and the wait is counted (``ring().host_waits``
 Eager wrappers (``is_cuda_graph_enabled`` false) run ``plan()``, which reads its
 indptr back with a blocking copy, so they are passed through.
 
-Where nothing removes that read it guards nothing: at EAGLE topk 1 stock SGLang's verify
-``plan()`` still reads back every step (measured 2026-12-06, H100, FlashInfer topk 1 page 16:
-``default`` with the guard 0.970x stock at c1), so the slot is inert there unless a selected slot
-that requires it applies (``flashinfer_verify_host_plan``) or the user's own
-``SGLANG_OPT_FLASHINFER_VERIFY_HOST_PLAN`` turns that read off.
+Where nothing removes that read it guards nothing: at EAGLE topk 1 with a FlashInfer target, stock
+SGLang's verify ``plan()`` still reads back every step, so the slot is inert there unless a selected
+slot that requires it applies (``flashinfer_verify_host_plan``) or the user's own
+``SGLANG_OPT_FLASHINFER_VERIFY_HOST_PLAN`` turns that read off. (H100, 2026-12-06, FlashInfer topk 1
+page 16: ``default`` with the guard read 0.970x stock at c1, within the ~3% two identical servers
+differed by in that run; not re-measured without it.)
 
 Hook targets: ``FlashInferIndicesUpdaterDecode.call_begin_forward`` and
 ``FlashInferIndicesUpdaterPrefill.call_begin_forward`` (AROUND; SGLang's bodies run
