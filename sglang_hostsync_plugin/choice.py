@@ -76,7 +76,8 @@ def pick(f: ServingFacts | None) -> Choice | None:
     prefill, decode = f.attention_backends
     if (f.is_eagle_family() and f.topk is None) or prefill is None or decode is None or f.page_size is None:
         return None
-    # Every measured server: one GPU, overlap on, CUDA graphs, no adaptive steps.
+    # Every measured server: one GPU, overlap on, CUDA graphs, no adaptive steps. An EAGLE draft backend
+    # left unset is the prefill backend (SGLang's resolve_draft_worker_attention_backend): no later re-pick.
     for on, why in ((f.tp_size > 1 or f.dp_attention, "tensor or attention DP parallel"),
                     (f.two_batch_overlap, "two-batch overlap"), (f.disable_overlap_schedule, "overlap off"),
                     (f.speculative_adaptive, "adaptive steps"), (f.disable_cuda_graph, "CUDA graphs off"),

@@ -115,11 +115,12 @@ def preset_hints(plan, catalogue, facts) -> list[str]:
     if facts is None:
         return []
     hints = []
+    in_use = {v.name for v in plan.verdicts if v.selected and not v.left_out_by_auto}
     for preset, concerns, what, gain in PRESET_HINTS:
         if not concerns(facts):
             continue
         useful = [name for name, slot in catalogue.items()
-                  if preset in slot.presets and not slot.default and name not in plan.selected
+                  if preset in slot.presets and not slot.default and name not in in_use
                   and inert_reason(slot, facts) is None]
         if useful:
             hints.append(f"SGLANG_HOSTSYNC_SLOTS={plan.spec},{preset} also turns on {', '.join(useful)} ({what}); "

@@ -27,6 +27,7 @@ from .slot import ENV_UNSAFE, ConfigPrecheck, ServingFacts, Slot, SlotKind, Stat
 
 # Internal: the launcher's plan, inherited by every process it spawns.
 ENV_PLAN = "SGLANG_HOSTSYNC_PLAN"
+NOT_PICKED = "not picked by auto"
 
 
 class HostsyncStartupError(RuntimeError):
@@ -44,6 +45,11 @@ class Verdict:
     def bad_config(self) -> bool:
         """Bad input (the slot's own env value), not upstream drift."""
         return self.reason.startswith(config.BAD_CONFIGURATION)
+
+    @property
+    def left_out_by_auto(self) -> bool:
+        """Named by the selection (``auto``'s union) but not by the pick."""
+        return self.status is Status.SKIPPED and self.reason.startswith(NOT_PICKED)
 
     @property
     def input_caused(self) -> bool:
@@ -161,7 +167,7 @@ def left_out(picked: choice.Choice, spec: str, selected: set[str], catalogue: Ma
     """The selected slots an ``auto`` pick leaves out, name -> reason."""
     # What the pinning value selects (the pick with the user's other tokens): bad input raises here.
     keep = set(config.parse_slot_spec(choice.pinned(picked, spec), catalogue).names)
-    why = f"not picked by auto for {picked.label} (it picks {picked.spec})"
+    why = f"{NOT_PICKED} for {picked.label} (it picks {picked.spec})"
     return {n: why for n in selected - keep}
 
 
@@ -249,6 +255,10 @@ def resolve(env: Mapping[str, str] | None = None, facts: ServingFacts | None = N
     selection = config.selected_slots(catalogue, env)
     chosen = set(selection.names)
     switches.check_contrary_env([catalogue[n] for n in selection.names], env)
+    if selection.auto:
+        # Every pick holds the fallback's slots: user tokens bad beside it are bad beside any pick, so they
+        # stop the launcher here, not a scheduler that settles an open pick (``Plan.settle_auto``).
+        left_out(choice.undecided(), selection.spec, chosen, catalogue)
     picked = choice.pick(facts) if selection.auto else None
     inert, _ = skip_reasons(catalogue, facts, selection.spec, picked, chosen)
     line = picked and choice.line(picked, selection.spec)

@@ -198,8 +198,15 @@ def validate(server_args=None) -> Plan:
             _set_switch_flags(plan)
         plans.export(plan)
         _plan_args, _plan_env = server_args, None
-        csrc.start_prebuild(kernels_for(_will_apply(plan), facts))
+        _prebuild(plan, facts)
     return plan
+
+
+def _prebuild(plan: Plan, facts: ServingFacts) -> None:
+    """Build the kernels the plan's slots will load; an ``auto`` pick still open waits (its union
+    names slots the pick may leave out)."""
+    if not plan.auto_pending:
+        csrc.start_prebuild(kernels_for(_will_apply(plan), facts))
 
 
 def _will_apply(plan: Plan):
@@ -413,6 +420,7 @@ def refine_exported(server_args) -> Plan | None:
     switches.clear_own()
     switches.apply(_will_apply(refined))
     plans.export(refined)
+    _prebuild(refined, facts)
     logger.info("hostsync: plan refined with SGLang's resolved arguments (%s); %s",
                 ", ".join(f"{k}: {exported.facts[k]!r} -> {v!r}" for k, v in refined.facts.items()
                           if v != exported.facts[k]),

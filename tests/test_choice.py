@@ -250,3 +250,49 @@ def test_the_refinement_reads_the_users_environment_not_the_flags_the_plugin_set
         switches.clear_own()
     assert seen and flag not in seen[0] and os.environ.get(flag) is None
     assert refined.verdict("flashinfer_plan_guard").status is Status.SKIPPED, refined.verdict("flashinfer_plan_guard")
+
+
+def test_the_prebuild_waits_for_the_pick(monkeypatch):
+    """The launcher's first plan selects every slot some pick may hold: no kernel is built for it; the
+    refinement that decides the pick starts the build for the pick's slots."""
+    from sglang_hostsync_plugin import csrc, runtime, switches
+
+    started = []
+    monkeypatch.setattr(csrc, "start_prebuild", lambda names: started.append(names))
+    monkeypatch.setattr(runtime, "kernels_for", lambda slots, f: tuple(sorted(s.name for s in slots)))
+    monkeypatch.setattr(switches, "_set_here", set())
+    early = plans.resolve({config.ENV_SLOTS: "auto"}, facts=facts("EAGLE", None, None, None))
+    assert early.auto_pending
+    runtime._prebuild(early, facts("EAGLE", None, None, None))
+    assert started == []
+    monkeypatch.setattr(plans, "inherited", lambda env=None: early)
+    monkeypatch.setattr(plans, "export", lambda plan, env=None: None)
+    resolved = facts("EAGLE", 4)
+    monkeypatch.setattr(runtime.ServingFacts, "from_server_args",
+                        classmethod(lambda cls, args, e: ServingFacts(**{**resolved.__dict__, "env": dict(e)})))
+    try:
+        refined = runtime.refine_exported(object())
+    finally:
+        switches.clear_own()
+    assert refined.choice.endswith("SGLANG_HOSTSYNC_SLOTS=default,eagle_host")
+    (built,) = started
+    assert "eagle_fixed_shape_tail" in built and "eagle_step_graph" not in built
+    assert set(built) == acting(refined) - {v.name for v in refined.verdicts if v.status is Status.UPSTREAM}
+
+
+def test_user_tokens_bad_beside_the_fallback_stop_the_launcher_before_any_pick():
+    # The guard is required by default's FlashInfer verify plan, so by every pick: refused with no facts at all.
+    with pytest.raises(config.HostsyncConfigError, match="requires slot 'flashinfer_plan_guard'"):
+        plans.resolve({config.ENV_SLOTS: "auto,-flashinfer_plan_guard"})
+    plans.resolve({config.ENV_SLOTS: "auto,-ngram_accept_readback"})  # bad only beside the NGRAM pick
+
+
+def test_the_doctors_preset_hint_counts_slots_auto_left_out_as_off(monkeypatch):
+    monkeypatch.setenv(config.ENV_SLOTS, "auto")
+    f = facts("NGRAM", 1, 1, "flashinfer")  # not measured: auto picks default, ngram_host's slots left out
+    plan = plans.resolve({config.ENV_SLOTS: "auto"}, facts=f)
+    assert plan.verdict("ngram_full_mask").left_out_by_auto
+    (hint,) = [h for h in doctor.preset_hints(plan, CATALOGUE, f) if "ngram_host" in h]
+    assert hint.startswith("SGLANG_HOSTSYNC_SLOTS=auto,ngram_host also turns on ngram_full_mask, ngram_late_wait (")
+    on_triton = plans.resolve({config.ENV_SLOTS: "auto"}, facts=facts("NGRAM", 1, 1))  # picked there
+    assert not [h for h in doctor.preset_hints(on_triton, CATALOGUE, facts("NGRAM", 1, 1)) if "ngram_host" in h]
