@@ -44,5 +44,9 @@ def prepare_server_args_hook(original, argv, *args, **kwargs):
         from . import runtime
 
         plan = runtime.validate(server_args)
-        logger.info("hostsync: enabled; slots: %s", ", ".join(plan.selected) or "none")
+        if plan.auto_pending:
+            logger.info("hostsync: enabled; slots: auto, picked once SGLang has resolved the server arguments")
+        else:
+            logger.info("hostsync: enabled; slots: %s", ", ".join(v.name for v in plan.verdicts if v.selected
+                                                                  and not v.left_out_by_auto) or "none")
     return server_args

@@ -170,6 +170,8 @@ def test_the_launcher_decides_auto_once_sglang_resolved_the_topk_and_a_scheduler
     else:
         assert status["draft_extend_glue_graph"][0] == "applied" and status["eagle_fixed_shape_tail"][0] == "applied"
     assert "hostsync: auto: EAGLE family" in proc.stderr, out(proc)
+    # The launcher's first plan lists no union as its slots.
+    assert "hostsync: enabled; slots: auto, picked once SGLang has resolved the server arguments" in proc.stderr
 
 
 def test_the_users_positive_tokens_stay_beside_the_pick():
