@@ -298,3 +298,45 @@ def test_the_doctors_preset_hint_counts_slots_auto_left_out_as_off(monkeypatch):
     assert hint.startswith("SGLANG_HOSTSYNC_SLOTS=auto,ngram_host also turns on ngram_full_mask, ngram_late_wait (")
     on_triton = plans.resolve({config.ENV_SLOTS: "auto"}, facts=facts("NGRAM", 1, 1))  # picked there
     assert not [h for h in doctor.preset_hints(on_triton, CATALOGUE, facts("NGRAM", 1, 1)) if "ngram_host" in h]
+
+
+COUNTED_LAUNCH = """
+import collections, json, sys, tempfile
+from sglang_hostsync_plugin import plan as plans, slot
+calls = collections.Counter()
+def counted(owner, name, wrap):
+    original = getattr(owner, name)
+    def call(*a, **k):
+        calls[name] += 1
+        return original(*a, **k)
+    setattr(owner, name, wrap(call) if wrap else call)
+counted(slot.ServingFacts, "from_server_args", lambda f: classmethod(lambda cls, *a, **k: f(*a, **k)))
+counted(plans, "resolve", None)
+counted(plans.Plan, "with_facts", None)
+from sglang.srt.entrypoints import engine
+try:
+    engine.Engine(not_a_server_arg=1)  # loads the plugins, as a launcher does
+except TypeError:
+    pass
+from sglang_hostsync_plugin.e2e import matrix
+models = matrix.write_models(tempfile.mkdtemp())
+from sglang.srt.server_args import prepare_server_args
+args = prepare_server_args(["--model-path", models["target"], "--load-format", "dummy", "--speculative-algorithm",
+                            "STANDALONE", "--speculative-draft-model-path", models["draft"], "--page-size", "16",
+                            "--attention-backend", "triton", "--skip-tokenizer-init", "--device", "cuda"])
+args.resolve_once()
+engine._set_envs_and_config(args)
+print("RESULT" + json.dumps(calls))
+"""
+
+
+def test_the_launcher_computes_the_plan_once_and_refines_it_once():
+    """One launch: the server facts are read before SGLang's resolution (bad input fails there, before any
+    model load) and once after it; the plan is resolved once and refined once."""
+    from helpers import REPO, clean_env, out, run_process
+
+    proc = run_process([sys.executable, "-c", COUNTED_LAUNCH], cwd=REPO, timeout=600,
+                       env=clean_env(SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", SGLANG_HOSTSYNC_SLOTS="auto"))
+    assert proc.returncode == 0, out(proc)
+    calls = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert calls == {"from_server_args": 2, "resolve": 1, "with_facts": 2}, calls
