@@ -1,0 +1,426 @@
+"""Slot ``ngram_device_draft`` (not registered yet): NGRAM's draft proposed on the device, from
+each request's own token history, inside the step; no host read of step N-1's tokens to launch step N.
+
+Stock SGLang 0.5.23 (``speculative/ngram_worker.py``), every NGRAM decode step: the host drafts
+(``NGRAMWorker._prepare_draft_tokens``: each request's last ``max_trie_depth`` tokens, with step
+N-1's accepted tokens read back from the device, looked up in the cross-request C++ trie
+``NgramCorpus.batch_get``), copies the tree (``draft_tokens``, ``tree_mask``) to the device, and
+after the verify inserts the tails into the trie (``_update_ngram_corpus``). Under overlap the
+draft of step N needs step N-1's accepted tokens, so the host waits for step N-1 before it can
+launch step N. See ``docs/ngram-device-draft.md``.
+
+Here the device keeps a token history per request pool row (``history[req_pool_idx, pos]``,
+int32, as many rows as ``req_to_token``, its width plus ``D + 1``). The prompt
+(``Req.get_fill_ids()``: prompt, output after a retraction, radix-matched prefix included) is
+written at every extend forward (one pinned H2D, one launch); each step's accepted tokens are
+appended on the device right after the step (``accept_tokens[b, j]`` at
+``new_seq_lens[b] - accept_lens[b] + 1 + j``). A decode row's history is then valid on
+``[0, seq_lens[b]]``; ``history[seq_lens[b]]`` is the root token stock puts first in each
+request's tree.
+
+The draft (one Triton program per request, :func:`draft_chain`): prompt-lookup matching of the
+last ``n`` history tokens, ``MIN_N <= n <= max_trie_depth`` (SGLang's trie matches suffixes of
+depth 1 to ``max_trie_depth``; 0.5.23 has no separate match-window settings), against every
+earlier position of the same history. Longest ``n`` wins; among equally long matches the most
+recent one (vLLM's CPU proposer's rule; its GPU proposer takes the earliest). Its continuation,
+clipped at the history's end and at ``D - 1`` tokens, becomes a chain in exactly the layout SGLang
+builds from its trie for a chain-shaped result (C++ ``fillResult``: the root first, the chain,
+then padding nodes of token 0, each a child of the root) together with what SGLang's
+``reconstruct_indices_from_tree_mask`` derives from it (positions, retrieve index, next token,
+next sibling), written straight into the worker's preallocated verify buffers. The verify keeps
+``D`` tokens per request, so its batch shape is stock's; the target decides every token.
+
+The cross-request trie is dropped for device-drafted batches (no lookup, no insert): a lookup
+needs step N-1's tokens on the host, the dependency that serializes the steps. Grammar batches (their
+vocabulary mask is built from the host tree), rows whose prompt this process never wrote (a
+PD-disaggregation decode server), servers with an external SAM corpus, and CPU tensors outside
+the Triton interpreter run SGLang's host path unchanged.
+
+Not covered: the per-step seq-lens wait (``FutureMap.resolve_seq_lens_cpu``) stays, because
+NGRAM forces ``needs_cpu_seq_lens`` (``decide_needs_cpu_seq_lens``) and the full verify mask is
+sized from ``seq_lens_cpu``; removing it is the second half of the design doc.
+
+Not registered (``slots/__init__.py``): ``_prepare_for_speculative_decoding`` is
+``ngram_full_mask``'s ``PinnedEdit`` target, so this slot must conflict with it (and with
+``ngram_late_wait``, which requires it) until that edit becomes a ``source_edit.EditSite`` part;
+and a new slot changes the catalogue that ``tests/test_plugin_load.py`` and
+``tests/test_startup_fixes.py`` pin. Hook targets, when registered: ``_prepare_for_speculative_decoding``
+(AROUND, SGLang's method recompiled with four snippets edited), ``forward_batch_generation`` (AROUND:
+prompt write before, accepted-token append after) and ``_update_ngram_corpus`` (AROUND: skipped
+after a device draft).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from ..checks import read_source
+from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck, not_speculative
+from ..source_edit import PinnedEdit
+from . import ngram_full_mask
+
+NAME = "ngram_device_draft"
+NGRAM_WORKER = "sglang.srt.speculative.ngram_worker.NGRAMWorker"
+PREPARE = f"{NGRAM_WORKER}._prepare_for_speculative_decoding"
+PREPARE_SHA = ngram_full_mask.PREPARE_SHA
+FORWARD = f"{NGRAM_WORKER}.forward_batch_generation"
+FORWARD_SHA = "62a0fa9f388804a7"
+UPDATE = f"{NGRAM_WORKER}._update_ngram_corpus"
+UPDATE_SHA = "cce66c7d693fa47d"
+# SGLang code whose layout the chain restates: the trie result's tree (fillResult, C++, read in
+# tests/test_ngram_device_draft.py against a real corpus) and the verify indices derived from it.
+RECONSTRUCT = ("sglang.kernels.ops.speculative.reconstruct_tree._reconstruct_tree_mask_kernel", "6815dc66e045b46d")
+
+MIN_N = 1  # a one-token match still drafts: the verify checks D tokens per request whatever the draft
+BLOCK = 512  # history positions per scan step
+KEY_SHIFT = 40  # best-match key: (length << KEY_SHIFT) | end position; positions stay below 2**40
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+# --- kernels --------------------------------------------------------------------------------------
+
+@triton.jit
+def _draft_chain_kernel(history, hist_stride, hist_width, rows, seq_lens,
+                        tokens, tree_mask, positions, retrieve_index, next_token, next_sibling,
+                        D: tl.constexpr, BLOCK_D: tl.constexpr, MIN_N: tl.constexpr, MAX_N: tl.constexpr,
+                        BLOCK: tl.constexpr, SHIFT: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    row = tl.load(rows + b).to(tl.int64)
+    seq_len = tl.load(seq_lens + b).to(tl.int64)
+    hist = history + row * hist_stride
+    length = tl.minimum(seq_len + 1, hist_width)  # valid history; its last token is the root
+    last = length - 1
+    lanes = tl.arange(0, BLOCK)
+
+    # Longest match of the history's suffix ending at p <= last - 1; ties: the largest p.
+    best = tl.full((), -1, tl.int64)
+    hi = last  # candidate ends p < hi, scanned from the end backwards
+    while (hi > 0) & ((best >> SHIFT) < MAX_N):
+        p = hi - BLOCK + lanes
+        alive = p >= 0
+        m = tl.zeros((BLOCK,), tl.int64)
+        for k in tl.static_range(MAX_N):
+            want = tl.load(hist + (last - k), mask=last - k >= 0, other=-2)
+            alive = alive & (p - k >= 0)
+            got = tl.load(hist + (p - k), mask=alive, other=-1)
+            alive = alive & (got == want)
+            m += alive.to(tl.int64)
+        key = tl.where((m >= MIN_N) & (p >= 0), (m << SHIFT) | p, -1)
+        best = tl.maximum(best, tl.max(key, axis=0))
+        hi -= BLOCK
+
+    found = best >= 0
+    start = (best & ((1 << SHIFT) - 1)) + 1  # the continuation's first position
+    chain = tl.where(found, tl.minimum(D - 1, length - start), 0)
+
+    i = tl.arange(0, BLOCK_D)
+    out = i < D
+    follow = tl.load(hist + start + i - 1, mask=out & (i >= 1) & (i <= chain), other=0)
+    root = tl.load(hist + last)
+    base = b * D
+    tl.store(tokens + base + i, tl.where(i == 0, root, follow).to(tl.int64), mask=out)
+    # SGLang's derivation from the mask: depth = ancestors (chain node i: i; padding: 1).
+    tl.store(positions + base + i, seq_len + tl.where(i <= chain, i, 1).to(tl.int64), mask=out)
+    tl.store(retrieve_index + base + i, (base + i).to(tl.int64), mask=out)
+    first_child = tl.where(i == 0, tl.where(D > 1, 1, -1), tl.where(i < chain, i + 1, -1))
+    tl.store(next_token + base + i, first_child.to(tl.int64), mask=out)
+    # The root's children: node 1 and the padding nodes chain+1..D-1 (all of 1..D-1 without a chain).
+    root_child = (i >= 1) & ((i == 1) | (i > chain))
+    after = tl.where((i == 1) & (chain >= 1), chain + 1, i + 1)
+    tl.store(next_sibling + base + i, tl.where(root_child & (after < D), after, -1).to(tl.int64), mask=out)
+    # Tree mask (D x D): a chain row attends the root and the chain up to itself; a padding row
+    # the root and itself.
+    r = i[:, None]
+    q = i[None, :]
+    cell = tl.where(r <= chain, q <= r, (q == 0) | (q == r))
+    tl.store(tree_mask + b * D * D + r * D + q, cell, mask=(r < D) & (q < D))
+
+
+@triton.jit
+def _append_kernel(history, hist_stride, hist_width, rows, accept_tokens, accept_lens, new_seq_lens,
+                   D: tl.constexpr, BLOCK_D: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    row = tl.load(rows + b).to(tl.int64)
+    n = tl.load(accept_lens + b).to(tl.int64)
+    end = tl.load(new_seq_lens + b).to(tl.int64)  # the position of the last accepted token
+    j = tl.arange(0, BLOCK_D)
+    pos = end - n + 1 + j
+    keep = (j < n) & (j < D) & (pos >= 0) & (pos < hist_width)
+    tok = tl.load(accept_tokens + b * D + j, mask=keep, other=0)
+    tl.store(history + row * hist_stride + pos, tok.to(tl.int32), mask=keep)
+
+
+@triton.jit
+def _write_rows_kernel(history, hist_stride, hist_width, rows, flat, offsets, BLOCK: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    row = tl.load(rows + b).to(tl.int64)
+    lo = tl.load(offsets + b)
+    n = tl.minimum(tl.load(offsets + b + 1) - lo, hist_width)
+    for c0 in range(0, n, BLOCK):
+        cols = c0 + tl.arange(0, BLOCK)
+        keep = cols < n
+        tok = tl.load(flat + lo + cols, mask=keep, other=0)
+        tl.store(history + row * hist_stride + cols, tok.to(tl.int32), mask=keep)
+
+
+def _block_d(num_draft: int) -> int:
+    return max(2, triton.next_power_of_2(num_draft))
+
+
+def draft_chain(history: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor, tokens: torch.Tensor,
+                tree_mask: torch.Tensor, positions: torch.Tensor, retrieve_index: torch.Tensor,
+                next_token: torch.Tensor, next_sibling: torch.Tensor, num_draft: int, max_n: int,
+                min_n: int = MIN_N) -> None:
+    """Each request's chain draft, in place, in the layout of SGLang's NGRAM verify buffers:
+    ``tokens`` (``bs * D``), ``tree_mask`` (``bs * D * D`` bool), ``positions`` (``bs * D``),
+    ``retrieve_index`` / ``next_token`` / ``next_sibling`` (``bs x D``, contiguous).
+
+    Args:
+        history: ``[rows, width]`` int32; row ``rows[b]`` holds request ``b``'s tokens on
+            ``[0, seq_lens[b]]``.
+        rows: ``[bs]`` the requests' pool rows (``batch.req_pool_indices``).
+        seq_lens: ``[bs]`` the verified lengths (``batch.seq_lens``): the root token is at ``seq_lens[b]``.
+        num_draft: ``D``, tokens per request (``--speculative-num-draft-tokens``).
+        max_n, min_n: the n-gram lengths tried, longest first.
+    """
+    bs = rows.shape[0]
+    if bs == 0:
+        return
+    if not 1 <= min_n <= max_n:
+        raise ValueError(f"need 1 <= min_n <= max_n, got {min_n}, {max_n}")
+    _draft_chain_kernel[(bs,)](
+        history, history.stride(0), history.shape[1], rows, seq_lens,
+        tokens, tree_mask, positions, retrieve_index, next_token, next_sibling,
+        D=num_draft, BLOCK_D=_block_d(num_draft), MIN_N=min_n, MAX_N=max_n, BLOCK=BLOCK, SHIFT=KEY_SHIFT,
+        num_warps=4)
+
+
+def append_accepted(history: torch.Tensor, rows: torch.Tensor, accept_tokens: torch.Tensor,
+                    accept_lens: torch.Tensor, new_seq_lens: torch.Tensor, num_draft: int) -> None:
+    """A step's accepted tokens into the history: ``accept_tokens[b, j]`` (``bs * D``, flat) for
+    ``j < accept_lens[b]`` at ``new_seq_lens[b] - accept_lens[b] + 1 + j``. After a prefill
+    (``accept_lens`` 1, ``new_seq_lens`` the prompt length) that is the first output token."""
+    bs = rows.shape[0]
+    if bs == 0:
+        return
+    _append_kernel[(bs,)](history, history.stride(0), history.shape[1], rows, accept_tokens, accept_lens,
+                          new_seq_lens, D=num_draft, BLOCK_D=_block_d(num_draft), num_warps=1)
+
+
+def write_rows(history: torch.Tensor, rows: torch.Tensor, flat: torch.Tensor, offsets: torch.Tensor) -> None:
+    """``flat[offsets[b]:offsets[b + 1]]`` into ``history[rows[b], 0:...]`` (device tensors)."""
+    bs = rows.shape[0]
+    if bs == 0:
+        return
+    _write_rows_kernel[(bs,)](history, history.stride(0), history.shape[1], rows, flat, offsets,
+                              BLOCK=1024, num_warps=4)
+
+
+# --- the worker's device history ------------------------------------------------------------------
+
+@dataclass
+class History:
+    """One NGRAM worker's device token history and what the host knows about it."""
+
+    tokens: torch.Tensor  # [req pool rows, width] int32
+    ready: np.ndarray  # per row: its prompt was written by this process (never cleared)
+    max_n: int
+    drafted: int = 0  # decode steps drafted on the device
+    prompts: int = 0  # extend forwards whose prompts were written
+    stock: dict = field(default_factory=dict)  # reason -> decode steps left to SGLang's host path
+
+
+HISTORY = "_hostsync_ngram_history"  # the worker attribute holding its History
+
+
+def history(worker) -> History | None:
+    return getattr(worker, HISTORY, None)
+
+
+def history_of(worker) -> History:
+    """The worker's history, allocated at its first forward (``req_to_token``'s rows, its width
+    plus ``D + 1``, int32: 48 rows x 128k positions is 25 MB, outside ``--mem-fraction-static``)."""
+    found = history(worker)
+    if found is None:
+        rows, width = worker.req_to_token_pool.req_to_token.shape
+        tokens = torch.zeros((rows, width + worker.draft_token_num + 1), dtype=torch.int32, device=worker.device)
+        found = History(tokens, np.zeros(rows, dtype=bool), max(MIN_N, worker.max_trie_depth))
+        setattr(worker, HISTORY, found)
+    return found
+
+
+def write_prompts(hist: History, batch) -> None:
+    """An extend batch's token ids by position (``Req.get_fill_ids()``: everything SGLang puts
+    into the KV cache for the request, its radix-matched prefix included) into its rows."""
+    from sglang.srt.utils.common import flatten_arrays_to_pinned_cpu, is_pin_memory_available
+
+    reqs = batch.reqs
+    ids = [r.get_fill_ids() for r in reqs]
+    pin = is_pin_memory_available(hist.tokens.device)
+    flat = flatten_arrays_to_pinned_cpu(ids, pin)
+    offsets = torch.tensor(np.concatenate(([0], np.cumsum([len(a) for a in ids]))), dtype=torch.int64)
+    if pin:
+        offsets = offsets.pin_memory()
+    device = hist.tokens.device
+    write_rows(hist.tokens, batch.req_pool_indices, flat.to(device, non_blocking=True),
+               offsets.to(device, non_blocking=True))
+    hist.ready[[r.req_pool_idx for r in reqs]] = True
+    hist.prompts += 1
+
+
+# --- the step -------------------------------------------------------------------------------------
+
+def stock_reason(worker, batch) -> str | None:
+    """Why this decode batch keeps SGLang's host draft, or None (drafted on the device)."""
+    hist = history(worker)
+    if hist is None:
+        return "no device history"
+    if batch.has_grammar:
+        return "grammar"
+    if not (worker.tree_mask.is_cuda or _INTERPRET) or worker.tree_mask.dtype != torch.bool:
+        return "not a CUDA bool tree mask"
+    if batch.seq_lens_cpu is None:  # the full mask's size
+        return "no host seq lens"
+    if getattr(worker.ngram_corpus, "_corpus_token_counts", None):
+        return "external corpus"
+    index = batch.req_pool_indices_cpu
+    if index is None or not hist.ready[np.asarray(index)].all():
+        return "prompt not written"
+    return None
+
+
+def draft_fits(worker, batch) -> bool:
+    reason = stock_reason(worker, batch) if len(batch.reqs) else "empty"
+    if reason is not None:
+        hist = history(worker)
+        if hist is not None:
+            hist.stock[reason] = hist.stock.get(reason, 0) + 1
+    return reason is None
+
+
+def draft(worker, batch, draft_tokens, tree_mask, positions, retrieve_index, next_token, next_sibling) -> None:
+    hist = history(worker)
+    draft_chain(hist.tokens, batch.req_pool_indices, batch.seq_lens, draft_tokens, tree_mask, positions,
+                retrieve_index, next_token, next_sibling, worker.draft_token_num, hist.max_n)
+    worker._hostsync_device_drafted = True  # this step's corpus update is skipped
+    hist.drafted += 1
+
+
+def _skip(*args) -> None:
+    """Stands in for ``reconstruct_indices_from_tree_mask_func``: the draft wrote its outputs."""
+
+
+# ``_prepare_for_speculative_decoding`` (SGLang 0.5.23), four snippets: the decision, the draft in
+# place of the host lookup and its two copies, no tree reconstruction, the full mask from the
+# device tree (ngram_full_mask's kernel, since stock's loop reads the host tree).
+DECIDE_EDIT = (
+    "        if USE_FULL_MASK and not _is_cpu:\n"
+    "            ones_masks = [\n",
+    "        _hostsync_dev = _hostsync_draft_fits(self, batch)\n"
+    "        if USE_FULL_MASK and not _is_cpu and not _hostsync_dev:\n"
+    "            ones_masks = [\n",
+)
+DRAFT_EDIT = (
+    "        req_drafts, mask = self._prepare_draft_tokens(batch)\n"
+    "        tree_mask.copy_(torch.from_numpy(mask), non_blocking=True)\n"
+    "        draft_tokens.copy_(torch.from_numpy(req_drafts), non_blocking=True)\n",
+    "        if _hostsync_dev:\n"
+    "            req_drafts = mask = None\n"
+    "            _hostsync_draft(self, batch, draft_tokens, tree_mask, positions, retrieve_index,\n"
+    "                            retrieve_next_token, retrieve_next_sibling)\n"
+    "        else:\n"
+    "            req_drafts, mask = self._prepare_draft_tokens(batch)\n"
+    "            tree_mask.copy_(torch.from_numpy(mask), non_blocking=True)\n"
+    "            draft_tokens.copy_(torch.from_numpy(req_drafts), non_blocking=True)\n",
+)
+RECONSTRUCT_EDIT = (
+    "        reconstruct_indices_from_tree_mask_func(\n",
+    "        (_hostsync_skip if _hostsync_dev else reconstruct_indices_from_tree_mask_func)(\n",
+)
+MASK_EDIT = (
+    "        if USE_FULL_MASK and not _is_cpu:\n"
+    "            tree_mask = []\n",
+    "        if USE_FULL_MASK and not _is_cpu and _hostsync_dev:\n"
+    "            tree_mask = _hostsync_full_mask(\n"
+    "                tree_mask, batch.seq_lens, batch.seq_lens_cpu, self.draft_token_num\n"
+    "            )\n"
+    "        elif USE_FULL_MASK and not _is_cpu:\n"
+    "            tree_mask = []\n",
+)
+
+
+def _bind():
+    return {"_hostsync_draft_fits": draft_fits, "_hostsync_draft": draft, "_hostsync_skip": _skip,
+            "_hostsync_full_mask": ngram_full_mask.full_mask}
+
+
+PREPARE_ONCE = PinnedEdit(NAME, PREPARE, (DECIDE_EDIT, DRAFT_EDIT, RECONSTRUCT_EDIT, MASK_EDIT), _bind, PREPARE_SHA)
+
+
+def forward_hook(original, self, batch, *args, **kwargs):
+    """Around ``NGRAMWorker.forward_batch_generation``: an extend batch's prompts into the history
+    before the step; after it, the step's accepted tokens (the next draft input's, on the device)."""
+    if not (torch.device(self.device).type == "cuda" or _INTERPRET):
+        return original(self, batch, *args, **kwargs)  # Triton cannot launch here: SGLang's host path
+    hist = history_of(self)
+    if len(batch.reqs) and batch.forward_mode.is_extend():
+        write_prompts(hist, batch)
+    result = original(self, batch, *args, **kwargs)
+    nxt = result.next_draft_input
+    if len(batch.reqs) and nxt is not None and nxt.accept_tokens is not None:
+        append_accepted(hist.tokens, batch.req_pool_indices, nxt.accept_tokens, nxt.accept_lens, nxt.new_seq_lens,
+                        self.draft_token_num)
+    return result
+
+
+def update_hook(original, self, batch):
+    """Around ``NGRAMWorker._update_ngram_corpus``: nothing after a device draft (the trie is
+    neither read nor fed for those steps; its inputs were never read back)."""
+    if self.__dict__.pop("_hostsync_device_drafted", False):
+        return None
+    return original(self, batch)
+
+
+def check_pins() -> str | None:
+    """The edit applies to the installed SGLang, and SGLang's derivation of the verify indices
+    from a tree mask (what the chain restates) is the one the chain was written against. Read from
+    the files: ``ngram_worker`` and ``reconstruct_tree`` import only beside ``sgl_kernel`` on a CPU box."""
+    import hashlib
+
+    reason = PREPARE_ONCE.check()
+    if reason:
+        return reason
+    path, sha = RECONSTRUCT
+    try:
+        got = hashlib.sha256(read_source(path).encode()).hexdigest()[:16]
+    except (ImportError, AttributeError, OSError, SyntaxError) as exc:
+        return f"target missing: {path} ({type(exc).__name__}: {exc})"
+    if got != sha:
+        return f"upstream shape changed: {path} source sha {got}, expected {sha} (the chain layout restates it)"
+    return None
+
+
+SLOT = Slot(
+    name=NAME,
+    kind=SlotKind.OWNED,
+    origin="hostsync (NGRAM draft on the device; vLLM's GPU n-gram proposer, vllm#29184)",
+    summary="NGRAM's draft as a prompt-lookup chain proposed on the device from a device token history, "
+            "inside the step: no host read of step N-1's tokens, no trie lookup",
+    default=False,
+    conflicts=("ngram_full_mask", "ngram_late_wait"),  # the same verify-prep function, edited differently
+    precheck=config_precheck(None, check_pins),
+    inert=lambda f: not_speculative(f, "only NGRAM drafts from a token history", bool(f.speculative_algorithm)
+                                    and f.is_ngram()),
+    targets=(
+        PREPARE_ONCE.target(),
+        HookTarget(FORWARD, TargetKind.FUNCTION, hook=forward_hook,
+                   params=("self", "batch", "on_publish", "pp_proxy_tensors"), source_sha=FORWARD_SHA),
+        HookTarget(UPDATE, TargetKind.FUNCTION, hook=update_hook, params=("self", "batch"), source_sha=UPDATE_SHA),
+    ),
+)

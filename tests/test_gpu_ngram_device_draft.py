@@ -1,0 +1,156 @@
+"""ngram_device_draft (not registered yet) on a CUDA device: the matcher and chain layout equal the
+pure-Python reference on random histories (bs up to 48, lengths up to 20k, draft widths 1-16),
+positions and retrieve lists equal SGLang's CUDA ``reconstruct_indices_from_tree_mask`` on the
+chain's mask, the three kernels make no host sync, and SGLang's real
+``_prepare_for_speculative_decoding`` recompiled with the slot's edits hands the verify the same
+input as stock fed the same chain (the device path without a host sync). It prints the draft
+kernel's GPU time per call. Not a real NGRAM server step: the slot has no registered hooks yet
+(docs/ngram-device-draft.md).
+
+Skipped without CUDA (CI); run by scripts/gpu_run.sh."""
+
+import random
+import time
+import types
+
+import pytest
+import torch
+
+from sglang_hostsync_plugin.slots import ngram_device_draft as ndd
+from test_ngram_device_draft import make_worker, ref_chain, reference_host_draft, verify_input
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def case(rng, bs, d, max_len, vocab=None):
+    seqs = [[rng.randrange(vocab or rng.choice([2, 4, 30, 32000])) for _ in range(rng.randint(1, max_len))]
+            for _ in range(bs)]
+    rows = rng.sample(range(bs * 2 + 1), bs)
+    width = max(len(s) for s in seqs) + d + 1
+    hist = torch.randint(0, 5, (bs * 2 + 1, width), dtype=torch.int32)
+    for s, r in zip(seqs, rows):
+        hist[r, :len(s)] = torch.tensor(s, dtype=torch.int32)
+    return seqs, hist.cuda(), torch.tensor(rows, device="cuda"), torch.tensor([len(s) - 1 for s in seqs], device="cuda")
+
+
+def outputs(bs, d):
+    return [torch.empty(bs * d, dtype=torch.int64, device="cuda"), torch.empty(bs * d * d, dtype=torch.bool, device="cuda"),
+            torch.empty(bs * d, dtype=torch.int64, device="cuda"),
+            *(torch.empty((bs, d), dtype=torch.int64, device="cuda") for _ in range(3))]
+
+
+def test_identical_to_the_reference_and_to_sglangs_cuda_tree_op():
+    from sglang.kernels.ops.speculative.tree import reconstruct_indices_from_tree_mask
+
+    rng = random.Random(11)
+    n = 0
+    for d in (1, 4, 8, 12, 16):
+        for bs, max_len in ((1, 50), (3, 3000), (8, 600), (17, 20000), (48, 200)):
+            max_n = rng.choice([1, 3, 8, 18])
+            seqs, hist, rows, seq_lens = case(rng, bs, d, max_len)
+            out = outputs(bs, d)
+            ndd.draft_chain(hist, rows, seq_lens, *out, d, max_n=max_n)
+            tokens, mask = out[0].cpu(), out[1].cpu()
+            for b, s in enumerate(seqs):
+                want_t, want_m, _ = ref_chain(s, len(s), d, 1, max_n)
+                assert tokens[b * d:(b + 1) * d].tolist() == want_t, (d, bs, b)
+                assert mask[b * d * d:(b + 1) * d * d].view(d, d).tolist() == want_m, (d, bs, b)
+            sg = outputs(bs, d)[2:]
+            reconstruct_indices_from_tree_mask(out[1], seq_lens, *sg, bs, d)
+            for got, want in zip(out[2:], sg):
+                assert torch.equal(got, want), (d, bs)
+            n += 1
+    print(f"ngram_device_draft: {n} random batches identical to the reference and SGLang's tree op")
+
+
+def test_no_host_sync():
+    rng = random.Random(2)
+    seqs, hist, rows, seq_lens = case(rng, 8, 12, 4000)
+    out = outputs(8, 12)
+    acc = torch.randint(0, 100, (8 * 12,), dtype=torch.int32, device="cuda")
+    lens = torch.randint(1, 13, (8,), dtype=torch.int32, device="cuda")
+    flat = torch.randint(0, 100, (1000,), dtype=torch.int64, device="cuda")
+    offsets = torch.tensor([0, 100, 300, 300, 600, 700, 800, 900, 1000], device="cuda")
+    for _ in range(2):  # the first compiles
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error" if _ else "default")
+        try:
+            ndd.draft_chain(hist, rows, seq_lens, *out, 12, max_n=18)
+            ndd.append_accepted(hist, rows, acc, lens, seq_lens + lens, 12)
+            ndd.write_rows(hist, rows, flat, offsets)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
+def test_recompiled_prepare_hands_verify_stocks_input_on_the_device(monkeypatch):
+    from sglang.srt.speculative import ngram_worker as w
+
+    monkeypatch.setattr(ndd.PREPARE_ONCE, "_edited", None)
+    monkeypatch.setattr(w, "NgramVerifyInput", w.NgramVerifyInput)  # verify_input swaps in a recorder
+    monkeypatch.setattr(w, "assign_extend_cache_locs_func", lambda **kw: torch.zeros(1, dtype=torch.int64))
+    monkeypatch.setattr(w, "prepare_mamba_track_for_verify", lambda batch: None)
+    original = getattr(w.NGRAMWorker._prepare_for_speculative_decoding, "__wrapped__",
+                       w.NGRAMWorker._prepare_for_speculative_decoding)
+    rng = random.Random(5)
+    for d, bs in ((8, 1), (12, 5), (4, 16)):
+        seqs = [[rng.randrange(6) for _ in range(rng.randint(1, 2000))] for _ in range(bs)]
+        rows = rng.sample(range(32), bs)
+
+        def batch():
+            seq_lens = torch.tensor([len(s) - 1 for s in seqs])
+            return types.SimpleNamespace(
+                forward_mode=w.ForwardMode.DECODE, reqs=[object()] * bs, seq_lens=seq_lens.cuda(),
+                seq_lens_cpu=seq_lens, has_grammar=False, req_pool_indices=torch.tensor(rows, device="cuda"),
+                req_pool_indices_cpu=torch.tensor(rows), req_to_token_pool=types.SimpleNamespace(req_to_token=None))
+
+        def cuda_worker(host_draft):
+            worker = make_worker(d, max_bs=16, rows=32, width=2100, host_draft=host_draft)
+            for name in ("retrieve_indexes_batch", "retrieve_next_token_batch", "retrieve_next_sibling_batch",
+                         "positions_batch", "tree_mask_batch", "draft_tokens_batch"):
+                full = getattr(worker, name)[-1]
+                base = full.cuda()
+                setattr(worker, name, [base[: len(v)] for v in getattr(worker, name)])
+            worker.tree_mask = worker.tree_mask_batch[-1]
+            worker.device = "cuda"
+            worker.req_to_token_pool.req_to_token = worker.req_to_token_pool.req_to_token.cuda()
+            return worker
+
+        stock = verify_input(w, original, cuda_worker(reference_host_draft(seqs, d, 18)), batch())
+        worker = cuda_worker(lambda b: pytest.fail("host draft"))
+        hist = ndd.history_of(worker)
+        for s, r in zip(seqs, rows):
+            hist.tokens[r, :len(s)] = torch.tensor(s, dtype=torch.int32, device="cuda")
+            hist.ready[r] = True
+        verify_input(w, lambda *a: ndd.PREPARE_ONCE.hook(original, *a), worker, batch())  # compiles
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            plugin = verify_input(w, lambda *a: ndd.PREPARE_ONCE.hook(original, *a), worker, batch())
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        for key, want in stock.items():
+            if isinstance(want, torch.Tensor):
+                assert plugin[key].dtype == want.dtype and torch.equal(plugin[key], want), (key, d, bs)
+
+
+def test_draft_time_per_call():
+    """GPU time of one draft launch (printed; what the device pays for the host lookup it removes)."""
+    rng = random.Random(9)
+    for bs, length in ((1, 1000), (1, 32000), (8, 8000), (48, 4000), (48, 32000)):
+        seqs, hist, rows, seq_lens = case(rng, bs, 12, length, vocab=32000)
+        seq_lens.fill_(length - 1)
+        hist[:, :length] = torch.randint(0, 32000, (hist.shape[0], length), dtype=torch.int32, device="cuda")
+        out = outputs(bs, 12)
+        ndd.draft_chain(hist, rows, seq_lens, *out, 12, max_n=18)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        start.record()
+        for _ in range(20):
+            ndd.draft_chain(hist, rows, seq_lens, *out, 12, max_n=18)
+        end.record()
+        host = (time.perf_counter() - t0) / 20 * 1e6
+        torch.cuda.synchronize()
+        print(f"ngram_device_draft: bs {bs} length {length}: GPU {start.elapsed_time(end) / 20 * 1e3:.1f} us, "
+              f"host {host:.1f} us per call (max_n 18, D 12, random tokens)")
