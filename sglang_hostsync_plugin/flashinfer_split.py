@@ -42,8 +42,12 @@ The CUDA-core decode planner's grid (``max_grid_size``) comes from the decode ke
 the CPU cannot compute: ``decode_plan`` takes it as a parameter and nothing certifies from it.
 
 Nothing here ran on a GPU; ``compare`` is how a GPU host checks the port against FlashInfer's own
-planner (the slot ``flashinfer_certified_plan`` on the planner calls it watches;
-tests/test_gpu_flashinfer_certified_plan.py on random batches).
+planner (the slot ``flashinfer_certified_plan``, not registered, on the planner calls it watches: every
+call of its first 1000, then every 8th; tests/test_gpu_flashinfer_certified_plan.py on random batches).
+That slot's bit-identity rests on this port matching FlashInfer: the GPU tests passing is the
+precondition for registering it. The CPU tests check the port against itself (property tests) and
+against cases derived by hand from the C++ (tests/test_flashinfer_split_model.py, and the hand-derived
+planner in tests/test_flashinfer_certified_plan.py).
 """
 
 from __future__ import annotations

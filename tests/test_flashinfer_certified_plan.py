@@ -1,24 +1,36 @@
-"""Slot ``flashinfer_certified_plan`` on the CPU.
+"""Slot ``flashinfer_certified_plan`` (not registered) on the CPU.
 
+- Registration: not in the catalogue; ``write_cert_dist`` registers its ``SLOT`` through the third-party
+  entry-point group, which is how the GPU test and the hook-registry test here select it; it requires
+  ``flashinfer_plan_guard``.
 - The window: a simulation of SGLang's overlap loop (``event_loop_overlap``'s order, SGLang's own
-  ``page_aligned_decode_alloc_lens`` for the reserve, ``ReqKvInfo``) never finds a device length outside
-  the slot's window, nor a window past the allocated KV, at page sizes 1, 16 and 64; three wrong windows
-  (lag ignored, one token short, page-rounded) are each caught by the same search.
+  ``page_aligned_decode_alloc_lens`` for the reserve, real ``Req`` objects whose results go through
+  SGLang's own ``SchedulerBatchResultProcessor._resolve_spec_v2_tokens``) never finds a device length
+  outside the slot's window, nor a window past the allocated KV, at page sizes 1, 16 and 64; three wrong
+  windows (lag ignored, one token short, page-rounded) are each caught by the same search. Skipped steps
+  check their window without a wait (a pinned copy and an event, read at a later decision).
 - The certificate: on random planner calls the port's key is equal exactly where the full plan is, and
   a certified window plans every length in it as its ``hi``; a weaker certificate (the chunk size alone)
-  is caught.
+  is caught. Hand-derived from the C++ (not from the port): the keys of a few calls, and a planner that
+  plans bs-1 calls from the C++ read by hand, which a World runs through the slot (the slot's
+  self-check then compares the port with it, and every skipped step must plan what it plans at the
+  exact lengths).
 - The hook path on SGLang's objects: the real ``FutureMap`` resolve (stock's D2H + synchronize where the
   window is uncertain, SGLang's GPU-only branch where it is certified), SGLang's real
   ``update_single_wrapper`` / ``call_begin_forward`` / ``fast_prefill_plan`` and
   ``_build_draft_indptr_host`` up to the planner, a stand-in FlashInfer planner (the port, writing its
   plan into the pinned buffer as PrefillPlanImpl does): a skipped step hands FlashInfer exactly the
-  plans (plan_info and pinned bytes) the stock step with the exact lengths does; a wrong prediction is
-  rescued; a self-check mismatch or a window miss turns the slot off.
+  plans the stock step with the exact lengths does; a wrong prediction is rescued; a self-check
+  mismatch or a window miss turns the slot off; an error in the watch plans the call as it came,
+  without a read-back; the per-batch-size back-off; the step ends after its draft extend (a recapture
+  between steps sees none); forward-pass metrics under STANDALONE keep stock's read (SGLang's own
+  ``_build_scheduled_request_metrics`` raises without ``seq_lens_cpu``).
 - The draft extend's prefix lengths and positions in a skipped step come from the device lengths
   (SGLang's real ``prepare_for_draft_extend``), the same as stock's.
+- The log line goes through the e2e benchmark's own collector (``Server.slot_checks``).
 
-The GPU side (the port against FlashInfer's planner, a real server's outputs and syncs) is
-tests/test_gpu_flashinfer_certified_plan.py.
+The GPU side (the port against FlashInfer's planner, a real server's outputs and syncs under the
+real-traffic mix) is tests/test_gpu_flashinfer_certified_plan.py.
 """
 
 import collections
@@ -63,10 +75,58 @@ def _fresh_engine(monkeypatch):
 # ---------------------------------------------------------------------------
 # Catalogue and rules
 # ---------------------------------------------------------------------------
-def test_slot_is_opt_in_in_no_preset_and_checks():
-    s = registry.catalogue()[cert.NAME]
-    assert not s.default and s.presets == () and "experimental" in s.summary and s.requires == ()
+# The slot through the third-party entry-point group (registry.SLOT_ENTRY_POINT_GROUP): a package that
+# returns the module's SLOT. Put the folder write_cert_dist wrote on PYTHONPATH (tests/test_gpu_...: the e2e).
+CERT_DIST = {
+    "hostsync_cert_slot.py": (
+        "from sglang_hostsync_plugin.hookspecs import hookimpl\n"
+        "from sglang_hostsync_plugin.slots.flashinfer_certified_plan import SLOT\n\n\n"
+        "@hookimpl\n"
+        "def hostsync_slots():\n"
+        "    return [SLOT]\n"),
+    "hostsync_cert_slot-0.1.dist-info/METADATA": "Metadata-Version: 2.1\nName: hostsync-cert-slot\nVersion: 0.1\n",
+    "hostsync_cert_slot-0.1.dist-info/entry_points.txt": "[sglang_hostsync.slots]\ncert = hostsync_cert_slot\n",
+}
+
+
+def write_cert_dist(root) -> str:
+    import os
+
+    for rel, text in CERT_DIST.items():
+        path = os.path.join(str(root), rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+    return str(root)
+
+
+def test_not_registered_opt_in_requires_the_plan_guard_and_checks():
+    """Registration waits on the GPU tests (docs/slots.md "Designed, not registered")."""
+    from sglang_hostsync_plugin import config
+
+    assert cert.NAME not in registry.catalogue()
+    s = cert.SLOT
+    assert not s.default and s.presets == () and "not registered" in s.summary
+    assert s.requires == ("flashinfer_plan_guard",)
     assert check_slot(s) is None
+    catalogue = {**registry.catalogue(), cert.NAME: s}
+    with pytest.raises(config.HostsyncConfigError, match="requires slot 'flashinfer_plan_guard'"):
+        config.parse_slot_spec("default,-flashinfer_plan_guard,flashinfer,flashinfer_certified_plan", catalogue)
+    assert cert.NAME in config.parse_slot_spec("default,flashinfer,flashinfer_certified_plan", catalogue).names
+
+
+def test_the_plan_guard_acts_wherever_the_slot_does():
+    """At EAGLE topk 1 on FlashInfer the guard is inert unless a slot that requires it acts (or the user's
+    own SGLANG_OPT_FLASHINFER_VERIFY_HOST_PLAN): with this slot selected, without the switch slots and
+    without that variable, the guard acts."""
+    from sglang_hostsync_plugin.plan import inert_reasons
+
+    catalogue = {**registry.catalogue(), cert.NAME: cert.SLOT}
+    facts = _facts(env={})
+    alone = inert_reasons(catalogue, facts, {"flashinfer_plan_guard"})
+    assert alone["flashinfer_plan_guard"] is not None and "topk is 1" in alone["flashinfer_plan_guard"]
+    both = inert_reasons(catalogue, facts, {"flashinfer_plan_guard", cert.NAME})
+    assert both[cert.NAME] is None and both["flashinfer_plan_guard"] is None
 
 
 def _facts(**kw):
@@ -129,10 +189,34 @@ def test_the_pinned_sglang_code_says_what_the_window_relies_on():
 
 
 # ---------------------------------------------------------------------------
-# 1. The window never undershoots (SGLang's loop order, its allocation reserve)
+# 1. The window never undershoots (SGLang's loop order, its allocation reserve, its result processing)
 # ---------------------------------------------------------------------------
 def _req(committed):
     return SimpleNamespace(kv=ReqKvInfo(kv_committed_len=committed, kv_allocated_len=committed), finished=False)
+
+
+def _result_processor():
+    """SGLang's SchedulerBatchResultProcessor with what ``_resolve_spec_v2_tokens`` calls besides the
+    requests: no metrics snapshot, no adaptive-steps controller."""
+    import dataclasses
+
+    from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
+
+    kw = {f.name: None for f in dataclasses.fields(SchedulerBatchResultProcessor)}
+    kw.update(metrics_reporter=SimpleNamespace(snapshot_spec_decode_metrics=lambda batch, result: None),
+              model_worker=SimpleNamespace(on_verify_complete_cpu=lambda *a, **k: None))
+    return SchedulerBatchResultProcessor(**kw)
+
+
+def _real_req(rng, n):
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    r = Req(f"r{n}", "", [rng.randint(3, 1000) for _ in range(rng.randint(1, 3000))],
+            SamplingParams(max_new_tokens=1 << 20))
+    # SGLang's extend allocation (mem_cache/allocation.py alloc_for_extend): both lengths = seq_len.
+    r.kv.kv_committed_len = r.kv.kv_allocated_len = len(r.origin_input_ids)
+    return r
 
 
 def find_undershoot(window_fn, *, seed: int, page_size: int, steps: int = 400):
@@ -142,30 +226,43 @@ def find_undershoot(window_fn, *, seed: int, page_size: int, steps: int = 400):
     Each iteration, as ``Scheduler.event_loop_overlap``: pick the batch (finished requests filtered,
     new ones merged after their prefill), ``eagle_prepare_for_decode``'s allocation (SGLang's
     ``page_aligned_decode_alloc_lens`` with the reserve of ``get_alloc_reserve_per_decode``: 2 * W at
-    topk 1), the decision, ``run_batch`` (the device adds 1..W), then the previous batch's result (the
-    host adds the accepted run); sometimes that result is processed before the run
-    (``disable_overlap_for_batch``), sometimes the step is a prefill of new requests."""
+    topk 1), the decision, ``run_batch`` (a prefill publishes ``batch.seq_lens``, as
+    ``EAGLEWorkerV2._forward_prefill_batch`` does; a decode adds the accepted 1..W on the device), then
+    the previous batch's result through SGLang's own ``_resolve_spec_v2_tokens`` (real ``Req``
+    objects: the accepted run added to ``kv_committed_len``, nothing for a request that finished while
+    its batch ran); sometimes that result is processed before the run (``disable_overlap_for_batch``),
+    sometimes the step is a prefill of new requests, sometimes a request is aborted."""
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+    from sglang.srt.managers.utils import GenerationBatchResult
+
     rng = random.Random(seed)
+    proc = _result_processor()
     device: dict[int, int] = {}
     running: list = []
     queue: collections.deque = collections.deque()
     last = None
+    made = itertools.count()
 
     def process():
         batch, accepted = queue.popleft()
+        if not batch.forward_mode.is_decode():
+            return  # a prefill's result changes no committed length (no mixed chunk here)
+        ids = torch.zeros(len(batch.reqs) * W, dtype=torch.int64)
+        lens = torch.tensor([accepted[id(r)] for r in batch.reqs])
+        result = GenerationBatchResult(next_token_ids=ids, accept_lens=lens, speculative_num_draft_tokens=W)
+        proc._resolve_spec_v2_tokens(result, SimpleNamespace(reqs=batch.reqs, forward_mode=batch.forward_mode,
+                                                             has_grammar=False))
         for r in batch.reqs:
-            if batch.forward_mode.is_decode() and not r.finished:
-                r.kv.kv_committed_len += accepted[id(r)]
-                if rng.random() < 0.05:
-                    r.finished = True
+            if rng.random() < 0.05:
+                r.finished_reason = FINISH_ABORT()
 
     for step in range(steps):
-        running = [r for r in running if not r.finished]
+        running = [r for r in running if not r.finished()]
         if last is not None and last.forward_mode == ForwardMode.EXTEND:
             running += last.reqs  # merge_batch of the last prefill
         prefill = not running or rng.random() < 0.1
         if prefill:
-            new = [_req(rng.randint(1, 3000)) for _ in range(rng.randint(1, 3))]
+            new = [_real_req(rng, next(made)) for _ in range(rng.randint(1, 3))]
             for r in new:
                 device[id(r)] = r.kv.kv_committed_len  # the prefill publishes batch.seq_lens
             batch = SimpleNamespace(reqs=new, forward_mode=ForwardMode.EXTEND)
@@ -228,10 +325,29 @@ def test_a_window_that_can_undershoot_is_caught(wrong):
 def test_request_window_cases():
     assert cert.request_window(100, 200, None, W) == (100, 100)  # result processed: exact
     assert cert.request_window(100, 200, "decode", W) == (101, 104)  # one verify in flight: 1..W accepted
-    assert cert.request_window(100, 200, "other", W) == (100, 104)
     assert cert.request_window(100, 103, "decode", W) is None  # past the allocated KV: stock's resolve
     pending = [SimpleNamespace(reqs=[], forward_mode=ForwardMode.DECODE)] * 2
     assert cert.step_window([_req(5)], pending, W) is None  # two batches unprocessed: never under overlap
+    r = _req(5)
+    r.kv.kv_allocated_len = 100
+    # The one unprocessed batch: a decode (1..W accepted), a plain prefill (exact), anything else: stock's.
+    for mode, want in ((ForwardMode.DECODE, ([6], [9])), (ForwardMode.EXTEND, ([5], [5])), (ForwardMode.MIXED, None),
+                       (ForwardMode.IDLE, None)):
+        assert cert.step_window([r], [SimpleNamespace(reqs=[r], forward_mode=mode)], W) == want, mode
+
+
+def test_a_plain_prefill_publishes_the_committed_length():
+    """EAGLEWorkerV2._forward_prefill_batch publishes ``batch.seq_lens`` as the new lengths, the lengths
+    SGLang's extend allocation wrote into ``kv_committed_len``: the window after it is [c, c]."""
+    from sglang.srt.mem_cache import allocation
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    src = inspect.getsource(EAGLEWorkerV2._forward_prefill_batch)
+    assert "batch_output.new_seq_lens = batch.seq_lens" in src
+    alloc = inspect.getsource(allocation)
+    assert "req.kv.kv_allocated_len = seq_len\n        req.kv.kv_committed_len = seq_len" in alloc
+    r = _req(700)
+    assert cert.step_window([r], [SimpleNamespace(reqs=[r], forward_mode=ForwardMode.EXTEND)], W) == ([700], [700])
 
 
 # ---------------------------------------------------------------------------
@@ -438,6 +554,7 @@ def _scheduler(fm):
                            speculative_num_draft_tokens=W)
     runner = SimpleNamespace(model_config=SimpleNamespace(model_is_mrope=False, is_encoder_decoder=False))
     return SimpleNamespace(future_map=fm, server_args=args, enable_overlap=True, result_queue=collections.deque(),
+                           enable_fpm=False, spec_algorithm=SpeculativeAlgorithm.EAGLE,
                            req_to_token_pool=SimpleNamespace(), tp_worker=SimpleNamespace(model_runner=runner),
                            draft_worker=SimpleNamespace(spec_v2_attn_backends=(_fi_backend(), draft, _fi_backend())))
 
@@ -462,7 +579,7 @@ class World:
     ``FakePlanner``). ``step()`` runs the decision, SGLang's resolve and the three sites as the graph
     runners drive them; with ``hooked`` False it is stock (no slot)."""
 
-    def __init__(self, rows, committed, tamper=None):
+    def __init__(self, rows, committed, tamper=None, planner=None):
         self.fm, self.log = _future_map()
         self.sched = _scheduler(self.fm)
         self.rows = rows
@@ -471,6 +588,7 @@ class World:
             r.kv.kv_allocated_len = r.kv.kv_committed_len + 64
         self.fm.new_seq_lens_buf[torch.tensor(rows)] = torch.tensor(committed)
         self.tamper = tamper
+        self.planner = planner or (lambda: FakePlanner(self.tamper))
         self.wrappers: dict = {}
 
     def device_lens(self):
@@ -483,7 +601,7 @@ class World:
         key = (name, bs)
         if key not in self.wrappers:
             w = FakeWrapper(
-                is_cuda_graph_enabled=True, _backend="fa2", _cached_module=FakePlanner(self.tamper),
+                is_cuda_graph_enabled=True, _backend="fa2", _cached_module=self.planner(),
                 _float_workspace_buffer=None, _int_workspace_buffer=None,
                 _pin_memory_int_workspace_buffer=torch.zeros(1 << 16, dtype=torch.uint8),
                 _max_total_num_rows=bs * (W if name != "draft" else 1), _qo_indptr_buf=torch.zeros(bs + 1),
@@ -653,7 +771,7 @@ def test_a_certified_step_skips_the_read_and_plans_exactly_what_stock_plans():
         exact = world.device_lens()
         got = {k: [fs.plan_call(c) for c in v] for k, v in _plans_of_last_step(world, before).items()}
         assert got == _exact_plans(world, exact)  # every plan FlashInfer made is stock's
-        if cert.ENGINE.step.skipped:
+        if cert.ENGINE.last_step.skipped:
             skipped += 1
             assert _sync_count(world) == 0 and batch.seq_lens_cpu is None and batch.seq_lens_sum is None
             assert batch.seq_lens.tolist() == exact  # SGLang's device gather
@@ -675,7 +793,7 @@ def test_the_uncertain_step_runs_stocks_resolve():
     world.reqs[0].kv.kv_committed_len = 122  # the verify window 127..130 crosses FlashInfer's 128-token chunk
     world.fm.new_seq_lens_buf[4] = 124
     batch, _ = world.step(hooked=True, pending=True)
-    assert not cert.ENGINE.step.skipped and cert.ENGINE.stats.stock["uncertain"] == 1
+    assert not cert.ENGINE.last_step.skipped and cert.ENGINE.stats.stock["uncertain"] == 1
     assert _sync_count(world) == 1 and batch.seq_lens_cpu.tolist() == [124]
     assert world.fm.needs_cpu_seq_lens is True
 
@@ -690,10 +808,10 @@ def test_a_wrong_prediction_is_rescued_with_the_exact_lengths(monkeypatch):
         c.offset += 1
     before = _counts(world)
     batch, _ = world.step(hooked=True, pending=True)
-    assert cert.ENGINE.step.skipped and _sync_count(world) == 0
+    assert cert.ENGINE.last_step.skipped and _sync_count(world) == 0
     got = {k: [fs.plan_call(c) for c in v] for k, v in _plans_of_last_step(world, before).items()}
     assert got == _exact_plans(world, [124])  # the verify's plan was made from the exact lengths
-    assert cert.ENGINE.stats.rescues >= 1 and cert.ENGINE.step.exact == [124]
+    assert cert.ENGINE.stats.rescues >= 1 and cert.ENGINE.last_step.exact == [124]
 
 
 def test_a_self_check_mismatch_turns_the_slot_off():
@@ -715,6 +833,275 @@ def test_a_window_miss_in_a_stock_step_turns_the_slot_off():
     world.step(hooked=True, pending=True)
     assert cert.ENGINE.stats.stock["uncertain"] == 1
     assert cert.ENGINE.stats.window_misses == 1 and cert.ENGINE.disabled.startswith("window miss")
+
+
+def _catch_up(world, exact=None):
+    """The host processes the previous verify: the committed lengths catch up with the device's."""
+    for r, e in zip(world.reqs, exact or world.device_lens()):
+        r.kv.kv_committed_len = e
+        r.kv.kv_allocated_len = e + 64
+
+
+class CopyEvent:
+    """A CUDA event behind a window copy, as the host sees it: ``query()`` False until the test fires it;
+    any wait fails the test."""
+
+    made: list = []
+
+    def __init__(self):
+        self.fired = False
+        CopyEvent.made.append(self)
+
+    def record(self, stream=None):
+        pass
+
+    def query(self):
+        return self.fired
+
+    def synchronize(self):
+        raise AssertionError("the host waited on a window copy")
+
+    wait = synchronize
+
+
+def _skipped_step(world, accepts):
+    _accept(world, accepts)
+    batch, _ = world.step(hooked=True, pending=True)
+    assert cert.ENGINE.last_step.skipped, cert.ENGINE.stats.stock
+    return batch
+
+
+def test_a_skipped_steps_window_is_checked_at_a_later_decision_without_a_wait(monkeypatch):
+    CopyEvent.made = []
+    monkeypatch.setattr(cert.ENGINE, "make_event", CopyEvent)
+    world = World(rows=[3, 7], committed=[1000, 2500])
+    world.step(hooked=True, pending=False)  # the template; a stock step checks its window with its own read
+    assert cert.ENGINE.stats.window_checks == 1
+    _skipped_step(world, [2, 3])
+    assert _sync_count(world) == 0 and len(cert.ENGINE.copies) == 1 and len(CopyEvent.made) == 1
+    copy = cert.ENGINE.copies[0]
+    assert copy.buf[:2].tolist() == world.device_lens() and (copy.lo, copy.hi) == ([1001, 2501], [1004, 2504])
+    _catch_up(world)
+    _skipped_step(world, [1, 1])  # the first copy still in flight: the decision does not wait for it
+    assert len(cert.ENGINE.copies) == 2 and cert.ENGINE.stats.window_checks == 1
+    CopyEvent.made[0].fired = True
+    _catch_up(world)
+    _skipped_step(world, [4, 4])  # now read: the window held
+    assert cert.ENGINE.stats.window_checks == 2 and cert.ENGINE.stats.window_misses == 0
+    assert len(cert.ENGINE.copies) == 2 and len(cert.ENGINE.spare) == 0  # (its buffer went to the new copy)
+    # A device length the host's bookkeeping cannot explain, in a skipped step: caught one decision later.
+    for e in CopyEvent.made:
+        e.fired = True
+    _catch_up(world)
+    world.fm.new_seq_lens_buf[torch.tensor(world.rows)] += torch.tensor([9, 1])  # 9 > W accepted
+    _skipped_step(world, [0, 0])
+    assert cert.ENGINE.stats.window_misses == 0 and cert.ENGINE.disabled is None
+    _catch_up(world)
+    CopyEvent.made[-1].fired = True
+    world.step(hooked=True, pending=False)  # (its own window [c, c] holds: the miss is the copy's)
+    assert cert.ENGINE.stats.window_misses == 1 and cert.ENGINE.disabled.startswith("window miss")
+    assert cert.ENGINE.stats.stock["off"] == 1
+
+
+def test_at_most_window_depth_copies_in_flight(monkeypatch):
+    CopyEvent.made = []
+    monkeypatch.setattr(cert.ENGINE, "make_event", CopyEvent)
+    world = World(rows=[3, 7], committed=[1000, 2500])
+    world.step(hooked=True, pending=False)
+    for _ in range(cert.WINDOW_DEPTH + 2):
+        _skipped_step(world, [1, 1])
+        _catch_up(world)
+    assert len(cert.ENGINE.copies) == cert.WINDOW_DEPTH and cert.ENGINE.stats.window_unchecked == 2
+
+
+def test_forward_pass_metrics_under_standalone_keep_stocks_read():
+    """--enable-forward-pass-metrics: SGLang's _build_scheduled_request_metrics iterates seq_lens_cpu of
+    every decode batch without a spec-decode snapshot, and STANDALONE's results have none
+    (_SPEC_DECODE_SNAPSHOT_ALGORITHMS). A skipped step's batch (seq_lens_cpu None) would raise there."""
+    from sglang.srt.managers.scheduler_components import metrics_reporter as mr
+
+    reporter = object.__new__(mr.SchedulerMetricsReporter)
+    assert SpeculativeAlgorithm.STANDALONE not in mr._SPEC_DECODE_SNAPSHOT_ALGORITHMS
+    # What the rule prevents: the same batches under EAGLE (which has the snapshot) skip the read, and
+    # SGLang's metrics without a snapshot raise on them.
+    world = World(rows=[3, 7], committed=[1000, 2500])
+    world.sched.enable_fpm = True
+    world.step(hooked=True, pending=False)
+    batch = _skipped_step(world, [2, 3])
+    with pytest.raises(TypeError):
+        mr.SchedulerMetricsReporter._build_scheduled_request_metrics(reporter, batch, None)
+    # STANDALONE with the metrics on: stock's read every step, SGLang's metrics build on every batch.
+    cert.ENGINE.reset()
+    cert.ENGINE.device = fs.H100
+    world = World(rows=[3, 7], committed=[1000, 2500])
+    world.sched.enable_fpm, world.sched.spec_algorithm = True, SpeculativeAlgorithm.STANDALONE
+    for i in range(6):
+        _accept(world, [2, 3])
+        batch, _ = world.step(hooked=True, pending=i > 0)
+        metrics = mr.SchedulerMetricsReporter._build_scheduled_request_metrics(reporter, batch, None)
+        assert metrics.num_decode_requests == 2
+        _catch_up(world)
+    assert cert.ENGINE.reason.startswith("forward-pass metrics under STANDALONE")
+    assert cert.ENGINE.stats.skipped == 0 and _sync_count(world) == 1
+    # Without the metrics STANDALONE skips as EAGLE does.
+    cert.ENGINE.reset()
+    cert.ENGINE.device = fs.H100
+    world = World(rows=[3, 7], committed=[1000, 2500])
+    world.sched.spec_algorithm = SpeculativeAlgorithm.STANDALONE
+    world.step(hooked=True, pending=False)
+    _skipped_step(world, [2, 3])
+
+
+def test_the_backoff_stops_computing_keys_where_nothing_certifies(monkeypatch):
+    """After BACKOFF_AFTER uncertain decisions at one batch size no key is computed there for
+    BACKOFF_FIRST decisions, then one is tried; a certified one ends the back-off."""
+    world = World(rows=[4], committed=[500])
+    world.step(hooked=True, pending=False)  # the template (bs 1)
+    tried = []
+    verdict = [False]
+    monkeypatch.setattr(cert.CallTemplate, "certify", lambda self, lo, hi: tried.append(1) or verdict[0])
+
+    def decide():
+        cert.next_batch_hook(lambda s, rb, lb: SimpleNamespace(batch_to_run=world.batch()), world.sched, None, None)
+
+    for _ in range(cert.BACKOFF_AFTER):
+        decide()
+    assert len(tried) == cert.BACKOFF_AFTER and cert.ENGINE.stats.backoffs == 1
+    for _ in range(cert.BACKOFF_FIRST):
+        decide()
+    assert len(tried) == cert.BACKOFF_AFTER and cert.ENGINE.stats.stock["back-off"] == cert.BACKOFF_FIRST
+    decide()  # one try after the pause; uncertain again: the next pause is twice as long
+    assert len(tried) == cert.BACKOFF_AFTER + 1 and cert.ENGINE.backoff[1].skip == 2 * cert.BACKOFF_FIRST
+    assert cert.ENGINE.stats.backoffs == 2
+    cert.ENGINE.backoff[1].skip = 0
+    verdict[0] = True
+    decide()
+    assert cert.ENGINE.last_step.skipped and 1 not in cert.ENGINE.backoff
+    # The pause doubles up to BACKOFF_MAX.
+    for _ in range(cert.BACKOFF_AFTER):
+        cert.ENGINE._uncertain(2)
+    pauses = [cert.ENGINE.backoff[2].skip]
+    for _ in range(8):  # each try after a pause that is uncertain again
+        cert.ENGINE.backoff[2].skip = 0
+        cert.ENGINE._uncertain(2)
+        pauses.append(cert.ENGINE.backoff[2].skip)
+    assert pauses == [16, 32, 64, 128, 256, 512, 1024, 1024, 1024] and cert.BACKOFF_MAX == 1024
+
+
+def test_the_step_ends_after_its_draft_extend_so_a_recapture_between_steps_sees_none():
+    """A weight update with recapture_cuda_graph runs between two steps (process_input_requests, before
+    the next decision): SGLang's capture plans its fresh wrappers through update_single_wrapper with its
+    own host lengths. It must see no step: not a skipped step's lengths, not a recording step's site."""
+    world = World(rows=[4], committed=[500])
+    world.step(hooked=True, pending=False)  # a stock step that records the template
+    assert cert.ENGINE.step is None and cert.ENGINE.ended.recording is not None
+    seen = []
+
+    def update(self, req_pool_indices, seq_lens, seq_lens_cpu, seq_lens_sum, *rest, plan):
+        seen.append((seq_lens_cpu, seq_lens_sum))
+
+    capture = FakeWrapper(is_cuda_graph_enabled=True, begin_forward=lambda *a, **k: None)  # plan(), not fast
+    host = torch.tensor([1])
+    cert.prefill_update_hook(update, _prefill_updater(1), torch.zeros(1, dtype=torch.int64), torch.ones(1), host, 1,
+                             None, [capture], False, None, _spec_info(SpecInputType.EAGLE_VERIFY, 1), plan=None)
+    assert seen == [(host, 1)]
+    world.step(hooked=True, pending=False)  # the next decision: the recorded step became a template
+    assert 1 in cert.ENGINE.templates and cert.ENGINE.stats.stock["no template"] == 1
+
+
+def test_an_error_in_the_watch_plans_the_call_as_it_came_without_a_read_back(monkeypatch):
+    world = World(rows=[3, 7], committed=[1000, 2500])
+    world.step(hooked=True, pending=False)
+    _accept(world, [2, 3])
+    monkeypatch.setattr(cert.Engine, "_certified", lambda *a: 1 / 0)
+
+    def no_read(self, step):
+        if step.skipped:
+            raise AssertionError("a blocking read-back in the forward")
+        return orig_exact(self, step)
+
+    orig_exact = cert.Engine.exact
+    monkeypatch.setattr(cert.Engine, "exact", no_read)
+    before = _counts(world)
+    world.step(hooked=True, pending=True)
+    step = cert.ENGINE.last_step
+    assert step.skipped and _sync_count(world) == 0 and cert.ENGINE.stats.rescues == 0
+    assert cert.ENGINE.disabled.startswith("the planner watch raised ZeroDivisionError")
+    got = {k: [fs.plan_call(c) for c in v] for k, v in _plans_of_last_step(world, before).items()}
+    assert got == _exact_plans(world, step.hi)  # every call planned with the arguments it came with (hi)
+
+
+# ---------------------------------------------------------------------------
+# A planner that is not the port: bs-1 plans derived by hand from FlashInfer 0.7.2's C++
+# ---------------------------------------------------------------------------
+class HandPlanner(FakePlanner):
+    """FlashInfer's fa2 prefill planner for the calls of a bs-1 World (32/8 heads, head_dim 128, page 1,
+    CUDA graph, H100), from scheduler.cuh / utils.cuh read by hand, not from flashinfer_split:
+
+    - :603 max_seq_len = total_num_rows - bs + 1 = total_num_rows (1 for the draft, W = 4 for the
+      verify and the draft extend): packed at most 4 * 4 = 16 rows, so utils.cuh:411 gives cta_tile_q
+      16 on cc 9 (16*128*2 + 256*16*4*2 = 36864 bytes <= 232448); one q tile per request.
+    - :611 total_num_tiles_q = ceil(total_num_rows*4/16) + 0 = 1; :672 padded = max(33, 1) = 33, the
+      split budget 2*132 // 8 = 33 (:788-791).
+    - :101-130 the chunk: min 128 (:579, page 1); one q tile, so 128 fits while ceil(kv/128) <= 33, i.e.
+      kv <= 4224: chunk 128, split (CUDA graph), n = ceil(kv/128) chunks (kv 0 counts as 1).
+    - written (:855-928): request_indices n zeros, qo_tile_indices n zeros, kv_tile_indices 0..n-1,
+      merge_indptr n per query row, o_indptr [0, q*n], kv_chunk_size 128, total_num_rows_h = q,
+      block_valid_mask n ones then zeros up to 33."""
+
+    def plan(self, *args):
+        qo, kv = [int(x) for x in args[3].tolist()], [int(x) for x in args[4].tolist()]
+        rows, bs = int(args[6]), int(args[7])
+        assert bs == 1 and tuple(int(a) for a in args[8:11]) == (HQ, HKV, 1) and bool(args[11])
+        assert (int(args[12]), int(args[13]), int(args[15]), int(args[16]), bool(args[17])) == (HD, HD, -1, -1, False)
+        q, n_kv = qo[1] - qo[0], kv[1] - kv[0]
+        assert q * (HQ // HKV) <= 16 and rows * (HQ // HKV) <= 16 and n_kv <= 33 * 128, (q, rows, n_kv)
+        n = -(-max(n_kv, 1) // 128)
+        self.calls.append((q, n))
+        hand = SimpleNamespace(padded_batch_size=33, cta_tile_q=16, split_kv=True, new_batch_size=n, qo_rows=q,
+                               request_indices=[0] * n, qo_tile_indices=[0] * n, kv_tile_indices=list(range(n)),
+                               o_indptr=[0, q * n], kv_chunk_size_written=128, merge_indptr=[n * i for i in range(q + 1)])
+        return write_plan(hand, SimpleNamespace(batch_size=1, total_num_rows=rows, enable_cuda_graph=True), args[2])
+
+
+def test_hand_derived_keys_from_the_cpp():
+    """SplitSite.key against chunk sizes and counts worked out from scheduler.cuh by hand
+    (tests/test_flashinfer_split_model.py's cases), not from the port."""
+    verify2 = fs.PlannerCall((0, 4, 8), (0,) * 3, 8, 2, HQ, HKV, 1, True, HD, HD, True, -1, -1, False, 0, 0)
+    site = fs.SplitSite(verify2)
+    # bs 2, 4 tokens each, gqa 4: 2 * ceil(4000/250) = 32 <= 33 and 2 * ceil(4000/249) = 34 > 33.
+    assert site.key([4000, 4000]) == (True, 250, 16, 16)
+    assert site.key([4001, 4000]) == (True, 250, 17, 16)  # 17 + 16 = 33 still fits
+    assert site.key([4001, 4001]) == (True, 251, 16, 16)  # 34 > 33: the chunk moves
+    verify1 = fs.PlannerCall((0, 4), (0, 0), 4, 1, HQ, HKV, 1, True, HD, HD, True, -1, -1, False, 0, 0)
+    one = cert.CallTemplate(None, verify1, 0, (), fs.SplitSite(verify1))
+    assert one.certify([105], [108]) and not one.certify([127], [130]) and one.certify([129], [132])
+
+
+def test_skipped_steps_plan_what_a_hand_derived_planner_plans_at_the_exact_lengths():
+    """The World with HandPlanner in FlashInfer's place: the slot's self-check compares the port with it on
+    every call (no mismatch), and every step, skipped or not, hands it calls that it plans exactly as
+    the stock step at the exact lengths (chunk counts from the C++, not the port)."""
+    rng = random.Random(8)
+    world = World(rows=[4], committed=[100], planner=HandPlanner)
+    world.step(hooked=True, pending=False)
+    skipped = uncertain = 0
+    for _ in range(150):
+        _accept(world, [rng.randint(1, W)])
+        before = _counts(world)
+        world.step(hooked=True, pending=True)
+        exact = world.device_lens()
+        got = _plans_of_last_step(world, before)
+        stock = World(world.rows, exact, planner=HandPlanner)
+        stock.step(hooked=False, pending=False)
+        assert got == _plans_of_last_step(stock, {}), (exact, cert.ENGINE.last_step.skipped)
+        skipped += cert.ENGINE.last_step.skipped
+        _catch_up(world, exact)
+    stats = cert.ENGINE.stats
+    uncertain = stats.stock["uncertain"]
+    assert stats.checks == stats.plans > 200 and stats.mismatches == 0 and cert.ENGINE.disabled is None
+    assert skipped > 100 and uncertain >= 5, (skipped, stats.stock)
+    assert world.reqs[0].kv.kv_committed_len > 384  # the run crossed three 128-token chunk boundaries
 
 
 @pytest.mark.parametrize("case, want", [
@@ -770,7 +1157,7 @@ def test_a_template_whose_wrappers_are_gone_is_recorded_again():
 
     gc.collect()
     world.step(hooked=True, pending=True)
-    assert cert.ENGINE.stats.stock["no template"] == 2 and cert.ENGINE.step.recording is not None
+    assert cert.ENGINE.stats.stock["no template"] == 2 and cert.ENGINE.last_step.recording is not None
 
 
 def test_the_self_check_runs_on_every_call_then_on_every_eighth():
@@ -783,16 +1170,40 @@ def test_the_self_check_runs_on_every_call_then_on_every_eighth():
     assert cert.ENGINE.stats.checks == STEPS - 1 + 2 + 16 // cert.CHECK_EVERY
 
 
-def test_the_log_line_is_what_the_e2e_benchmark_reads():
+# What tests/test_gpu_flashinfer_certified_plan.py reads from the e2e's slot_checks.
+CHECK_LINE = r"check: (\d+) checks, (\d+) mismatches; (\d+) of (\d+) decode steps skipped"
+
+
+def test_the_log_line_goes_through_the_e2e_benchmarks_collector(tmp_path, caplog):
+    """The slot's own log records, written as a server log, read back by the e2e benchmark's
+    ``Server.slot_checks`` (what e2e.json's ``slot_checks`` holds), parsed as the GPU test parses it."""
+    import logging
     import re
 
-    line = cert.Stats(checks=12, mismatches=0, decode_steps=9, skipped=7, stock=collections.Counter(uncertain=2)).line()
-    assert re.search(r"(\d+) checks, (\d+) mismatches; (\d+) of (\d+) decode steps skipped", line), line
+    from sglang_hostsync_plugin.e2e.run import Server
+
+    world = World(rows=[3, 7], committed=[1000, 2500])
+    with caplog.at_level(logging.INFO, logger="sglang.srt.plugins.hostsync"):
+        world.step(hooked=True, pending=False)
+        for _ in range(3):
+            _accept(world, [2, 3])
+            world.step(hooked=True, pending=True)
+            for r, e in zip(world.reqs, world.device_lens()):
+                r.kv.kv_committed_len, r.kv.kv_allocated_len = e, e + 64
+    log = tmp_path / "server.log"
+    log.write_text("".join(f"[2026-12-07 00:00:0{i % 10} TP0] {r.getMessage()}\n" for i, r in enumerate(caplog.records)))
+    lines = Server.slot_checks(SimpleNamespace(_flush=lambda: None, launch=SimpleNamespace(log=str(log))))
+    (line,) = [x for x in lines if x.startswith(cert.NAME)]
+    m = re.search(CHECK_LINE, line)
+    assert m, line
+    checks, mismatches, skipped, steps = map(int, m.groups())
+    assert (checks, mismatches) == (10, 0) and 0 < skipped <= steps <= 4, line  # the line logged at check 10
 
 
-def test_the_hooks_go_in_through_sglangs_hook_registry():
-    """load_plugins() with the slot and what it requires: applied, and the updater method SGLang binds
-    in __init__ (``self.update = self.update_single_wrapper``) is the hooked one."""
+def test_the_hooks_go_in_through_sglangs_hook_registry(tmp_path):
+    """load_plugins() with the slot (registered through the entry-point group, ``write_cert_dist``) and
+    what it requires: applied, and the updater method SGLang binds in __init__
+    (``self.update = self.update_single_wrapper``) is the hooked one."""
     from helpers import out, run_python
 
     proc = run_python("""
@@ -813,7 +1224,7 @@ def test_the_hooks_go_in_through_sglangs_hook_registry():
         "binds_in_init": "self.update = self.update_single_wrapper" in inspect.getsource(
             fb.FlashInferIndicesUpdaterPrefill.__init__),
     }))
-    """, SGLANG_ENABLE_HOSTSYNC_PLUGIN="1",
+    """, pythonpath=write_cert_dist(tmp_path), SGLANG_ENABLE_HOSTSYNC_PLUGIN="1",
         SGLANG_HOSTSYNC_SLOTS="default,flashinfer_verify_host_plan,flashinfer_draft_host_indptr,"
                               "flashinfer_certified_plan")
     assert proc.returncode == 0, out(proc)

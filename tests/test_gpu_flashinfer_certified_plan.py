@@ -10,10 +10,18 @@
 2. and 3. A real EAGLE-family topk-1 FlashInfer server (the e2e benchmark: STANDALONE topk 1 page 16,
    Llama-1B-shaped random checkpoints, so the draft decode runs on tensor cores, real acceptance)
    with ``default,flashinfer,flashinfer_certified_plan`` against stock and against the same slots
-   without it: greedy ids and top-5 logprobs identical to stock's, the slot applied, its self-check
-   line with checks, no mismatch and skipped steps, and the audit's syncs per step lower than without
-   the slot. ``HOSTSYNC_CERT_E2E_DIR``: check an e2e output directory made by the same command instead
-   of starting the servers here.
+   without it: greedy ids and top-5 logprobs identical to stock's; the real-traffic mix
+   (``sglang_hostsync_plugin/e2e/traffic.py``: the mixed request set one at a time, identical to
+   stock's, then concurrent clients with aborted streams, no errors, the KV drained, the request after
+   the aborts identical); the slot applied, its self-check line with checks, no mismatch and skipped
+   steps, and the audit's syncs per step lower than without the slot. The slot is not in the
+   catalogue: the e2e and its servers get it through the entry-point package ``write_cert_dist``
+   writes (tests/test_flashinfer_certified_plan.py), on ``PYTHONPATH``. ``HOSTSYNC_CERT_E2E_DIR``: check
+   an e2e output directory made by the same command (with that package on ``PYTHONPATH``) instead of
+   starting the servers here.
+
+These tests passing on a GPU is the precondition for registering the slot (the port against
+FlashInfer's planner above all: bit-identity rests on it).
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ flashinfer = pytest.importorskip("flashinfer")
 from sglang.srt.layers.attention.flashinfer_backend import fast_prefill_plan  # noqa: E402
 from sglang_hostsync_plugin import flashinfer_split as fs  # noqa: E402
 from sglang_hostsync_plugin.slots import flashinfer_certified_plan as cert  # noqa: E402
+from test_flashinfer_certified_plan import CHECK_LINE, write_cert_dist  # noqa: E402
 
 HEAD_DIM = 128
 HEADS = ((32, 8), (64, 8), (28, 4), (32, 4), (16, 8), (8, 8))
@@ -220,14 +229,18 @@ def test_the_slots_probe_self_checks_every_call_without_a_mismatch(monkeypatch):
 # 2 and 3: a real server
 # ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def e2e():
+def e2e(tmp_path_factory):
     path = os.environ.get("HOSTSYNC_CERT_E2E_DIR")
     if not path:
         path = os.path.join(os.environ.get("OUT", "/tmp"), "test_gpu_flashinfer_certified_plan")
+        dist = write_cert_dist(tmp_path_factory.mktemp("cert_dist"))  # the slot is not in the catalogue
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (dist, os.environ.get("PYTHONPATH")) if p))
         subprocess.run([sys.executable, "-m", "sglang_hostsync_plugin.e2e", "--configs", CONFIG,
                         "--attention-backend", "flashinfer", "--checkpoint-shape", "llama-1b", "--arms", "stock",
                         "--slots", BASE_SPEC, "--slots", CERT_SPEC, "--concurrency", "1", "4", "--rounds", "1",
-                        "--server-arg=--disable-prefill-cuda-graph", "--out", path], timeout=1800, check=False)
+                        "--traffic", "full", "--traffic-requests", "48", "--traffic-aborts", "8",
+                        "--server-arg=--disable-prefill-cuda-graph", "--out", path], env=env, timeout=2400,
+                       check=False)
     with open(os.path.join(path, "e2e.json")) as f:
         return json.load(f)
 
@@ -250,10 +263,26 @@ def test_greedy_outputs_and_logprobs_identical_to_stock(e2e):
         assert verdict["identical"] and verdict["logprobs_compared"], (spec, verdict)
 
 
+def test_the_real_traffic_mix_is_identical_to_stock_and_clean(e2e):
+    """The e2e's real-traffic pass (mixed request set: stop ids, lengths, sampling, logprobs, streams;
+    then concurrent clients with aborted streams) on the server with the slot."""
+    from sglang_hostsync_plugin.e2e.run import traffic_failures
+
+    key = f"{CONFIG}/{_arm(CERT_SPEC)}"
+    t = e2e["traffic"][key]
+    assert not t.get("errors"), t.get("errors")
+    assert t["sequential"]["identical"] and t["sequential"]["compared"] > 0, t["sequential"]
+    assert t["concurrent"]["completed"] > 0 and t["concurrent"]["aborted"] > 0, t["concurrent"]
+    assert t["tokens_after_drain"] == 0 and not t.get("log_problems"), t
+    assert t["after_aborts"]["identical"], t["after_aborts"]
+    bad = [b for b in traffic_failures(e2e) if b.startswith(CONFIG + "/")]
+    assert not bad, bad
+
+
 def test_the_slot_skipped_reads_and_its_self_check_found_no_mismatch(e2e):
     lines = e2e["servers"][f"{CONFIG}/{_arm(CERT_SPEC)}"].get("slot_checks") or []
     (line,) = [x for x in lines if x.startswith(cert.NAME)]
-    m = re.search(r"check: (\d+) checks, (\d+) mismatches; (\d+) of (\d+) decode steps skipped", line)
+    m = re.search(CHECK_LINE, line)
     assert m, line
     checks, mismatches, skipped, steps = map(int, m.groups())
     print(line)

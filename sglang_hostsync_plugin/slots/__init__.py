@@ -48,7 +48,6 @@ OWNED = (
     ("decode_lens_lazy_h2d", "decode_lens_lazy_h2d", False),
     ("chain_tree_full_mask", "chain_tree_full_mask", False),
     ("eagle_step_graph", "eagle_step_graph", False),
-    ("flashinfer_certified_plan", "flashinfer_certified_plan", False),
 )
 
 

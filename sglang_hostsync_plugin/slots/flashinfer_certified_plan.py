@@ -1,6 +1,15 @@
-"""Slot ``flashinfer_certified_plan`` (experimental, opt-in): an EAGLE-family topk-1 FlashInfer step
-skips ``FutureMap.resolve_seq_lens_cpu``'s D2H and stream synchronize whenever the host can prove,
-without them, that FlashInfer plans exactly what stock SGLang plans; other steps run stock's resolve.
+"""Slot ``flashinfer_certified_plan`` (experimental; NOT REGISTERED until a GPU run verifies it): an
+EAGLE-family topk-1 FlashInfer step skips ``FutureMap.resolve_seq_lens_cpu``'s D2H and stream
+synchronize whenever the host can prove, without them, that FlashInfer plans what stock SGLang plans;
+other steps run stock's resolve.
+
+Not in ``slots/__init__.py``'s catalogue (like ``ngram_device_draft``): no preset, ``all`` included,
+can select it, and the doctor does not list it. Its module, ``SLOT`` and tests stay; a run that wants it
+registers ``SLOT`` through the third-party entry-point group (``sglang_hostsync.slots``;
+``tests/test_flashinfer_certified_plan.py``'s ``write_cert_dist`` writes such a package, which the GPU
+test puts on ``PYTHONPATH``). Registering it in the catalogue waits on
+``tests/test_gpu_flashinfer_certified_plan.py`` passing on a GPU: the port against FlashInfer's own
+planner first of all.
 
 Stock SGLang 0.5.23 under overlap: FlashInfer does not opt out of ``needs_cpu_seq_lens``, so every
 spec-v2 decode step starts with ``resolve_seq_lens_cpu`` (``managers/overlap_utils.py`` ~587): a pinned
@@ -11,22 +20,41 @@ and the multi-step draft (``fast_decode_plan`` with ``flashinfer_draft_host_indp
 docs/flashinfer-bound-plan.md (its section 6.1 is this slot) shows why a bound cannot simply replace
 them: a plan from longer lengths is wrong for query widths over 1, or reorders the reduction.
 
+What bit-identity rests on: the CPU port of FlashInfer 0.7.2's planner (``flashinfer_split``) matching
+FlashInfer's own planner. A skipped step hands FlashInfer the ``hi`` lengths where the port says the plan
+is the same as at every length of the window; if the port is wrong there, FlashInfer plans from the
+wrong lengths. The self-check (step 4) compares the port with FlashInfer on every planner call of the
+first ``CHECK_ALL`` (1000) calls, then on every ``CHECK_EVERY``-th (8th) only: a port error that shows
+on a later, unchecked call is not caught. The GPU port tests (tests/test_gpu_flashinfer_certified_plan.py)
+are the precondition for registering the slot.
+
 Mechanism, one decode step:
 
 1. Window (``Scheduler.get_next_batch_to_run``, after SGLang picked the batch). Under overlap the host
    processes step N-1's result after launching step N, so request r's committed length on the device
-   is ``c = kv_committed_len`` if none of its forwards is unprocessed, and ``c + a``, ``1 <= a <= W``
-   (``W`` = draft tokens, the most a verify accepts), if it is in the one batch still in the result
-   queue (``c`` to ``c + W`` if that batch is not a decode one). A queue of more than one batch, or a
-   ``hi`` past ``kv_allocated_len`` (the reserve SGLang allocated ahead), makes the step stock's.
+   is ``c = kv_committed_len`` if none of its forwards is unprocessed; ``c + a``, ``1 <= a <= W``
+   (``W`` = draft tokens, the most a verify accepts), if it is in the one decode batch still in the
+   result queue; exactly ``c`` if that batch is a plain prefill (``EAGLEWorkerV2._forward_prefill_batch``
+   publishes ``batch.seq_lens``, which SGLang's extend allocation also wrote into ``kv_committed_len``).
+   Any other unprocessed batch (mixed, or more than one), or a ``hi`` past ``kv_allocated_len`` (the
+   reserve SGLang allocated ahead), makes the step stock's.
 2. Certificate. Each FlashInfer planner call of the step is predicted from a template of the same
    batch size, recorded in an earlier stock step (its non-length arguments, each row's length offset
    from the committed length, the padding rows). The ported planner (``flashinfer_split.SplitSite``)
    is run at every request's ``lo`` and at its ``hi``; the chunk size and each row's chunk count are
    monotone in every length, so equal keys mean the plan is the same for every length in the box: the
-   one stock would make. If every call is certified, the step skips the read: the scheduler's
-   ``FutureMap.needs_cpu_seq_lens`` is False for that one resolve, which then runs SGLang's own
-   GPU-only branch (event wait, device gather; ``seq_lens_cpu`` and ``seq_lens_sum`` None).
+   one stock would make, as far as the port is FlashInfer. If every call is certified, the step skips
+   the read: the scheduler's ``FutureMap.needs_cpu_seq_lens`` is False for that one resolve, which then
+   runs SGLang's own GPU-only branch (event wait, device gather; ``seq_lens_cpu`` and ``seq_lens_sum``
+   None). Back-off: after ``BACKOFF_AFTER`` (8) uncertain decisions in a row at one batch size the
+   keys are not computed there for the next ``BACKOFF_FIRST`` (16) decisions at that size, then one is
+   tried; each further miss doubles the pause, up to ``BACKOFF_MAX`` (1024); a certified step ends it.
+   (A decision costs 2 keys per planner call at least: 46 µs at bs 16 and 163 µs at bs 64 on the CPU
+   box, where the port's model predicts almost no certified step. A fixed batch-size cap was not taken:
+   where the certificate stops paying depends on the KV heads (the split budget is 2 * SMs / KV
+   heads), the query widths, the lengths and the device, so one cap would either forbid steps that
+   certify on other shapes or keep paying where none do; the back-off measures it in this server and
+   bounds the waste to about one decision in a thousand.)
 3. The batch then runs SGLang's device-length path, the one it takes under triton: nothing outside
    FlashInfer's planning sees a bound (the draft extend's prefix lengths come from the device lengths
    through SGLang's fused layout; ``prepare_for_draft``'s read table and the FULL_MASK tree mask size
@@ -37,38 +65,55 @@ Mechanism, one decode step:
    (verify, draft extend) and ``FlashInferMultiStepDraftBackend.common_template`` (draft decode).
    What else they size from those lengths (``kv_indices`` allocations, gather tilings, the packed
    verify mask's per-request regions, which its packing and the kernel both read from the same host
-   indptr) only grows; no value read changes.
+   indptr) only grows; no value read changes. One thing outside the forward does change: SGLang's
+   decode metrics (``metrics_reporter._decode_total_seq_lens``, the decode log line's and
+   ``decode_sum_seq_lens``' token count) sum ``seq_lens_cpu`` when the batch has it and otherwise
+   ``req.seqlen`` of every request (prompt plus output ids: the host's count, which lags the device by
+   the unprocessed verify): on a skipped step they switch to that second definition, as they do under
+   triton; outputs are not affected.
 4. Every planner call is watched (``PlanProbe`` stands in for the wrapper's ``_cached_module``): in a
    skipped step the call's own arguments must be certified (the prediction, or the port run again on
    them); otherwise it is rescued: the exact lengths are read back (a blocking ``.cpu()`` of the
-   step's device lengths) and the call is made with them. Every call is self-checked: the port's plan
-   for the call's arguments against FlashInfer's plan_info and the arrays it wrote into the pinned
-   buffer (``flashinfer_split.compare``). A mismatch turns the slot off for the process (stock's
-   resolve every step after; the call at hand is rescued) and is logged with the fields that differ.
-   In stock steps the window is checked against the exact lengths too (a miss turns the slot off).
+   step's device lengths) and the call is made with them. Calls are self-checked (see above): the
+   port's plan for the call's arguments against FlashInfer's plan_info and the arrays it wrote into
+   the pinned buffer (``flashinfer_split.compare``). A mismatch turns the slot off for the process
+   (stock's resolve every step after; the call at hand is rescued) and is logged with the fields that
+   differ. An error inside the watch itself also turns the slot off, and the call goes to FlashInfer
+   with the arguments it came with (in a skipped step the ``hi`` lengths the decision certified): the
+   watch never raises into the forward and never adds a blocking read on that path.
+5. The window is checked on every step. A stock step compares it with the exact lengths it read. A
+   skipped step, at its first FlashInfer site (on the forward stream, behind SGLang's device gather),
+   queues a copy of its device lengths into a pinned buffer with an event behind it; a later decision
+   reads the buffer once the event has fired (``query()``, never a wait; at most ``WINDOW_DEPTH``
+   copies in flight, a step beyond that goes unchecked and is counted). A length outside its window
+   turns the slot off for the process.
+6. The step ends after its draft extend's site (``EAGLEWorkerV2.forward_batch_generation``: draft,
+   verify, draft extend; pinned): a planner call after that, e.g. a CUDA-graph recapture after a weight
+   update between two steps, sees no step and runs as SGLang made it.
 
-The self-check runs on every planner call of the first ``CHECK_ALL`` (1000), then on every
-``CHECK_EVERY``-th (8th): about 40 µs of host time per call on the CPU box. Counted and logged after
-checks 1, 10, 100 and every 1000th (``hostsync: flashinfer_certified_plan check: N checks, M
-mismatches; S of D decode steps skipped ...``, the line the e2e benchmark collects): skipped and stock
-steps with their reasons, rescues, window checks. Bit-identical to stock by construction: the same
-plan as the exact lengths, and SGLang's own device-length path for everything else.
+Counted and logged after checks 1, 10, 100 and every 1000th (``hostsync: flashinfer_certified_plan
+check: N checks, M mismatches; S of D decode steps skipped ...``, the line the e2e benchmark collects):
+skipped and stock steps with their reasons, rescues, window checks.
 
 It needs SGLang's two FlashInfer host-plan switches, the slots ``flashinfer_verify_host_plan`` and
-``flashinfer_draft_host_indptr`` (``SGLANG_HOSTSYNC_SLOTS=default,flashinfer,flashinfer_certified_plan``):
-without them the verify and the draft read the lengths back themselves. It does not ``require`` them
-(a selection like ``all,-flashinfer_verify_host_plan`` stays valid); it states its own conditions:
+``flashinfer_draft_host_indptr``: without their flags the verify and the draft read the lengths back
+themselves and the slot keeps stock's resolve (logged once). It does not ``require`` them (a selection
+like ``all,-flashinfer_verify_host_plan`` stays valid). It requires ``flashinfer_plan_guard``: once the
+step's read is gone nothing drains the stream between two plans of a wrapper, the pinned-buffer
+write-after-read hazard that slot's docstring describes.
 
 Inert (by rule, before launch): other algorithms, topk != 1 (unresolved topk: decided at the
 refinement), no overlap, CUDA graphs off, attention DP, two-batch overlap, TP > 1 (not checked),
 adaptive steps, and wherever ``flashinfer_verify_host_plan`` or ``flashinfer_draft_host_indptr`` is
 inert. At run time the scheduler stays on stock's resolve (logged once) for: the two switches' SGLang
-flags off, mixed chunked prefill, PP, disaggregation, HiSparse, M-RoPE / encoder-decoder / hybrid
-(mamba) models, a sliding-window or cross-attention FlashInfer wrapper, a draft window, another
-backend in the loop.
-Never certified: a site planned on CUDA cores (FlashInfer's decode planner sizes its grid from kernel
-occupancy, which the CPU cannot know), an eager (non-graph) site, a batch size without a template.
-NGRAM is inert (its mask sizing reads ``seq_lens_cpu``).
+flags off, forward-pass metrics (``--enable-forward-pass-metrics``) for an algorithm whose result has
+no decode snapshot (``metrics_reporter._SPEC_DECODE_SNAPSHOT_ALGORITHMS``: STANDALONE is not in it, and
+``_build_scheduled_request_metrics`` iterates ``batch.seq_lens_cpu`` of every decode batch without
+one), mixed chunked prefill, PP, disaggregation, HiSparse, M-RoPE / encoder-decoder / hybrid (mamba)
+models, a sliding-window or cross-attention FlashInfer wrapper, a draft window, another backend in the
+loop. Never certified: a site planned on CUDA cores (FlashInfer's decode planner sizes its grid from
+kernel occupancy, which the CPU cannot know), an eager (non-graph) site, a batch size without a
+template. NGRAM is inert (its mask sizing reads ``seq_lens_cpu``).
 
 Hook targets (AROUND): ``Scheduler.get_next_batch_to_run``,
 ``FlashInferIndicesUpdaterPrefill.update_single_wrapper``,
@@ -89,7 +134,7 @@ import torch
 from .. import flashinfer_split as fs
 from ..checks import pinned_sources
 from ..slot import HookTarget, ServingFacts, Slot, SlotKind, TargetKind, config_precheck, not_speculative
-from .flashinfer_plan_guard import FB
+from .flashinfer_plan_guard import FB, NAME as PLAN_GUARD
 from .upstream_host_plans import draft_host_indptr_inert, verify_host_plan_inert
 
 logger = logging.getLogger("sglang.srt.plugins.hostsync")
@@ -99,6 +144,8 @@ SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 NEXT_BATCH = f"{SCHEDULER}.get_next_batch_to_run"
 PREFILL_UPDATE = f"{FB}.FlashInferIndicesUpdaterPrefill.update_single_wrapper"
 DRAFT_TEMPLATE = f"{FB}.FlashInferMultiStepDraftBackend.common_template"
+METRICS = "sglang.srt.managers.scheduler_components.metrics_reporter"
+WORKER = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2"
 # What the slot relies on beyond its targets (owner, attribute, source sha).
 PINS = (
     # GPU-only branch when needs_cpu_seq_lens is False; the D2H + synchronize otherwise.
@@ -110,6 +157,12 @@ PINS = (
      "_resolve_spec_v2_tokens", "d79752842869a4d7"),
     # kv_allocated_len: committed + the reserve, page-aligned.
     ("sglang.srt.speculative.eagle_utils", "eagle_prepare_for_decode", "a7054af5ba19aa6e"),
+    # A plain prefill publishes batch.seq_lens (= kv_committed_len): window [c, c].
+    (WORKER, "_forward_prefill_batch", "d98e2fbfef949bee"),
+    # A decode step: draft, verify, draft extend (the step ends after the draft extend's site).
+    (WORKER, "forward_batch_generation", "e41ad8d8053cf2c0"),
+    # Forward-pass metrics read seq_lens_cpu of a decode batch that has no spec snapshot.
+    (f"{METRICS}.SchedulerMetricsReporter", "_build_scheduled_request_metrics", "be900dce54b7f316"),
     # The planner's arguments from the host lengths; the verify mask packed per host length.
     (FB, "fast_prefill_plan", "e3a929a17b4d76f4"),
     (FB, "_build_draft_indptr_host", "6782291a32b0904f"),
@@ -122,6 +175,10 @@ LOG_AT = (1, 10, 100)
 # The self-check (about 40 µs of host time per planner call on a slow CPU) runs on every call of the
 # first CHECK_ALL calls, then on every CHECK_EVERY-th.
 CHECK_ALL, CHECK_EVERY = 1000, 8
+# Back-off per batch size (module docstring, step 2).
+BACKOFF_AFTER, BACKOFF_FIRST, BACKOFF_MAX = 8, 16, 1024
+# Skipped steps' window copies in flight at most (module docstring, step 5).
+WINDOW_DEPTH = 4
 
 
 # ---------------------------------------------------------------------------
@@ -130,11 +187,20 @@ CHECK_ALL, CHECK_EVERY = 1000, 8
 def request_window(committed: int, allocated: int, pending: str | None, width: int) -> tuple[int, int] | None:
     """Where request r's device length can be, from the host's bookkeeping alone: ``pending`` is None
     (none of its forwards unprocessed: exactly ``committed``), "decode" (in the unprocessed decode
-    batch: its verify accepts 1 to ``width`` tokens) or "other" (in another unprocessed batch: 0 to
-    ``width``). None when ``hi`` passes the KV SGLang allocated for it."""
+    batch: its verify accepts 1 to ``width`` tokens) or "prefill" (in an unprocessed plain prefill,
+    which publishes the length SGLang's extend allocation wrote into ``kv_committed_len``: exactly
+    ``committed``). None when ``hi`` passes the KV SGLang allocated for it."""
     lo = committed + 1 if pending == "decode" else committed
-    hi = committed + width if pending else committed
+    hi = committed + width if pending == "decode" else committed
     return (lo, hi) if hi <= allocated else None
+
+
+def pending_kind(batch) -> str | None:
+    """"decode", "prefill" (a plain extend, not mixed), or None (any other batch: no window)."""
+    mode = batch.forward_mode
+    if mode.is_decode():
+        return "decode"
+    return "prefill" if getattr(mode, "name", None) == "EXTEND" else None
 
 
 def step_window(reqs, pending_batches, width: int) -> tuple[list[int], list[int]] | None:
@@ -143,7 +209,9 @@ def step_window(reqs, pending_batches, width: int) -> tuple[list[int], list[int]
         return None  # a lag of two steps: never seen under event_loop_overlap
     where: dict[int, str] = {}
     for b in pending_batches:
-        kind = "decode" if b.forward_mode.is_decode() else "other"
+        kind = pending_kind(b)
+        if kind is None:
+            return None
         for r in b.reqs:
             where[id(r)] = kind
     lo, hi = [], []
@@ -218,9 +286,28 @@ class Step:
     recording: Recording | None = None
     ncall: int = 0
     site: tuple | None = None  # (kind, bs, basis) of the FlashInfer site being planned; basis "hi" / "exact"
-    seq_dev: object = None  # the batch's device lengths (skipped step), for a rescue
+    seq_dev: object = None  # the batch's device lengths (skipped step), for a rescue and the window check
     exact: list | None = None
     checked_window: bool = False
+
+
+@dataclass
+class Backoff:
+    """One batch size's back-off (module docstring, step 2)."""
+
+    run: int = 0  # uncertain decisions in a row
+    skip: int = 0  # decisions left that take stock's read without computing a key
+    length: int = BACKOFF_FIRST  # the next pause
+
+
+@dataclass
+class WindowCopy:
+    """A skipped step's device lengths on their way to the host (module docstring, step 5)."""
+
+    buf: torch.Tensor
+    event: object
+    lo: list
+    hi: list
 
 
 @dataclass
@@ -235,12 +322,15 @@ class Stats:
     rescues: int = 0
     window_checks: int = 0
     window_misses: int = 0
+    window_unchecked: int = 0  # skipped steps whose copy found WINDOW_DEPTH copies in flight
+    backoffs: int = 0
 
     def line(self) -> str:
         reasons = ", ".join(f"{k} {v}" for k, v in self.stock.most_common()) or "none"
         return (f"{self.checks} checks, {self.mismatches} mismatches; {self.skipped} of {self.decode_steps} decode "
                 f"steps skipped the seq-lens read (stock: {reasons}); {self.rescues} rescues, {self.unpredicted} "
-                f"unpredicted calls; window checked {self.window_checks}x, {self.window_misses} misses")
+                f"unpredicted calls; window checked {self.window_checks}x, {self.window_misses} misses, "
+                f"{self.window_unchecked} unchecked; {self.backoffs} back-offs")
 
 
 class PlanProbe:
@@ -274,6 +364,14 @@ def _uses(wrapper, name: str) -> bool:
     return bool(getattr(wrapper, "is_cuda_graph_enabled", False)) and getattr(func, "__name__", None) == name
 
 
+def _cuda_event():
+    return torch.cuda.Event() if torch.cuda.is_available() else None
+
+
+def _pinned(n: int, dtype) -> torch.Tensor:
+    return torch.empty(n, dtype=dtype, pin_memory=torch.cuda.is_available())
+
+
 # ---------------------------------------------------------------------------
 # The engine: decisions, the two injection points, the probe
 # ---------------------------------------------------------------------------
@@ -284,17 +382,27 @@ class Engine:
     def reset(self) -> None:
         self.stats = Stats()
         self.templates: dict[int, Template] = {}
-        self.step: Step | None = None
+        self.step: Step | None = None  # the step whose FlashInfer sites are still to come
+        self.ended: Step | None = None  # the last step, its sites done; finished at the next decision
         self.fm = None  # weakref to the scheduler's FutureMap
         self.stock_flag = True
         self.reason: str | None = None  # why this scheduler stays on stock's resolve (runtime rule)
         self.disabled: str | None = None  # a self-check or window miss turned the slot off
         self.device: fs.Device | None = None
         self.width = 0
+        self.backoff: dict[int, Backoff] = {}
+        self.copies: collections.deque = collections.deque()  # WindowCopy, oldest first
+        self.spare: list = []  # pinned buffers whose copies were read
+        self.make_event = _cuda_event  # (tests: a stand-in event)
+
+    @property
+    def last_step(self) -> Step | None:
+        return self.step or self.ended
 
     # -- decisions -----------------------------------------------------------------------------------
     def decide(self, scheduler, batch) -> None:
         self.finish_step()
+        self.poll_window_copies()
         fm = getattr(scheduler, "future_map", None)
         if fm is None:
             return
@@ -325,8 +433,14 @@ class Engine:
         if template is None:
             step.recording = Recording()
             return self._stock(step, "no template")
+        backoff = self.backoff.get(step.raw)
+        if backoff is not None and backoff.skip > 0:
+            backoff.skip -= 1
+            return self._stock(step, "back-off")
         if not all(c.certify(step.lo, step.hi) for c in template.calls):
+            self._uncertain(step.raw)
             return self._stock(step, "uncertain")
+        self.backoff.pop(step.raw, None)
         step.skipped, step.template = True, template
         fm.needs_cpu_seq_lens = False  # this step's resolve runs SGLang's GPU-only branch
         self.stats.skipped += 1
@@ -334,8 +448,23 @@ class Engine:
     def _stock(self, step: Step, why: str) -> None:
         self.stats.stock[why] += 1
 
+    def _uncertain(self, bs: int) -> None:
+        b = self.backoff.setdefault(bs, Backoff())
+        b.run += 1
+        if b.run >= BACKOFF_AFTER:
+            b.skip, b.length = b.length, min(2 * b.length, BACKOFF_MAX)
+            b.run = BACKOFF_AFTER - 1  # after the pause, one more uncertain decision pauses again
+            self.stats.backoffs += 1
+
+    def end_step(self) -> None:
+        """The step's last FlashInfer site (its draft extend) is done: later planner calls (a CUDA-graph
+        recapture between two steps, say) see no step."""
+        if self.step is not None:
+            self.ended, self.step = self.step, None
+
     def finish_step(self) -> None:
-        step, self.step = self.step, None
+        step = self.step or self.ended
+        self.step = self.ended = None
         rec = step.recording if step is not None else None
         if rec is None or self.disabled or step.raw in self.templates:
             return
@@ -360,17 +489,53 @@ class Engine:
                 step.exact = [int(x) for x in dev[: step.raw].cpu().tolist()]
             else:
                 step.exact = [int(x) for x in step.batch.seq_lens_cpu[: step.raw].tolist()]
-            self._check_window(step)
+            self._check_window(step.lo, step.exact, step.hi, step)
         return step.exact
 
-    def _check_window(self, step: Step) -> None:
-        if step.lo is None or step.checked_window:
+    def _check_window(self, lo, exact, hi, step: Step | None = None) -> None:
+        if lo is None or (step is not None and step.checked_window):
+            return
+        if step is not None:
+            step.checked_window = True
+        self.stats.window_checks += 1
+        if not all(a <= e <= b for a, e, b in zip(lo, exact, hi)):
+            self.stats.window_misses += 1
+            self.disable(f"window miss: committed lengths {exact[:8]} outside [{lo[:8]}, {hi[:8]}]")
+
+    # -- the skipped steps' window check, off the critical path ------------------------------------------
+    def queue_window_copy(self, step: Step) -> None:
+        """At a skipped step's first site, on the forward stream: its device lengths into a pinned
+        buffer, an event behind the copy. Read by a later decision once the event fired."""
+        if step.checked_window:
+            return
+        if len(self.copies) >= WINDOW_DEPTH:
+            self.stats.window_unchecked += 1  # (a rescue's exact read still checks it)
             return
         step.checked_window = True
-        self.stats.window_checks += 1
-        if not all(a <= e <= b for a, e, b in zip(step.lo, step.exact, step.hi)):
-            self.stats.window_misses += 1
-            self.disable(f"window miss: committed lengths {step.exact[:8]} outside [{step.lo[:8]}, {step.hi[:8]}]")
+        dev = step.seq_dev[: step.raw]
+        buf = next((b for b in self.spare if b.numel() >= step.raw and b.dtype == dev.dtype), None)
+        if buf is not None:
+            self.spare.remove(buf)
+        else:  # (rare: the first copies, a larger batch) one too small goes, so at most WINDOW_DEPTH + 1 exist
+            if self.spare:
+                self.spare.pop(0)
+            buf = _pinned(1 << max(4, (step.raw - 1).bit_length()), dev.dtype)
+        buf[: step.raw].copy_(dev, non_blocking=True)
+        event = self.make_event()
+        if event is not None:
+            event.record()
+        self.copies.append(WindowCopy(buf, event, step.lo, step.hi))
+
+    def poll_window_copies(self) -> None:
+        """The copies whose event fired, oldest first; stops at the first still in flight (no wait)."""
+        while self.copies:
+            copy = self.copies[0]
+            if copy.event is not None and not copy.event.query():
+                return
+            self.copies.popleft()
+            exact = [int(x) for x in copy.buf[: len(copy.lo)].tolist()]
+            self.spare.append(copy.buf)
+            self._check_window(copy.lo, exact, copy.hi)
 
     # -- injection: the site's host lengths ----------------------------------------------------------------
     def site_lens(self, kind: str, bs: int, seq_lens_cpu, seq_lens_sum, fill: int, offset: int):
@@ -383,6 +548,7 @@ class Engine:
         if step.skipped and seq_lens_cpu is None:
             if step.seq_dev is None:
                 step.seq_dev = step.batch.seq_lens
+                self.queue_window_copy(step)
             rec = step.template.sites.get(kind)
             if rec is not None and rec.bs == bs and bs >= step.raw:
                 step.site = (kind, bs, "hi")
@@ -408,9 +574,11 @@ class Engine:
             return
         rec.sites[kind] = SiteRecord(kind, bs, offsets.pop(), tuple(got[step.raw:]))
 
-    def site_done(self) -> None:
+    def site_done(self, kind: str) -> None:
         if self.step is not None:
             self.step.site = None
+            if kind == "draft_extend":
+                self.end_step()
 
     def unprobed_site(self, kind: str) -> None:
         """A site planned without a watched fast plan (eager, or CUDA cores): no template from this step."""
@@ -420,27 +588,37 @@ class Engine:
 
     # -- the probe -------------------------------------------------------------------------------------
     def on_plan(self, probe: PlanProbe, args):
+        """Never raises into the forward: an error in the watch turns the slot off and the call goes to
+        FlashInfer with the arguments it came with; FlashInfer's own errors are stock's."""
         step = self.step
         bounded = step is not None and step.skipped and step.site is not None and step.site[2] == "hi"
         try:
-            return self._on_plan(probe, args, step, bounded)
+            call, plan_args, rescued = self._before_plan(probe, args, step, bounded)
         except Exception as exc:  # noqa: BLE001 (a bug here must not take the forward down)
             self.disable(f"the planner watch raised {type(exc).__name__}: {exc}")
-            return probe.module.plan(*(self._rescue(step, args) if bounded else args))
+            call, plan_args, rescued = None, args, False
+        info = probe.module.plan(*plan_args)
+        try:
+            return self._after_plan(probe, step, call, plan_args, info, bounded, rescued)
+        except Exception as exc:  # noqa: BLE001
+            self.disable(f"the planner watch raised {type(exc).__name__}: {exc}")
+            return info
 
-    def _on_plan(self, probe: PlanProbe, args, step: Step | None, bounded: bool):
-        """``bounded``: the call's real rows are this skipped step's ``hi`` lengths plus the site's offset."""
+    def _before_plan(self, probe: PlanProbe, args, step: Step | None, bounded: bool):
+        """``bounded``: the call's real rows are this skipped step's ``hi`` lengths plus the site's offset.
+        The call (None: not the fa2 prefill planner's), the arguments to plan with, whether rescued."""
         try:
             call = fs.PlannerCall.from_args(args)
         except ValueError:
             call = None
-        rescued = False
         if bounded and not self._certified(step, probe, call):
-            args, rescued = self._rescue(step, args), True
-            call = fs.PlannerCall.from_args(args) if call is not None else None
-        elif step is not None and step.skipped and not bounded:
+            args = self._rescue(step, args)
+            return (fs.PlannerCall.from_args(args) if call is not None else None), args, True
+        if step is not None and step.skipped and not bounded:
             self.stats.unpredicted += 1  # exact rows already (or a call outside the watched sites)
-        info = probe.module.plan(*args)
+        return call, args, False
+
+    def _after_plan(self, probe: PlanProbe, step: Step | None, call, args, info, bounded: bool, rescued: bool):
         self.stats.plans += 1
         due = self.stats.plans <= CHECK_ALL or self.stats.plans % CHECK_EVERY == 0
         if call is not None and due and not self._self_check(probe, call, args, info) and bounded and not rescued:
@@ -547,6 +725,14 @@ def runtime_reason(scheduler, fm) -> str | None:
                 "flashinfer_draft_host_indptr beside it (the flashinfer preset has both)")
     if not getattr(scheduler, "enable_overlap", False):
         return "no overlap scheduling"
+    if getattr(scheduler, "enable_fpm", False):
+        from sglang.srt.managers.scheduler_components import metrics_reporter
+
+        algorithm = getattr(scheduler, "spec_algorithm", None)
+        if algorithm not in metrics_reporter._SPEC_DECODE_SNAPSHOT_ALGORITHMS:
+            return (f"forward-pass metrics under {getattr(algorithm, 'name', algorithm)}: SGLang's "
+                    "_build_scheduled_request_metrics reads seq_lens_cpu of every decode batch that has no "
+                    "spec-decode snapshot")
     checks = (
         (args.enable_mixed_chunk, "mixed chunked prefill (its decode tails read the host lengths)"),
         (int(args.pp_size or 1) > 1, "pipeline parallelism"),
@@ -584,7 +770,7 @@ def next_batch_hook(original, self, running_batch, last_batch):
     try:
         ENGINE.decide(self, plan.batch_to_run)
     except Exception as exc:  # noqa: BLE001 (never into the scheduler loop)
-        ENGINE.step = None
+        ENGINE.step = ENGINE.ended = None
         fm = getattr(self, "future_map", None)
         if fm is not None:
             fm.needs_cpu_seq_lens = ENGINE.stock_flag
@@ -623,7 +809,7 @@ def prefill_update_hook(original, self, req_pool_indices, seq_lens, seq_lens_cpu
                         cross_attention_custom_mask, extend_prefix_lens_cpu, custom_kv_indices, plan=plan)
     finally:
         if kind is not None:
-            ENGINE.site_done()
+            ENGINE.site_done(kind)
 
 
 def draft_template_hook(original, self, forward_batch, kv_indices_buffer, call_fn):
@@ -646,7 +832,7 @@ def draft_template_hook(original, self, forward_batch, kv_indices_buffer, call_f
         return original(self, forward_batch, kv_indices_buffer, call_fn)
     finally:
         forward_batch.seq_lens_cpu, forward_batch.seq_lens_sum = held
-        ENGINE.site_done()
+        ENGINE.site_done("draft_decode")
 
 
 # ---------------------------------------------------------------------------
@@ -689,9 +875,13 @@ SLOT = Slot(
     name=NAME,
     kind=SlotKind.OWNED,
     origin="hostsync (FlashInfer plan certified from host windows of seq_lens)",
-    summary="experimental: EAGLE topk-1 FlashInfer steps skip the seq-lens D2H + synchronize when the ported "
-            "planner proves FlashInfer's plan is the same for every length the host cannot rule out",
+    summary="experimental, not registered: EAGLE topk-1 FlashInfer steps skip the seq-lens D2H + synchronize "
+            "when the ported planner proves FlashInfer's plan is the same for every length the host cannot rule "
+            "out",
     default=False,
+    # Without the step's read nothing drains the stream between two plans of a wrapper: the pinned
+    # plan buffer's write-after-read hazard (flashinfer_plan_guard's docstring).
+    requires=(PLAN_GUARD,),
     precheck=config_precheck(None, precheck_upstream),
     inert=inert,
     targets=(
