@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The GPU runs that open work waits for, as three device calls of under 10 minutes each (one H100 or
+# H200; any CUDA machine with SGLang 0.5.23 and FlashInfer 0.7.2 works the same). Each lands in
+# $OUT (gpu_out/ elsewhere) as <name>.tar.xz; unpack into benchmarks/results/<date>-<gpu>-<what>/.
+#   CALL=1 bash scripts/device_pending.sh   # FlashInfer topk 1 / 4 page 16: stock, none (A/A), default, auto,
+#                                           # real-traffic pass + 6 rounds c1/c8; GPU tests of the FlashInfer
+#                                           # plan slots and the certified-plan port (no server)
+#   CALL=2 bash scripts/device_pending.sh   # triton: NGRAM page 1, EAGLE3 topk 1 page 16, STANDALONE topk 4
+#                                           # page 1 with stock, default, auto (+ eagle_host at page 1)
+#   CALL=3 bash scripts/device_pending.sh   # eagle_step_graph weight update / forced capture failures
+#                                           # (benchmarks/step_graph_weights.py), then the NGRAM device-draft
+#                                           # and the certified plan's server tests (unregistered slots)
+# The device tool: carry [".device-bundle-fi"], timeout 590, and start the next call within the
+# machine's 30 s idle release.
+set -u
+cd "$(dirname "$0")/.."
+COMMON="--concurrency 1 8 --rounds 6 --requests 2 --max-new-tokens 64 --traffic-requests 48 --traffic-aborts 8 \
+--server-arg=--disable-prefill-cuda-graph --ready-timeout 300"
+case "${CALL:-}" in
+  1)
+    NAME=fi E2E_TIMEOUT=420 E2E_ARGS="--configs standalone-t1-p16,standalone-t4-p16 --attention-backend flashinfer \
+--arms stock --slots none --slots default,-audit --slots auto,-audit $COMMON --time-budget 400" \
+      GPU_TESTS="tests/test_gpu_flashinfer_plans.py $(for t in flashinfer_is_the_version_the_port_tracks \
+the_port_equals_flashinfers_planner_on_cuda_graph_prefill_plans the_port_equals_flashinfers_planner_on_eager_plans \
+the_port_equals_flashinfers_planner_on_tensor_core_draft_decode_plans a_certified_window_is_planned_by_flashinfer_exactly_as_its_hi \
+the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/test_gpu_flashinfer_certified_plan.py::test_$t "; done)" \
+      TESTS_TIMEOUT=110 bash scripts/device_call.sh ;;
+  2)
+    NAME=triton E2E_TIMEOUT=520 E2E_ARGS="--configs ngram-p1,eagle3-t1-p16,standalone-t4-p1 --arms stock \
+--slots default,-audit --slots auto,-audit --slots default,eagle_host,-audit $COMMON --time-budget 500" \
+      bash scripts/device_call.sh ;;
+  3)
+    SGW_TIMEOUT=300 E2E_TIMEOUT=0 bash scripts/device_step_graph_weights.sh
+    NAME=drafts GPU_TESTS="tests/test_gpu_ngram_device_draft.py tests/test_gpu_flashinfer_certified_plan.py" \
+      TESTS_TIMEOUT=240 bash scripts/device_call.sh ;;
+  *)
+    sed -n '2,15p' "$0"; exit 2 ;;
+esac
