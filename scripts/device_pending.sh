@@ -10,6 +10,9 @@
 #   CALL=3 bash scripts/device_pending.sh   # eagle_step_graph weight update / forced capture failures
 #                                           # (benchmarks/step_graph_weights.py), then the NGRAM device-draft
 #                                           # and the certified plan's server tests (unregistered slots)
+#   CALL=4 bash scripts/device_pending.sh   # DFlash and DSpark on the host-bound 1B-shaped dummy target: the
+#                                           # audit's phase table (block phases, GPU-idle markers), stock code
+#                                           # vs default: where their host time per step goes, before any slot
 # The device tool: carry [".device-bundle-fi"], timeout 590, and start the next call within the
 # machine's 30 s idle release.
 set -u
@@ -33,6 +36,11 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
     SGW_TIMEOUT=300 E2E_TIMEOUT=0 bash scripts/device_step_graph_weights.sh
     NAME=drafts GPU_TESTS="tests/test_gpu_ngram_device_draft.py tests/test_gpu_flashinfer_certified_plan.py" \
       TESTS_TIMEOUT=240 bash scripts/device_call.sh ;;
+  4)
+    NAME=blocks E2E_TIMEOUT=530 E2E_ARGS="--configs dflash-p16,dspark-p16 --weights dummy --dummy-shape llama-1b \
+--arms stock,audit --slots default --plugin-env SGLANG_HOSTSYNC_AUDIT_MARKS=1 \
+--concurrency 1 8 --rounds 3 --requests 2 --max-new-tokens 64 --server-arg=--disable-prefill-cuda-graph \
+--ready-timeout 300 --time-budget 510" bash scripts/device_call.sh ;;
   *)
-    sed -n '2,15p' "$0"; exit 2 ;;
+    sed -n '2,18p' "$0"; exit 2 ;;
 esac
