@@ -336,7 +336,8 @@ def make_worker(d, max_bs=8, rows=16, width=4096, max_trie_depth=18, host_draft=
     worker = Worker(
         draft_token_num=d, device="cpu", tree_mask=flat["tree_mask"], max_trie_depth=max_trie_depth,
         ngram_corpus=types.SimpleNamespace(_corpus_token_counts={}),
-        req_to_token_pool=types.SimpleNamespace(req_to_token=torch.zeros((rows, width), dtype=torch.int32)),
+        req_to_token_pool=types.SimpleNamespace(req_to_token=torch.zeros((rows, width), dtype=torch.int32),
+                                                req_generation=torch.zeros(rows, dtype=torch.int64)),
         retrieve_indexes_batch=[lists["ri"][:b] for b in range(max_bs + 1)],
         retrieve_next_token_batch=[lists["rnt"][:b] for b in range(max_bs + 1)],
         retrieve_next_sibling_batch=[lists["rns"][:b] for b in range(max_bs + 1)],
@@ -347,10 +348,12 @@ def make_worker(d, max_bs=8, rows=16, width=4096, max_trie_depth=18, host_draft=
     return worker
 
 
-def decode_batch(w, seqs, rows, grammar=False):
+def decode_batch(w, seqs, rows, grammar=False, greedy=True, mm=()):
     seq_lens = torch.tensor([len(s) - 1 for s in seqs])
+    reqs = [types.SimpleNamespace(multimodal_inputs=object() if b in mm else None) for b in range(len(seqs))]
     return types.SimpleNamespace(
-        forward_mode=w.ForwardMode.DECODE, reqs=[object()] * len(seqs), seq_lens=seq_lens,
+        forward_mode=w.ForwardMode.DECODE, reqs=reqs, seq_lens=seq_lens,
+        sampling_info=types.SimpleNamespace(is_all_greedy=greedy),
         seq_lens_cpu=seq_lens.clone(), has_grammar=grammar, req_pool_indices=torch.tensor(rows),
         req_pool_indices_cpu=torch.tensor(rows), req_to_token_pool=types.SimpleNamespace(req_to_token=None))
 
@@ -380,6 +383,7 @@ def seeded(worker, seqs, rows):
     for s, r in zip(seqs, rows):
         hist.tokens[r, :len(s)] = torch.tensor(s, dtype=torch.int32)
         hist.ready[r] = True
+        hist.generation[r] = worker.req_to_token_pool.req_generation[r].item()
     return hist
 
 
@@ -419,7 +423,8 @@ def plugin_tree(worker, bs, d):
     return worker.tree_mask_batch[bs]
 
 
-@pytest.mark.parametrize("why", ["grammar", "prompt not written", "external corpus", "no host seq lens"])
+@pytest.mark.parametrize("why", ["grammar", "prompt not written", "external corpus", "no host seq lens",
+                                 "sampling", "multimodal", "row reused"])
 def test_what_the_device_draft_does_not_take_runs_stocks_host_draft(ngram_worker, monkeypatch, why):
     w = ngram_worker
     d, seqs, rows = 4, [[1, 2, 1, 2, 1], [3, 3]], [5, 1]
@@ -429,7 +434,10 @@ def test_what_the_device_draft_does_not_take_runs_stocks_host_draft(ngram_worker
     host = reference_host_draft(seqs, d, 18)
     worker = make_worker(d, host_draft=lambda batch: calls.append(batch) or host(batch))
     hist = seeded(worker, seqs, rows)
-    batch = decode_batch(w, seqs, rows, grammar=why == "grammar")
+    batch = decode_batch(w, seqs, rows, grammar=why == "grammar", greedy=why != "sampling",
+                         mm=(1,) if why == "multimodal" else ())
+    if why == "row reused":  # row 1 freed and allocated again (another request) since its prompt write
+        worker.req_to_token_pool.req_generation[1] += 1
     if why == "prompt not written":
         hist.ready[1] = False
     if why == "external corpus":
@@ -439,7 +447,7 @@ def test_what_the_device_draft_does_not_take_runs_stocks_host_draft(ngram_worker
         monkeypatch.setattr(w, "_is_cpu", True)  # SGLang's CPU mode: no full mask, stock needs no host lengths
     got = verify_input(w, lambda *a: ndd.PREPARE_ONCE.hook(original, *a), worker, batch)
     assert len(calls) == 1 and "_hostsync_device_drafted" not in vars(worker)
-    assert hist.stock == {why: 1} and hist.drafted == 0
+    assert hist.stock == {"prompt not written" if why == "row reused" else why: 1} and hist.drafted == 0
     want_tokens, _ = host(batch)
     assert got["draft_token"].tolist() == want_tokens.tolist()
 
@@ -600,3 +608,45 @@ def test_not_registered_and_opt_in():
     assert ndd.SLOT.inert(ServingFacts(speculative_algorithm="NGRAM")) is None
     assert "EAGLE" in ndd.SLOT.inert(ServingFacts(speculative_algorithm="EAGLE", topk=4))
     assert ndd.SLOT.inert(ServingFacts(speculative_algorithm=None)) is not None
+
+
+def test_a_reused_row_is_not_ready_until_its_new_owners_prompt_is_written():
+    """History.ready is cleared for a row allocated again since its prompt write (a request freed,
+    the pool cleared: ReqToTokenPool bumps req_generation at every allocation, monotonic across
+    clear), and set again by the new owner's prompt write."""
+    worker = make_worker(4)
+    pool = worker.req_to_token_pool
+    hist = ndd.history_of(worker)
+    batch = types.SimpleNamespace(reqs=[Req("a", [1, 2, 3], 2), Req("b", [4, 5], 5)],
+                                  req_pool_indices=torch.tensor([2, 5]))
+    ndd.write_prompts(hist, batch, pool)
+    ndd.clear_stale(hist, pool, [2, 5])
+    assert hist.ready[[2, 5]].tolist() == [True, True]
+    pool.req_generation[5] += 1  # "b" freed, row 5 handed to another request (PD transfer: no prefill here)
+    ndd.clear_stale(hist, pool, [2, 5])
+    assert hist.ready[[2, 5]].tolist() == [True, False]
+    ndd.write_prompts(hist, types.SimpleNamespace(reqs=[Req("c", [7], 5)], req_pool_indices=torch.tensor([5])), pool)
+    ndd.clear_stale(hist, pool, [2, 5])
+    assert hist.ready[[2, 5]].tolist() == [True, True]
+
+
+def test_conflicts_with_ngram_late_wait_for_its_deferred_wait():
+    """late_wait takes step N-1's wait inside _prepare_draft_tokens, which the device path skips:
+    the full mask would be sized from unfilled seq_lens_cpu. Selecting both must be refused."""
+    assert "ngram_late_wait" in ndd.SLOT.conflicts
+    assert "_prepare_draft_tokens" in ndd.CONFLICTS["ngram_late_wait"]
+    assert set(ndd.CONFLICTS) == set(ndd.SLOT.conflicts)
+
+
+def test_claims_keep_the_per_step_wait_and_numerics_caveat():
+    """The slot removes host work after the per-step wait, not the wait (resolve_seq_lens_cpu)."""
+    from pathlib import Path
+
+    doc = " ".join((Path(__file__).parents[1] / "docs" / "ngram-device-draft.md").read_text().split())
+    module = " ".join(ndd.__doc__.split())
+    for text in (module, ndd.SLOT.summary):
+        assert "no host read of step N-1" not in text
+    assert "resolve_seq_lens_cpu" in module and "wait" in ndd.SLOT.summary
+    for text in (module, doc):
+        assert "up to verify numerics" in text and "e2e token comparison is the gate" in text
+    assert "only fails to match" not in doc and "No host value of step N-1" not in doc

@@ -1,5 +1,7 @@
 """Slot ``ngram_device_draft`` (not registered yet): NGRAM's draft proposed on the device, from
-each request's own token history, inside the step; no host read of step N-1's tokens to launch step N.
+each request's own token history, inside the step. The host still waits once per step for step N-1
+(``resolve_seq_lens_cpu``, below); what goes is the host work after that wait (the accepted-token
+reads, ``batch_get``, the two H2D copies, ``batch_put``).
 
 Stock SGLang 0.5.23 (``speculative/ngram_worker.py``), every NGRAM decode step: the host drafts
 (``NGRAMWorker._prepare_draft_tokens``: each request's last ``max_trie_depth`` tokens, with step
@@ -31,14 +33,22 @@ next sibling), written straight into the worker's preallocated verify buffers. T
 ``D`` tokens per request, so its batch shape is stock's; the target decides every token.
 
 The cross-request trie is dropped for device-drafted batches (no lookup, no insert): a lookup
-needs step N-1's tokens on the host, the dependency that serializes the steps. Grammar batches (their
-vocabulary mask is built from the host tree), rows whose prompt this process never wrote (a
-PD-disaggregation decode server), servers with an external SAM corpus, and CPU tensors outside
-the Triton interpreter run SGLang's host path unchanged.
+needs step N-1's tokens on the host. Acceptance may therefore drop against stock (no cross-request
+matches). Grammar batches (their vocabulary mask is built from the host tree), sampled batches (not
+``is_all_greedy``: ``eagle_sample``'s tree sampling depends on the draft, so they could not match
+stock), batches with a multimodal request (``get_fill_ids()`` holds image pad values, ids past the
+vocabulary, which a chain could copy into the verify input ids; stock drafts from
+``origin_input_ids_unpadded``), rows whose prompt this process has not written since the row was
+last allocated (``ReqToTokenPool.req_generation``; a PD-disaggregation decode server, a reused row),
+servers with an external SAM corpus, and CPU tensors outside the Triton interpreter run SGLang's
+host path unchanged. Greedy outputs are identical to stock up to verify numerics; the e2e token
+comparison is the gate, and it has not run.
 
-Not covered: the per-step seq-lens wait (``FutureMap.resolve_seq_lens_cpu``) stays, because
-NGRAM forces ``needs_cpu_seq_lens`` (``decide_needs_cpu_seq_lens``) and the full verify mask is
-sized from ``seq_lens_cpu``; removing it is the second half of the design doc.
+Not removed: the per-step host wait. Under overlap the step still blocks in
+``FutureMap.resolve_seq_lens_cpu`` (``Scheduler.run_batch``), the point where stock's accepted-token
+``.cpu()`` also ends up waiting, because NGRAM forces ``needs_cpu_seq_lens``
+(``decide_needs_cpu_seq_lens``) and the full verify mask is sized from ``seq_lens_cpu``; removing
+it is the second half of the design doc. The saving is only the host work after the wait.
 
 Not registered (``slots/__init__.py``): ``_prepare_for_speculative_decoding`` is
 ``ngram_full_mask``'s ``PinnedEdit`` target, so this slot must conflict with it (and with
@@ -229,7 +239,8 @@ class History:
     """One NGRAM worker's device token history and what the host knows about it."""
 
     tokens: torch.Tensor  # [req pool rows, width] int32
-    ready: np.ndarray  # per row: its prompt was written by this process (never cleared)
+    ready: np.ndarray  # per row: its prompt was written by this process for the row's current owner
+    generation: np.ndarray  # per row: the pool's req_generation when the prompt was written
     max_n: int
     drafted: int = 0  # decode steps drafted on the device
     prompts: int = 0  # extend forwards whose prompts were written
@@ -250,12 +261,13 @@ def history_of(worker) -> History:
     if found is None:
         rows, width = worker.req_to_token_pool.req_to_token.shape
         tokens = torch.zeros((rows, width + worker.draft_token_num + 1), dtype=torch.int32, device=worker.device)
-        found = History(tokens, np.zeros(rows, dtype=bool), max(MIN_N, worker.max_trie_depth))
+        found = History(tokens, np.zeros(rows, dtype=bool), np.full(rows, -1, dtype=np.int64),
+                        max(MIN_N, worker.max_trie_depth))
         setattr(worker, HISTORY, found)
     return found
 
 
-def write_prompts(hist: History, batch) -> None:
+def write_prompts(hist: History, batch, pool=None) -> None:
     """An extend batch's token ids by position (``Req.get_fill_ids()``: everything SGLang puts
     into the KV cache for the request, its radix-matched prefix included) into its rows."""
     from sglang.srt.utils.common import flatten_arrays_to_pinned_cpu, is_pin_memory_available
@@ -270,8 +282,28 @@ def write_prompts(hist: History, batch) -> None:
     device = hist.tokens.device
     write_rows(hist.tokens, batch.req_pool_indices, flat.to(device, non_blocking=True),
                offsets.to(device, non_blocking=True))
-    hist.ready[[r.req_pool_idx for r in reqs]] = True
+    index = [r.req_pool_idx for r in reqs]
+    hist.ready[index] = True
+    hist.generation[index] = _generations(pool, index)
     hist.prompts += 1
+
+
+def _generations(pool, index) -> np.ndarray:
+    """The pool's allocation generation of rows ``index`` (bumped at every allocation of a row;
+    monotonic across ``clear``)."""
+    gen = getattr(pool, "req_generation", None)
+    if gen is None:
+        return np.full(len(index), -2, dtype=np.int64)  # a pool without generations: no reuse check
+    return gen[torch.as_tensor(np.asarray(index, dtype=np.int64))].numpy()
+
+
+def clear_stale(hist: History, pool, index) -> None:
+    """Clears the ready flag of rows in ``index`` freed and allocated again (to another request, or
+    after the pool was cleared) since their prompt was written: a reused row is not drafted from its
+    previous owner's history."""
+    index = np.asarray(index, dtype=np.int64)
+    stale = index[hist.generation[index] != _generations(pool, index)]
+    hist.ready[stale] = False
 
 
 # --- the step -------------------------------------------------------------------------------------
@@ -283,6 +315,10 @@ def stock_reason(worker, batch) -> str | None:
         return "no device history"
     if batch.has_grammar:
         return "grammar"
+    if not batch.sampling_info.is_all_greedy:
+        return "sampling"  # eagle_sample's tree sampling depends on the draft
+    if any(r.multimodal_inputs is not None for r in batch.reqs):
+        return "multimodal"  # the history holds image pad values, past the vocabulary
     if not (worker.tree_mask.is_cuda or _INTERPRET) or worker.tree_mask.dtype != torch.bool:
         return "not a CUDA bool tree mask"
     if batch.seq_lens_cpu is None:  # the full mask's size
@@ -290,6 +326,8 @@ def stock_reason(worker, batch) -> str | None:
     if getattr(worker.ngram_corpus, "_corpus_token_counts", None):
         return "external corpus"
     index = batch.req_pool_indices_cpu
+    if index is not None:
+        clear_stale(hist, worker.req_to_token_pool, index)
     if index is None or not hist.ready[np.asarray(index)].all():
         return "prompt not written"
     return None
@@ -370,7 +408,7 @@ def forward_hook(original, self, batch, *args, **kwargs):
         return original(self, batch, *args, **kwargs)  # Triton cannot launch here: SGLang's host path
     hist = history_of(self)
     if len(batch.reqs) and batch.forward_mode.is_extend():
-        write_prompts(hist, batch)
+        write_prompts(hist, batch, self.req_to_token_pool)
     result = original(self, batch, *args, **kwargs)
     nxt = result.next_draft_input
     if len(batch.reqs) and nxt is not None and nxt.accept_tokens is not None:
@@ -406,14 +444,23 @@ def check_pins() -> str | None:
     return None
 
 
+# Why each conflict: a reason per slot (the Slot takes only the names).
+CONFLICTS = {
+    "ngram_full_mask": "the same verify-prep function, edited differently (a PinnedEdit each)",
+    "ngram_late_wait": "late_wait defers step N-1's wait into _prepare_draft_tokens, which the device path "
+                       "skips; the full mask would then be sized from seq_lens_cpu not yet filled",
+}
+
+
 SLOT = Slot(
     name=NAME,
     kind=SlotKind.OWNED,
     origin="hostsync (NGRAM draft on the device; vLLM's GPU n-gram proposer, vllm#29184)",
     summary="NGRAM's draft as a prompt-lookup chain proposed on the device from a device token history, "
-            "inside the step: no host read of step N-1's tokens, no trie lookup",
+            "inside the step: no trie lookup, accepted-token reads or draft copies after the per-step "
+            "seq-lens wait (which stays); greedy ids identical up to verify numerics, acceptance may drop",
     default=False,
-    conflicts=("ngram_full_mask", "ngram_late_wait"),  # the same verify-prep function, edited differently
+    conflicts=tuple(CONFLICTS),
     precheck=config_precheck(None, check_pins),
     inert=lambda f: not_speculative(f, "only NGRAM drafts from a token history", bool(f.speculative_algorithm)
                                     and f.is_ngram()),
