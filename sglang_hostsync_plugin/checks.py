@@ -119,17 +119,24 @@ def _check_callable(path: str, fn, params, sha) -> str | None:
     return None
 
 
+def file_pins(pins, what: str = "") -> str | None:
+    """None when every ``(path, sha)`` in ``pins`` still has that source as its module's file has it
+    (read without importing the module; ``sha`` None: only that it exists), else the reason to refuse."""
+    for path, sha in pins:
+        try:
+            source = read_source(path)
+        except (ImportError, AttributeError, OSError, SyntaxError) as exc:
+            return f"target missing: {path} ({type(exc).__name__}: {exc})"
+        got = hashlib.sha256(source.encode()).hexdigest()[:16]
+        if sha is not None and got != sha:
+            return f"upstream shape changed: {path} source sha {got}, expected {sha}" + (f" ({what})" if what else "")
+    return None
+
+
 def _check_file_source(target: HookTarget) -> str | None:
     """A function target whose module needs a GPU runtime absent here: its pinned source, as
     its module's file has it (its parameters are checked where it imports)."""
-    try:
-        source = read_source(target.path)
-    except (ImportError, AttributeError, OSError, SyntaxError) as exc:
-        return f"target missing: {target.path} ({type(exc).__name__}: {exc})"
-    got = hashlib.sha256(source.encode()).hexdigest()[:16]
-    if target.source_sha is not None and got != target.source_sha:
-        return f"upstream shape changed: {target.path} source sha {got}, expected {target.source_sha}"
-    return None
+    return file_pins([(target.path, target.source_sha)])
 
 
 def overridden_methods(mixin: type) -> list[str]:

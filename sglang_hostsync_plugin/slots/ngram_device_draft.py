@@ -70,7 +70,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import read_source
+from ..checks import file_pins
 from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck, not_speculative
 from ..source_edit import PinnedEdit
 from . import ngram_full_mask
@@ -429,19 +429,7 @@ def check_pins() -> str | None:
     """The edit applies to the installed SGLang, and SGLang's derivation of the verify indices
     from a tree mask (what the chain restates) is the one the chain was written against. Read from
     the files: ``ngram_worker`` and ``reconstruct_tree`` import only beside ``sgl_kernel`` on a CPU box."""
-    import hashlib
-
-    reason = PREPARE_ONCE.check()
-    if reason:
-        return reason
-    path, sha = RECONSTRUCT
-    try:
-        got = hashlib.sha256(read_source(path).encode()).hexdigest()[:16]
-    except (ImportError, AttributeError, OSError, SyntaxError) as exc:
-        return f"target missing: {path} ({type(exc).__name__}: {exc})"
-    if got != sha:
-        return f"upstream shape changed: {path} source sha {got}, expected {sha} (the chain layout restates it)"
-    return None
+    return PREPARE_ONCE.check() or file_pins([RECONSTRUCT], "the chain layout restates it")
 
 
 # Why each conflict: a reason per slot (the Slot takes only the names).

@@ -42,13 +42,12 @@ in the log). Opt-in, like
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass
 
 import torch
 
-from ..checks import read_source
+from ..checks import file_pins
 from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck, not_speculative
 from . import ngram_full_mask
 from .ngram_full_mask import NGRAM_PRESET
@@ -147,14 +146,7 @@ def draft_tokens_hook(original, self, batch):
 
 def check_pins() -> str | None:
     """The pinned NGRAM sources, read from ``ngram_worker``'s file (it imports only beside sgl_kernel)."""
-    for path, sha in PINS:
-        try:
-            got = hashlib.sha256(read_source(path).encode()).hexdigest()[:16]
-        except (ImportError, AttributeError, OSError, SyntaxError) as exc:
-            return f"target missing: {path} ({type(exc).__name__}: {exc})"
-        if got != sha:
-            return f"upstream shape changed: {path} source sha {got}, expected {sha} (reads before the draft prep)"
-    return None
+    return file_pins(PINS, "reads before the draft prep")
 
 
 SLOT = Slot(
