@@ -86,7 +86,7 @@ def test_no_host_sync():
 def test_recompiled_prepare_hands_verify_stocks_input_on_the_device(monkeypatch):
     from sglang.srt.speculative import ngram_worker as w
 
-    monkeypatch.setattr(ndd.PREPARE_ONCE, "_edited", None)
+    monkeypatch.setattr(ndd.NGRAM_PREPARE_SITE, "_variants", {})
     monkeypatch.setattr(w, "NgramVerifyInput", w.NgramVerifyInput)  # verify_input swaps in a recorder
     monkeypatch.setattr(w, "assign_extend_cache_locs_func", lambda **kw: torch.zeros(1, dtype=torch.int64))
     monkeypatch.setattr(w, "prepare_mamba_track_for_verify", lambda batch: None)
@@ -122,11 +122,11 @@ def test_recompiled_prepare_hands_verify_stocks_input_on_the_device(monkeypatch)
         for s, r in zip(seqs, rows):
             hist.tokens[r, :len(s)] = torch.tensor(s, dtype=torch.int32, device="cuda")
             hist.ready[r] = True
-        verify_input(w, lambda *a: ndd.PREPARE_ONCE.hook(original, *a), worker, batch())  # compiles
+        verify_input(w, lambda *a: ndd.edited(original)(*a), worker, batch())  # compiles
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            plugin = verify_input(w, lambda *a: ndd.PREPARE_ONCE.hook(original, *a), worker, batch())
+            plugin = verify_input(w, lambda *a: ndd.edited(original)(*a), worker, batch())
         finally:
             torch.cuda.set_sync_debug_mode("default")
         for key, want in stock.items():

@@ -320,7 +320,7 @@ def ngram_worker(monkeypatch, reconstruct):
     Triton one (the CUDA op's contract), cache locs / mamba / the verify input are recorders."""
     from sglang.srt.speculative import ngram_worker as w
 
-    monkeypatch.setattr(ndd.PREPARE_ONCE, "_edited", None)
+    monkeypatch.setattr(ndd.NGRAM_PREPARE_SITE, "_variants", {})
     monkeypatch.setattr(w, "reconstruct_indices_from_tree_mask_func", reconstruct)
     monkeypatch.setattr(w, "assign_extend_cache_locs_func", lambda **kw: torch.zeros(1, dtype=torch.int64))
     monkeypatch.setattr(w, "prepare_mamba_track_for_verify", lambda batch: None)
@@ -405,7 +405,7 @@ def test_recompiled_prepare_hands_verify_stocks_input_for_the_same_chain(ngram_w
     worker = make_worker(d, host_draft=no_host_draft)
     hist = seeded(worker, seqs, rows)
     batch = decode_batch(w, seqs, rows)
-    plugin = verify_input(w, lambda *a: ndd.PREPARE_ONCE.hook(original, *a), worker, batch)
+    plugin = verify_input(w, lambda *a: ndd.edited(original)(*a), worker, batch)
     assert set(plugin) == set(stock)
     for key, want in stock.items():
         got = plugin[key]
@@ -445,7 +445,7 @@ def test_what_the_device_draft_does_not_take_runs_stocks_host_draft(ngram_worker
     if why == "no host seq lens":
         batch.seq_lens_cpu = None
         monkeypatch.setattr(w, "_is_cpu", True)  # SGLang's CPU mode: no full mask, stock needs no host lengths
-    got = verify_input(w, lambda *a: ndd.PREPARE_ONCE.hook(original, *a), worker, batch)
+    got = verify_input(w, lambda *a: ndd.edited(original)(*a), worker, batch)
     assert len(calls) == 1 and "_hostsync_device_drafted" not in vars(worker)
     assert hist.stock == {"prompt not written" if why == "row reused" else why: 1} and hist.drafted == 0
     want_tokens, _ = host(batch)
@@ -544,7 +544,7 @@ def test_steps_keep_the_history_equal_to_each_requests_tokens(ngram_worker):
         out = {}
 
         def forward(self, batch, **kw):
-            vi = verify_input(w, lambda *a: ndd.PREPARE_ONCE.hook(original, *a), self, batch)
+            vi = verify_input(w, lambda *a: ndd.edited(original)(*a), self, batch)
             acc = torch.zeros(len(rids), d, dtype=torch.int32)
             lens = []
             for b, rid in enumerate(rids):
@@ -598,13 +598,15 @@ def test_targets_and_edits_match_the_installed_sglang():
 
 
 def test_not_registered_and_opt_in():
-    """Registration waits on ngram_full_mask's edit becoming an EditSite part (both edit the verify
-    prep) and on the catalogue tests (docs/ngram-device-draft.md, "What blocks registration")."""
+    """Registration waits on its GPU tests and an NGRAM e2e (docs/ngram-device-draft.md, "What blocks
+    registration"). It shares the verify prep with ngram_full_mask as parts of one edit site."""
     from sglang_hostsync_plugin import registry
 
     assert ndd.NAME not in registry.catalogue()
     assert not ndd.SLOT.default and not ndd.SLOT.presets
-    assert set(ndd.SLOT.conflicts) == {"ngram_full_mask", "ngram_late_wait"}
+    assert set(ndd.SLOT.conflicts) == {"ngram_late_wait"} and ndd.SLOT.requires == ("ngram_full_mask",)
+    assert ndd.PREPARE_ONCE.site is nfm.PREPARE_ONCE.site and set(ndd.WITH_FULL_MASK) <= set(nfm.PREPARE_ONCE.site.parts)
+    assert ndd.PREPARE_ONCE.site.check() is None  # both parts apply together to the installed source
     assert ndd.SLOT.inert(ServingFacts(speculative_algorithm="NGRAM")) is None
     assert "EAGLE" in ndd.SLOT.inert(ServingFacts(speculative_algorithm="EAGLE", topk=4))
     assert ndd.SLOT.inert(ServingFacts(speculative_algorithm=None)) is not None

@@ -107,7 +107,8 @@ def ngram_worker(monkeypatch):
     monkeypatch.setitem(sys.modules, "sgl_kernel.speculative", stub)
     from sglang.srt.speculative import ngram_worker as w
 
-    monkeypatch.setattr(nfm.PREPARE_ONCE, "_edited", None)
+    monkeypatch.setattr(nfm.NGRAM_PREPARE_SITE, "_variants", {})
+    monkeypatch.setattr(nfm.NGRAM_PREPARE_SITE, "_failed", set())
     yield w
     for name in ("sglang.srt.speculative.ngram_worker", "sglang.kernels.ops.speculative.reconstruct_tree"):
         sys.modules.pop(name, None)
@@ -164,7 +165,7 @@ def test_recompiled_prepare_hands_verify_the_stock_mask(ngram_worker, monkeypatc
     original = w.NGRAMWorker._prepare_for_speculative_decoding
     original = getattr(original, "__wrapped__", original)
     masks = []
-    for fn in (original, lambda *a: nfm.PREPARE_ONCE.hook(original, *a)):
+    for fn in (original, lambda *a: nfm.edited(original)(*a)):
         self, batch, seen, (tree, mask, lens) = _fake_worker(w, monkeypatch, d, bs, None, seed=bs * 10 + d)
         fn(self, batch)
         masks.append(seen[-1]["custom_mask"])
@@ -173,7 +174,7 @@ def test_recompiled_prepare_hands_verify_the_stock_mask(ngram_worker, monkeypatc
     assert torch.equal(stock, stock_full_mask(tree, mask, lens or batch.seq_lens_cpu.tolist(), d))
     assert plugin.dtype == stock.dtype and plugin.shape == stock.shape and torch.equal(plugin, stock)
     assert calls == [(bs, d)]  # one launch for the batch
-    assert nfm.PREPARE_ONCE._edited not in (None, original) and nfm.PREPARE_ONCE.live()
+    assert nfm.edited(original) is not original and nfm.PREPARE_ONCE.live()
 
 
 def test_recompiled_prepare_launches_the_kernel_on_the_batchs_device_lengths(ngram_worker, monkeypatch):
@@ -191,7 +192,7 @@ def test_recompiled_prepare_launches_the_kernel_on_the_batchs_device_lengths(ngr
     original = getattr(w.NGRAMWorker._prepare_for_speculative_decoding, "__wrapped__",
                        w.NGRAMWorker._prepare_for_speculative_decoding)
     self, batch, seen, (tree, mask, lens) = _fake_worker(w, monkeypatch, 8, 3, [40, 1, 17], seed=4)
-    nfm.PREPARE_ONCE.hook(original, self, batch)
+    nfm.edited(original)(self, batch)
     assert len(launched) == 1 and batch.seq_lens is not batch.seq_lens_cpu
     assert launched[0][1] is batch.seq_lens
     assert torch.equal(seen[-1]["custom_mask"], stock_full_mask(tree, mask, lens, 8))
@@ -204,7 +205,7 @@ def test_what_the_kernel_does_not_take_runs_the_stock_loop(ngram_worker, monkeyp
     original = getattr(w.NGRAMWorker._prepare_for_speculative_decoding, "__wrapped__",
                        w.NGRAMWorker._prepare_for_speculative_decoding)
     self, batch, seen, (tree, mask, _) = _fake_worker(w, monkeypatch, 8, 2, [40, 17], seed=3)
-    nfm.PREPARE_ONCE.hook(original, self, batch)
+    nfm.edited(original)(self, batch)
     assert calls == [] and torch.equal(seen[-1]["custom_mask"], stock_full_mask(tree, mask, [40, 17], 8))
 
 

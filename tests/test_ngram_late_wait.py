@@ -197,7 +197,7 @@ def test_sglangs_verify_prep_reads_nothing_of_step_n_minus_1_before_the_draft_pr
         late._pending = late.Pending(fm, batch, torch.arange(bs), rb, batch.seq_lens_cpu,
                                      torch.empty(bs * NDT, dtype=torch.int32), torch.empty(bs, dtype=torch.int32))
         self._prepare_draft_tokens = lambda b: late.draft_tokens_hook(lambda _s, bb: fake_draft(bb), self, b)
-        nfm.PREPARE_ONCE.hook(original, self, batch)
+        nfm.edited(original)(self, batch)
         assert late._pending is None and batch.seq_lens_sum == int(true_lens.sum())
         assert torch.equal(seen[-1]["custom_mask"], stock_full_mask(tree, mask, true_lens.tolist(), d))
 
@@ -234,7 +234,7 @@ def test_a_batch_left_to_stocks_mask_loop_takes_the_wait_before_it_reads_the_len
                                  torch.empty(bs * NDT, dtype=torch.int32), torch.empty(bs, dtype=torch.int32))
     fake_draft = self._prepare_draft_tokens
     self._prepare_draft_tokens = lambda b: late.draft_tokens_hook(lambda _s, bb: fake_draft(bb), self, b)
-    nfm.PREPARE_ONCE.hook(original, self, batch)
+    nfm.edited(original)(self, batch)
     assert late._pending is None and torch.equal(batch.seq_lens_cpu, true_lens)
     assert torch.equal(seen[-1]["custom_mask"], stock_full_mask(tree, mask, true_lens.tolist(), d))
 
@@ -244,8 +244,8 @@ def test_no_deferral_while_the_verify_prep_runs_sglangs_unedited_function(monkey
     before the draft prep: the resolve then keeps stock's wait."""
     late._live = True
     monkeypatch.delattr(nfm.PREPARE_ONCE, "live")  # the fixture's stand-in: PinnedEdit.live itself
-    monkeypatch.setattr(nfm.PREPARE_ONCE, "_edited", lambda *a: None)
-    monkeypatch.setattr(nfm.PREPARE_ONCE, "failed", True)
+    monkeypatch.setattr(nfm.NGRAM_PREPARE_SITE, "_variants", {(nfm.NAME,): lambda *a: None})
+    monkeypatch.setattr(nfm.NGRAM_PREPARE_SITE, "_failed", {(nfm.NAME,)})  # the site ran SGLang's function
     assert not nfm.PREPARE_ONCE.live()
     fm, _ = _future_map()
     _stash(fm, True, [1], torch.arange(NDT, dtype=torch.int32).view(1, NDT), torch.tensor([2], dtype=torch.int32))

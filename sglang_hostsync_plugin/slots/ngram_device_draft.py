@@ -50,12 +50,11 @@ Not removed: the per-step host wait. Under overlap the step still blocks in
 (``decide_needs_cpu_seq_lens``) and the full verify mask is sized from ``seq_lens_cpu``; removing
 it is the second half of the design doc. The saving is only the host work after the wait.
 
-Not registered (``slots/__init__.py``): ``_prepare_for_speculative_decoding`` is
-``ngram_full_mask``'s ``PinnedEdit`` target, so this slot must conflict with it (and with
-``ngram_late_wait``, which requires it) until that edit becomes a ``source_edit.EditSite`` part;
-and a new slot changes the catalogue that ``tests/test_plugin_load.py`` and
-``tests/test_startup_fixes.py`` pin. Hook targets, when registered: ``_prepare_for_speculative_decoding``
-(AROUND, SGLang's method recompiled with four snippets edited), ``forward_batch_generation`` (AROUND:
+Not registered (``slots/__init__.py``) until its GPU tests and an NGRAM e2e pass. It requires
+``ngram_full_mask``: both edit ``_prepare_for_speculative_decoding`` as parts of one
+``edit_sites.NGRAM_PREPARE_SITE``, and the full mask is that slot's kernel over the device tree. It
+conflicts with ``ngram_late_wait``. Hook targets, when registered: ``_prepare_for_speculative_decoding``
+(AROUND, the site's variant with both parts' snippets), ``forward_batch_generation`` (AROUND:
 prompt write before, accepted-token append after) and ``_update_ngram_corpus`` (AROUND: skipped
 after a device draft).
 """
@@ -72,7 +71,7 @@ import triton.language as tl
 
 from ..checks import file_pins
 from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck, not_speculative
-from ..source_edit import PinnedEdit
+from .edit_sites import NGRAM_PREPARE_SITE
 from . import ngram_full_mask
 
 NAME = "ngram_device_draft"
@@ -354,20 +353,15 @@ def _skip(*args) -> None:
     """Stands in for ``reconstruct_indices_from_tree_mask_func``: the draft wrote its outputs."""
 
 
-# ``_prepare_for_speculative_decoding`` (SGLang 0.5.23), four snippets: the decision, the draft in
-# place of the host lookup and its two copies, no tree reconstruction, the full mask from the
-# device tree (ngram_full_mask's kernel, since stock's loop reads the host tree).
-DECIDE_EDIT = (
-    "        if USE_FULL_MASK and not _is_cpu:\n"
-    "            ones_masks = [\n",
-    "        _hostsync_dev = _hostsync_draft_fits(self, batch)\n"
-    "        if USE_FULL_MASK and not _is_cpu and not _hostsync_dev:\n"
-    "            ones_masks = [\n",
-)
+# ``_prepare_for_speculative_decoding`` (SGLang 0.5.23), this slot's part of the site it shares with
+# ngram_full_mask (required): the draft in place of the host lookup and its two copies where the full
+# mask is built on the device (``ones_masks`` None), or no full mask is used; no tree reconstruction.
+# ngram_full_mask's part then builds the full mask from the device tree the draft wrote.
 DRAFT_EDIT = (
     "        req_drafts, mask = self._prepare_draft_tokens(batch)\n"
     "        tree_mask.copy_(torch.from_numpy(mask), non_blocking=True)\n"
     "        draft_tokens.copy_(torch.from_numpy(req_drafts), non_blocking=True)\n",
+    "        _hostsync_dev = ones_masks is None and _hostsync_draft_fits(self, batch)\n"
     "        if _hostsync_dev:\n"
     "            req_drafts = mask = None\n"
     "            _hostsync_draft(self, batch, draft_tokens, tree_mask, positions, retrieve_index,\n"
@@ -381,24 +375,20 @@ RECONSTRUCT_EDIT = (
     "        reconstruct_indices_from_tree_mask_func(\n",
     "        (_hostsync_skip if _hostsync_dev else reconstruct_indices_from_tree_mask_func)(\n",
 )
-MASK_EDIT = (
-    "        if USE_FULL_MASK and not _is_cpu:\n"
-    "            tree_mask = []\n",
-    "        if USE_FULL_MASK and not _is_cpu and _hostsync_dev:\n"
-    "            tree_mask = _hostsync_full_mask(\n"
-    "                tree_mask, batch.seq_lens, batch.seq_lens_cpu, self.draft_token_num\n"
-    "            )\n"
-    "        elif USE_FULL_MASK and not _is_cpu:\n"
-    "            tree_mask = []\n",
-)
 
 
 def _bind():
-    return {"_hostsync_draft_fits": draft_fits, "_hostsync_draft": draft, "_hostsync_skip": _skip,
-            "_hostsync_full_mask": ngram_full_mask.full_mask}
+    return {"_hostsync_draft_fits": draft_fits, "_hostsync_draft": draft, "_hostsync_skip": _skip}
 
 
-PREPARE_ONCE = PinnedEdit(NAME, PREPARE, (DECIDE_EDIT, DRAFT_EDIT, RECONSTRUCT_EDIT, MASK_EDIT), _bind, PREPARE_SHA)
+PREPARE_ONCE = NGRAM_PREPARE_SITE.edit(NAME, (DRAFT_EDIT, RECONSTRUCT_EDIT), _bind)
+# The function this slot serves: both parts' edits (tests; the installer composes the same variant).
+WITH_FULL_MASK = tuple(sorted((NAME, ngram_full_mask.NAME)))
+
+
+def edited(original):
+    """SGLang's verify prep with this slot's and ngram_full_mask's edits (the site's variant)."""
+    return NGRAM_PREPARE_SITE.variant(original, WITH_FULL_MASK)
 
 
 def forward_hook(original, self, batch, *args, **kwargs):
@@ -434,7 +424,6 @@ def check_pins() -> str | None:
 
 # Why each conflict: a reason per slot (the Slot takes only the names).
 CONFLICTS = {
-    "ngram_full_mask": "the same verify-prep function, edited differently (a PinnedEdit each)",
     "ngram_late_wait": "late_wait defers step N-1's wait into _prepare_draft_tokens, which the device path "
                        "skips; the full mask would then be sized from seq_lens_cpu not yet filled",
 }
@@ -448,6 +437,7 @@ SLOT = Slot(
             "inside the step: no trie lookup, accepted-token reads or draft copies after the per-step "
             "seq-lens wait (which stays); greedy ids identical up to verify numerics, acceptance may drop",
     default=False,
+    requires=(ngram_full_mask.NAME,),  # its part of the site builds the full mask from the device tree
     conflicts=tuple(CONFLICTS),
     precheck=config_precheck(None, check_pins),
     inert=lambda f: not_speculative(f, "only NGRAM drafts from a token history", bool(f.speculative_algorithm)

@@ -22,8 +22,8 @@ buffer not bool) runs SGLang's loop.
 Opt-in: ``ngram_worker`` imports only where ``sgl_kernel`` (or CUDA) is present, so on a machine
 without it the slot is refused ("target missing"), and a default slot would fail a strict
 launch there. Hook target: ``NGRAMWorker._prepare_for_speculative_decoding`` (AROUND; SGLang's
-method recompiled from its pinned source with the two ``USE_FULL_MASK`` blocks edited,
-``source_edit.PinnedEdit``).
+method recompiled from its pinned source with the two ``USE_FULL_MASK`` blocks edited, a part of
+``edit_sites.NGRAM_PREPARE_SITE``, which ``ngram_device_draft`` shares).
 """
 
 from __future__ import annotations
@@ -35,12 +35,11 @@ import triton
 import triton.language as tl
 
 from ..slot import Slot, SlotKind, config_precheck, not_speculative
-from ..source_edit import PinnedEdit
+from .edit_sites import NGRAM_PREPARE, NGRAM_PREPARE_SHA, NGRAM_PREPARE_SITE
 from .upstream_switches import NGRAM_PRESET
 
 NAME = "ngram_full_mask"
-PREPARE = "sglang.srt.speculative.ngram_worker.NGRAMWorker._prepare_for_speculative_decoding"
-PREPARE_SHA = "7417a9ce177df775"
+PREPARE, PREPARE_SHA = NGRAM_PREPARE, NGRAM_PREPARE_SHA
 BLOCK = 1024
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -108,7 +107,12 @@ def _bind():
     return {"_hostsync_full_mask": full_mask, "_hostsync_full_mask_fits": fits}
 
 
-PREPARE_ONCE = PinnedEdit(NAME, PREPARE, (ONES_EDIT, LOOP_EDIT), _bind, PREPARE_SHA)
+PREPARE_ONCE = NGRAM_PREPARE_SITE.edit(NAME, (ONES_EDIT, LOOP_EDIT), _bind)
+
+
+def edited(original):
+    """SGLang's verify prep with this slot's edits alone (the site's variant the installer runs)."""
+    return NGRAM_PREPARE_SITE.variant(original, (NAME,))
 
 
 def inert(f) -> str | None:
