@@ -274,3 +274,38 @@ def test_inert_rule():
     assert "STANDALONE" in nfm.inert(ServingFacts(speculative_algorithm="STANDALONE", topk=4))
     assert nfm.inert(ServingFacts(speculative_algorithm=None)) is not None
     assert not nfm.SLOT.default
+
+
+def test_installed_in_real_sglang_through_the_edit_site():
+    """In a fresh interpreter with SGLang's HookRegistry (ngram_host, beside a stand-in sgl_kernel): the
+    slot verifies as applied, and the live method, the edit site's one hook, runs the recompiled variant
+    that hands verify stock's mask."""
+    from helpers import LOAD_AND_STARTUP_CHECK, out, run_python
+
+    proc = run_python("""
+import sys, types
+stub = types.ModuleType("sgl_kernel.speculative")
+stub.reconstruct_indices_from_tree_mask = None
+pkg = types.ModuleType("sgl_kernel")
+pkg.speculative = stub
+sys.modules["sgl_kernel"], sys.modules["sgl_kernel.speculative"] = pkg, stub
+""" + LOAD_AND_STARTUP_CHECK + """
+import json
+import pytest, torch
+sys.path.insert(0, "tests")
+from sglang.srt.speculative import ngram_worker as w
+from sglang_hostsync_plugin.slots import ngram_full_mask as nfm
+from test_ngram_full_mask import _fake_worker, stock_full_mask
+mp = pytest.MonkeyPatch()
+self, batch, seen, (tree, mask, lens) = _fake_worker(w, mp, 8, 3, [40, 1, 17], seed=5)
+w.NGRAMWorker._prepare_for_speculative_decoding(self, batch)  # the hooked chain
+print("RESULT" + json.dumps({"err": err, "status": rt.state.statuses["ngram_full_mask"].status.value,
+      "same": bool(torch.equal(seen[-1]["custom_mask"], stock_full_mask(tree, mask, lens, 8))),
+      "live": nfm.PREPARE_ONCE.live(), "variants": [list(k) for k in nfm.NGRAM_PREPARE_SITE._variants]}))
+""", SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", SGLANG_HOSTSYNC_SLOTS="default,ngram_host")
+    assert proc.returncode == 0, out(proc)
+    import json
+
+    res = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert res == {"err": None, "status": "applied", "same": True, "live": True, "variants": [["ngram_full_mask"]]}, res
+    assert "Multiple AROUND hooks" not in proc.stderr + proc.stdout
