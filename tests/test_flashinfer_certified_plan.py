@@ -853,7 +853,7 @@ class CopyEvent:
         CopyEvent.made.append(self)
 
     def record(self, stream=None):
-        pass
+        self.fired = False  # recorded again (a recycled event): pending until the test fires it
 
     def query(self):
         return self.fired
@@ -897,7 +897,7 @@ def test_a_skipped_steps_window_is_checked_at_a_later_decision_without_a_wait(mo
     _skipped_step(world, [0, 0])
     assert cert.ENGINE.stats.window_misses == 0 and cert.ENGINE.disabled is None
     _catch_up(world)
-    CopyEvent.made[-1].fired = True
+    cert.ENGINE.copies[-1].event.fired = True  # (a recycled event: record() set it pending again)
     world.step(hooked=True, pending=False)  # (its own window [c, c] holds: the miss is the copy's)
     assert cert.ENGINE.stats.window_misses == 1 and cert.ENGINE.disabled.startswith("window miss")
     assert cert.ENGINE.stats.stock["off"] == 1
@@ -912,6 +912,16 @@ def test_at_most_window_depth_copies_in_flight(monkeypatch):
         _skipped_step(world, [1, 1])
         _catch_up(world)
     assert len(cert.ENGINE.copies) == cert.WINDOW_DEPTH and cert.ENGINE.stats.window_unchecked == 2
+    # Read copies give their events back: later skipped steps record those, no new event per step.
+    for e in CopyEvent.made:
+        e.fired = True
+    made = len(CopyEvent.made)
+    for _ in range(3):
+        _skipped_step(world, [1, 1])
+        _catch_up(world)
+        for e in CopyEvent.made:
+            e.fired = True
+    assert len(CopyEvent.made) == made == cert.WINDOW_DEPTH
 
 
 def test_forward_pass_metrics_under_standalone_keep_stocks_read():

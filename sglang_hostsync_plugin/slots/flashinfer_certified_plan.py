@@ -393,6 +393,7 @@ class Engine:
         self.backoff: dict[int, Backoff] = {}
         self.copies: collections.deque = collections.deque()  # WindowCopy, oldest first
         self.spare: list = []  # pinned buffers whose copies were read
+        self.spare_events: list = []  # their events, recorded again (no allocation per skipped step)
         self.make_event = _cuda_event  # (tests: a stand-in event)
 
     @property
@@ -521,7 +522,7 @@ class Engine:
                 self.spare.pop(0)
             buf = _pinned(1 << max(4, (step.raw - 1).bit_length()), dev.dtype)
         buf[: step.raw].copy_(dev, non_blocking=True)
-        event = self.make_event()
+        event = self.spare_events.pop() if self.spare_events else self.make_event()
         if event is not None:
             event.record()
         self.copies.append(WindowCopy(buf, event, step.lo, step.hi))
@@ -535,6 +536,8 @@ class Engine:
             self.copies.popleft()
             exact = [int(x) for x in copy.buf[: len(copy.lo)].tolist()]
             self.spare.append(copy.buf)
+            if copy.event is not None:
+                self.spare_events.append(copy.event)
             self._check_window(copy.lo, exact, copy.hi)
 
     # -- injection: the site's host lengths ----------------------------------------------------------------
