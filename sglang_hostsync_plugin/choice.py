@@ -19,6 +19,7 @@ AUTO = "auto"
 CONSERVATIVE = "default"
 FIRST = "benchmarks/results/2026-12-06-h100-real-traffic/"
 SECOND = "benchmarks/results/2026-12-06-h100-real-traffic-b/"
+FINAL = "benchmarks/results/2026-12-06-h100-final/"
 
 
 @dataclass(frozen=True)
@@ -35,9 +36,9 @@ class Row:
     choice: Choice
 
 
-def _eagle(topk_one: bool | None, backend: str):
+def _eagle(topk_one: bool | None, backend: str, paged: bool = True):
     def applies(f: ServingFacts, be: str) -> bool:
-        return (f.is_eagle_family() and be == backend and (f.page_size or 1) > 1
+        return (f.is_eagle_family() and be == backend and ((f.page_size or 1) > 1) == paged
                 and (topk_one is None or (f.topk == 1) == topk_one))
     return applies
 
@@ -49,6 +50,8 @@ ROWS = (
     Row(_eagle(False, "triton"), Choice(
         "EAGLE family, topk > 1, triton, page > 1", "default,eagle_host", f"{FIRST}, {SECOND}",
         "STANDALONE 1.56x / 1.40x, EAGLE3 1.58x / 1.42x")),
+    Row(_eagle(False, "triton", paged=False), Choice(
+        "EAGLE family, topk > 1, triton, page 1", "default,eagle_host", FINAL, "STANDALONE 1.35x / 1.24x")),
     Row(_eagle(None, "flashinfer"), Choice(
         "EAGLE family, FlashInfer, page > 1", "default,flashinfer,eagle_host,-metadata_glue_graph", SECOND,
         "topk 1 1.11x / 1.08x, topk 4 1.30x / 1.23x")),

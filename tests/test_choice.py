@@ -27,12 +27,15 @@ CLASSES = [
     (facts("STANDALONE", 1), "default,eagle_step_graph"),
     (facts("EAGLE3", 4), "default,eagle_host"),
     (facts("STANDALONE", 4), "default,eagle_host"),
+    (facts("STANDALONE", 4, 1), "default,eagle_host"),  # page 1 (2026-12-06-h100-final)
+    (facts("EAGLE3", 3, 1), "default,eagle_host"),
     (facts("STANDALONE", 1, backend="flashinfer"), "default,flashinfer,eagle_host,-metadata_glue_graph"),
     (facts("EAGLE", 4, backend="flashinfer"), "default,flashinfer,eagle_host,-metadata_glue_graph"),
     (facts("NGRAM", 1, 1), "default,eagle_host,ngram_host"),
 ]
 UNMEASURED = [
-    facts("STANDALONE", 4, 1),  # page 1
+    facts("STANDALONE", 1, 1),  # topk 1, page 1
+    facts("STANDALONE", 4, 1, backend="flashinfer"),  # page 1 on FlashInfer
     facts("EAGLE", 4, backend="fa3"),
     facts("EAGLE", 1, tp_size=2),
     facts("EAGLE", 1, dp_attention=True),
