@@ -11,13 +11,12 @@ Skipped without CUDA (CI); run by scripts/gpu_run.sh."""
 
 import random
 import time
-import types
 
 import pytest
 import torch
 
 from sglang_hostsync_plugin.slots import ngram_device_draft as ndd
-from test_ngram_device_draft import make_worker, ref_chain, reference_host_draft, verify_input
+from test_ngram_device_draft import decode_batch, make_worker, ref_chain, reference_host_draft, verify_input
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -97,12 +96,10 @@ def test_recompiled_prepare_hands_verify_stocks_input_on_the_device(monkeypatch)
         seqs = [[rng.randrange(6) for _ in range(rng.randint(1, 2000))] for _ in range(bs)]
         rows = rng.sample(range(32), bs)
 
-        def batch():
-            seq_lens = torch.tensor([len(s) - 1 for s in seqs])
-            return types.SimpleNamespace(
-                forward_mode=w.ForwardMode.DECODE, reqs=[object()] * bs, seq_lens=seq_lens.cuda(),
-                seq_lens_cpu=seq_lens, has_grammar=False, req_pool_indices=torch.tensor(rows, device="cuda"),
-                req_pool_indices_cpu=torch.tensor(rows), req_to_token_pool=types.SimpleNamespace(req_to_token=None))
+        def batch():  # the CPU test's decode batch (greedy, no multimodal), its device tensors on CUDA
+            b = decode_batch(w, seqs, rows)
+            b.seq_lens, b.req_pool_indices = b.seq_lens.cuda(), b.req_pool_indices.cuda()
+            return b
 
         def cuda_worker(host_draft):
             worker = make_worker(d, max_bs=16, rows=32, width=2100, host_draft=host_draft)
@@ -122,6 +119,7 @@ def test_recompiled_prepare_hands_verify_stocks_input_on_the_device(monkeypatch)
         for s, r in zip(seqs, rows):
             hist.tokens[r, :len(s)] = torch.tensor(s, dtype=torch.int32, device="cuda")
             hist.ready[r] = True
+            hist.generation[r] = worker.req_to_token_pool.req_generation[r].item()  # the row's current owner
         verify_input(w, lambda *a: ndd.edited(original)(*a), worker, batch())  # compiles
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
@@ -138,9 +136,10 @@ def test_draft_time_per_call():
     """GPU time of one draft launch (printed; what the device pays for the host lookup it removes)."""
     rng = random.Random(9)
     for bs, length in ((1, 1000), (1, 32000), (8, 8000), (48, 4000), (48, 32000)):
-        seqs, hist, rows, seq_lens = case(rng, bs, 12, length, vocab=32000)
-        seq_lens.fill_(length - 1)
-        hist[:, :length] = torch.randint(0, 32000, (hist.shape[0], length), dtype=torch.int32, device="cuda")
+        # Every request at ``length`` tokens (case() draws shorter ones, and a history that narrow).
+        hist = torch.randint(0, 32000, (bs * 2 + 1, length + 13), dtype=torch.int32, device="cuda")
+        rows = torch.tensor(rng.sample(range(bs * 2 + 1), bs), device="cuda")
+        seq_lens = torch.full((bs,), length - 1, device="cuda")
         out = outputs(bs, 12)
         ndd.draft_chain(hist, rows, seq_lens, *out, 12, max_n=18)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
