@@ -13,6 +13,11 @@
 #   CALL=4 bash scripts/device_pending.sh   # DFlash and DSpark on the host-bound 1B-shaped dummy target: the
 #                                           # audit's phase table (block phases, GPU-idle markers), stock code
 #                                           # vs default: where their host time per step goes, before any slot
+#   CALL=5 bash scripts/device_pending.sh   # FlashInfer topk 1 / 4 page 16: stock, `none` and `default` unaudited,
+#                                           # `default,-event_ring`, auto: what `default`'s 1-3% below stock at
+#                                           # topk 1 is (2026-12-06-h100-final), and topk 4's auto row
+# Calls 1-3 ran on 2026-12-06 (benchmarks/results/2026-12-06-h100-final/; call 1's topk-4 half and call 3's
+# certified-plan e2e were cut by their limits).
 # The device tool: carry [".device-bundle-fi"], timeout 590, and start the next call within the
 # machine's 30 s idle release.
 set -u
@@ -41,6 +46,11 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
 --arms stock,audit --slots default --plugin-env SGLANG_HOSTSYNC_AUDIT_MARKS=1 \
 --concurrency 1 8 --rounds 3 --requests 2 --max-new-tokens 64 --server-arg=--disable-prefill-cuda-graph \
 --ready-timeout 300 --time-budget 510" bash scripts/device_call.sh ;;
+  5)
+    NAME=aa E2E_TIMEOUT=540 E2E_ARGS="--configs standalone-t1-p16,standalone-t4-p16 --attention-backend flashinfer \
+--arms stock --slots none,-audit --slots default,-audit --slots default,-event_ring,-audit --slots auto,-audit \
+--concurrency 1 8 --rounds 6 --requests 2 --max-new-tokens 64 --traffic-requests 48 --traffic-aborts 8 \
+--server-arg=--disable-prefill-cuda-graph --ready-timeout 300 --time-budget 520" bash scripts/device_call.sh ;;
   *)
-    sed -n '2,18p' "$0"; exit 2 ;;
+    sed -n '2,23p' "$0"; exit 2 ;;
 esac

@@ -38,7 +38,9 @@ class Row:
 
 def _eagle(topk_one: bool | None, backend: str, paged: bool = True):
     def applies(f: ServingFacts, be: str) -> bool:
-        return (f.is_eagle_family() and be == backend and ((f.page_size or 1) > 1) == paged
+        # FROZEN_KV_MTP (its own worker) is in SGLang's EAGLE family but was never measured.
+        return (f.is_eagle_family() and not f.is_frozen_kv_mtp()
+                and be == backend and ((f.page_size or 1) > 1) == paged
                 and (topk_one is None or (f.topk == 1) == topk_one))
     return applies
 

@@ -109,8 +109,8 @@ def parse_slot_spec(spec: str, catalogue: Mapping[str, Slot]) -> Selection:
     Comma list of presets (``default``, ``all``, ``none``, ``auto`` (``choice``), and any a slot declares,
     e.g. ``dspark_mega``) and slot names; ``-x`` removes preset or slot ``x``. The result does not depend on token order:
     everything named is added, then everything negated is removed. With no positive
-    token the base is ``default`` (so ``-event_ring`` means ``default,-event_ring``);
-    an empty or blank value is ``default``.
+    token the base is ``default`` (so ``-event_ring`` means ``default,-event_ring``).
+    The variable unset, empty or blank is ``auto`` (``selected_slots``).
     A selected slot whose required slot is not selected, or two selected slots
     that conflict, is an error; nothing is enabled behind the user's back.
 
@@ -142,7 +142,7 @@ def parse_slot_spec(spec: str, catalogue: Mapping[str, Slot]) -> Selection:
         if not token:
             raise HostsyncConfigError(
                 f"{ENV_SLOTS}={_shown(spec.strip())!r}: entry {index} of {len(entries)} is empty "
-                f"(a stray comma?). Remove it; an empty {ENV_SLOTS} means 'default'. {valid}"
+                f"(a stray comma?). Remove it; an empty {ENV_SLOTS} means 'auto'. {valid}"
             )
         negate = token.startswith("-")
         # Slot names are snake_case; accept kebab-case like SGLANG_SPEC_TP_SYNC does.
@@ -183,5 +183,6 @@ def selected_slots(
 ) -> Selection:
     env = os.environ if env is None else env
     raw = env.get(ENV_SLOTS, "")
-    # Unset, empty and blank alike are "default" (and read so in the status line and the doctor's hints).
-    return parse_slot_spec(raw if raw.strip() else "default", catalogue)
+    # Unset, empty and blank alike are "auto" (and read so in the status line and the doctor's hints):
+    # the measured set for the server's configuration class, ``default`` where none was measured.
+    return parse_slot_spec(raw if raw.strip() else choice.AUTO, catalogue)

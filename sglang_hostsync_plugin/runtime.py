@@ -307,7 +307,18 @@ def apply_facts(rt: Runtime, server_args) -> None:
     rt.args = server_args
     before = rt.plan
     rt.plan = rt.plan.with_facts(registry.catalogue(), ServingFacts.from_server_args(server_args, os.environ))
-    rt.plan = rt.plan.settle_auto(registry.catalogue())  # hooks are installed: the pick must be final
+    _settle(rt, before)
+    for slot in switches.switch_slots(_will_apply(rt.plan)):
+        if slot.name in rt.state.active:
+            switches.apply([slot])
+            rt.state.set(slot.name, rt.state.statuses[slot.name].status, f"{slot.env_flag}=1")
+
+
+def _settle(rt: Runtime, before: Plan) -> None:
+    """Hooks are installed: the ``auto`` pick becomes final (``default`` where still open), and the
+    state follows the plan (a slot skipped now is switched off; one that failed to install but is
+    not picked is skipped, not failed)."""
+    rt.plan = rt.plan.settle_auto(registry.catalogue())
     _log_new_warnings(before, rt.plan)
     _log_choice(before, rt.plan)
     for v in rt.plan.verdicts:
@@ -316,15 +327,13 @@ def apply_facts(rt: Runtime, server_args) -> None:
             rt.state.set(v.name, v.status, v.reason)
         elif v.selected and v.status is Status.SKIPPED and now is not None and now.status is Status.FAILED:
             rt.state.set(v.name, v.status, v.reason)  # failed, but ``auto`` did not pick it
-    for slot in switches.switch_slots(_will_apply(rt.plan)):
-        if slot.name in rt.state.active:
-            switches.apply([slot])
-            rt.state.set(slot.name, rt.state.statuses[slot.name].status, f"{slot.env_flag}=1")
 
 
 def startup_check(rt: Runtime) -> None:
     if rt.error is not None:
         raise rt.error
+    if rt.plan is not None and rt.plan.auto_pending:  # no server args reached this process's plan
+        _settle(rt, rt.plan)
     bad = rt.plan.config_errors() if rt.plan is not None else []
     if bad:  # e.g. a pair the server facts made unsafe (Slot.unsafe_with): every mode
         raise config.HostsyncConfigError("hostsync: " + "; ".join(bad))

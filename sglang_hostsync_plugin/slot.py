@@ -175,6 +175,9 @@ class ServingFacts:
     def is_ngram(self) -> bool:
         return _algorithm(self.speculative_algorithm).is_ngram()
 
+    def is_frozen_kv_mtp(self) -> bool:
+        return _algorithm(self.speculative_algorithm).is_frozen_kv_mtp()
+
     def is_eagle_family(self) -> bool:
         """EAGLE, EAGLE3, NEXTN (parsed as EAGLE), FROZEN_KV_MTP and STANDALONE."""
         return _is_eagle_family(self.speculative_algorithm)

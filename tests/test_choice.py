@@ -42,6 +42,7 @@ UNMEASURED = [
     facts("EAGLE", 1, disable_overlap_schedule=True),
     facts("EAGLE", 1, disable_cuda_graph=True),
     facts("EAGLE", 4, draft_attention_backend="flashinfer"),
+    facts("FROZEN_KV_MTP", 1),
     facts("DFLASH", 1),
     facts("DSPARK", 1),
     facts("NGRAM", 1, 1, backend="flashinfer"),

@@ -65,9 +65,13 @@ def test_empty_entry_is_an_error_that_names_it(spec, entry):
 
 
 @pytest.mark.parametrize("env", [{}, {config.ENV_SLOTS: ""}, {config.ENV_SLOTS: "   "}])
-def test_unset_empty_or_blank_env_is_default(env):
-    selection = config.selected_slots(CAT, env)
-    assert selection.names == ("a", "b") and selection.spec == "default"
+def test_unset_empty_or_blank_env_is_auto(env):
+    from sglang_hostsync_plugin import choice, registry
+
+    real = registry.catalogue()  # auto's rows name the real slots
+    selection = config.selected_slots(real, env)
+    assert selection.spec == "auto" and selection.auto
+    assert set(selection.names) == choice.row_names(real, parse_slot_spec) > set(parse_slot_spec("default", real).names)
 
 
 def test_empty_entry_error_is_truncated():

@@ -97,6 +97,14 @@ def test_enabled_applies_verifies_and_logs_status_block():
     for name in ("event_ring", "accept_lens_snapshot", "target_dp_meta", "flashinfer_plan_guard",
                  "flashinfer_tree_verify_plan", "ngram_accept_readback"):
         assert status.pop(name) == ["applied", ""], name
+    # Unset is auto; no server args reached this process, so its pick settled on default and says so.
+    from sglang_hostsync_plugin import choice, config, registry
+
+    cat = registry.catalogue()
+    union = choice.row_names(cat, config.parse_slot_spec) - set(config.parse_slot_spec("default", cat).names)
+    assert union and all(status[n] == ["skipped", "not picked by auto for not measured (the server facts left the "
+                                       "configuration open) (it picks default)"] for n in union), status
+    status.update({n: ["skipped", "not selected"] for n in union})
     # default: the #31468 built-ins verified, the #45450 switches opt-in.
     assert status == {**{n: ["upstream present", ""] for n in BUILTINS},
                       **{n: ["skipped", "not selected"] for n in [*SWITCH_FLAGS, *HOST_PLAN_FLAGS, "audit", "pinned_d2h_ring",
@@ -123,7 +131,9 @@ def test_enabled_applies_verifies_and_logs_status_block():
         "sglang.srt.managers.utils.GenerationBatchResult.copy_to_cpu",
     }
     log = proc.stderr
-    assert "hostsync: sglang 0.5.23, SGLANG_HOSTSYNC_SLOTS='default', strict=True" in log, out(proc)
+    assert "hostsync: sglang 0.5.23, SGLANG_HOSTSYNC_SLOTS='auto', strict=True" in log, out(proc)
+    assert ("auto: not measured (the server facts left the configuration open): the conservative set; pin it with "
+            "SGLANG_HOSTSYNC_SLOTS=default") in log, out(proc)
     assert "dspark_dp_meta               applied" in log, out(proc)
     assert re.search(r"hostsync: set up in \d+\.\d\d s in this process \(plan resolved: targets imported and checked, "
                      r"hooks registered\)", log), out(proc)

@@ -424,6 +424,7 @@ def test_no_internal_issue_numbers_in_origins_reasons_or_hints(capsys, monkeypat
 
 
 def test_doctor_hints_the_flashinfer_preset_where_its_switches_would_run(capsys, monkeypatch):
+    monkeypatch.setenv("SGLANG_HOSTSYNC_SLOTS", "default")  # unset is auto, whose FlashInfer pick holds the preset
     code, cap = _doctor(capsys, "--attention-backend", "flashinfer", "--speculative-algorithm", "EAGLE")
     assert code == 0, cap.err
     (hint,) = _unwrapped(cap.out, "hint: ")
@@ -443,7 +444,16 @@ def test_doctor_hints_the_flashinfer_preset_where_its_switches_would_run(capsys,
 
 
 def test_doctor_hints_the_ngram_preset_for_ngram_servers_only(capsys, monkeypatch):
+    # Unset is auto: its NGRAM triton page-1 pick holds the preset (no hint), on FlashInfer it picks default.
     monkeypatch.delenv("SGLANG_HOSTSYNC_SLOTS", raising=False)
+    code, cap = _doctor(capsys, "--json", "--attention-backend", "triton", "--speculative-algorithm", "NGRAM",
+                        "--page-size", "1")
+    assert code == 0 and json.loads(cap.out)["hints"] == [], cap
+    code, cap = _doctor(capsys, "--json", "--attention-backend", "flashinfer", "--speculative-algorithm", "NGRAM",
+                        "--page-size", "1")
+    assert [h.split(" (")[0] for h in json.loads(cap.out)["hints"]] == [
+        "SGLANG_HOSTSYNC_SLOTS=auto,ngram_host also turns on ngram_full_mask, ngram_late_wait"]
+    monkeypatch.setenv("SGLANG_HOSTSYNC_SLOTS", "default")
     code, cap = _doctor(capsys, "--json", "--attention-backend", "triton", "--speculative-algorithm", "NGRAM")
     assert code == 0, cap.err
     (hint,) = json.loads(cap.out)["hints"]
