@@ -641,14 +641,67 @@ def test_conflicts_with_ngram_late_wait_for_its_deferred_wait():
 
 
 def test_claims_keep_the_per_step_wait_and_numerics_caveat():
-    """The slot removes host work after the per-step wait, not the wait (resolve_seq_lens_cpu)."""
+    """The slot removes the per-step wait (resolve_seq_lens_cpu) on triton only, says FlashInfer keeps
+    it, and that the removal has not run on a GPU."""
     from pathlib import Path
 
     doc = " ".join((Path(__file__).parents[1] / "docs" / "ngram-device-draft.md").read_text().split())
     module = " ".join(ndd.__doc__.split())
     for text in (module, ndd.SLOT.summary):
         assert "no host read of step N-1" not in text
-    assert "resolve_seq_lens_cpu" in module and "wait" in ndd.SLOT.summary
+    assert "resolve_seq_lens_cpu" in module and "FlashInfer keeps it" in ndd.SLOT.summary
+    assert "FlashInfer keeps that wait" in module and "not run on a GPU yet" in module
     for text in (module, doc):
         assert "up to verify numerics" in text and "e2e token comparison is the gate" in text
     assert "only fails to match" not in doc and "No host value of step N-1" not in doc
+
+
+def test_the_decide_hook_lets_the_backends_answer_for_ngram(monkeypatch):
+    """SGLang forces host lengths for NGRAM (its full mask's size); with the device draft the mask is
+    sized from the allocation, so triton NGRAM publishes none (no per-step seq-lens wait), while a
+    backend that needs them, two-batch overlap, or another algorithm keeps SGLang's answer."""
+    from sglang.srt.managers import overlap_utils
+
+    tbo = [False]
+    monkeypatch.setattr(overlap_utils, "get_exec", lambda: types.SimpleNamespace(
+        overlap=types.SimpleNamespace(enable_two_batch_overlap=tbo[0])))
+    triton, flashinfer = types.SimpleNamespace(needs_cpu_seq_lens=False), types.SimpleNamespace(needs_cpu_seq_lens=True)
+    ngram = lambda backends: True  # SGLang's answer for NGRAM  # noqa: E731
+    assert ndd.decide_hook(ngram, [triton, None, triton]) is False
+    assert ndd.decide_hook(ngram, [triton, flashinfer]) is True
+    assert ndd.decide_hook(ngram, [triton, object()]) is True  # a backend that does not say: SGLang's default
+    assert ndd.decide_hook(lambda b: False, [flashinfer]) is False  # never adds a need
+    tbo[0] = True
+    assert ndd.decide_hook(ngram, [triton]) is True
+    # The rule it restates is SGLang's (pinned): TBO forced, NGRAM forced, else the OR over the backends.
+    from sglang_hostsync_plugin.checks import source_sha
+
+    assert source_sha(overlap_utils.decide_needs_cpu_seq_lens) == ndd.DECIDE_SHA
+    assert any(t.path == ndd.DECIDE and t.source_sha == ndd.DECIDE_SHA for t in ndd.SLOT.targets)
+
+
+def test_the_device_draft_takes_a_batch_without_host_lengths_where_the_allocation_sizes_the_mask(
+        ngram_worker, monkeypatch):
+    from sglang.srt.mem_cache import allocation_sizing
+
+    monkeypatch.setattr(allocation_sizing, "get_req_to_token_extra_context_len", lambda: 12)
+    w = ngram_worker
+    original = getattr(w.NGRAMWorker._prepare_for_speculative_decoding, "__wrapped__",
+                       w.NGRAMWorker._prepare_for_speculative_decoding)
+    d, seqs, rows = 4, [[1, 2, 1, 2, 1, 2], [3, 3, 4]], [5, 1]
+    stock = verify_input(w, original, make_worker(d, host_draft=reference_host_draft(seqs, d, 18)),
+                         decode_batch(w, seqs, rows))
+    worker = make_worker(d, host_draft=lambda b: pytest.fail("host draft"))
+    hist = seeded(worker, seqs, rows)
+    batch = decode_batch(w, seqs, rows)
+    batch.seq_lens_cpu = None
+    for req, s in zip(batch.reqs, seqs):
+        req.kv = types.SimpleNamespace(kv_allocated_len=len(s) - 1 + 2 * d)
+    batch.req_to_token_pool = types.SimpleNamespace(req_to_token=torch.zeros((16, 4096)))
+    plugin = verify_input(w, lambda *a: ndd.edited(original)(*a), worker, batch)
+    assert hist.drafted == 1 and batch.seq_lens_cpu is None
+    for key, want in stock.items():
+        if key == "custom_mask":
+            assert torch.equal(plugin[key][: want.numel()], want) and plugin[key].numel() > want.numel()
+        elif isinstance(want, torch.Tensor):
+            assert torch.equal(plugin[key], want), key

@@ -309,3 +309,81 @@ print("RESULT" + json.dumps({"err": err, "status": rt.state.statuses["ngram_full
     res = json.loads(proc.stdout.split("RESULT", 1)[1])
     assert res == {"err": None, "status": "applied", "same": True, "live": True, "variants": [["ngram_full_mask"]]}, res
     assert "Multiple AROUND hooks" not in proc.stderr + proc.stdout
+
+
+def _reqs(allocated):
+    return [types.SimpleNamespace(kv=types.SimpleNamespace(kv_allocated_len=n)) for n in allocated]
+
+
+def _pool(context_len, d):
+    from sglang.srt.mem_cache.allocation_sizing import get_req_to_token_extra_context_len
+
+    return types.SimpleNamespace(req_to_token=torch.zeros((2, context_len + get_req_to_token_extra_context_len())))
+
+
+def test_without_host_lengths_the_mask_is_sized_from_the_allocation_and_its_prefix_is_stocks(monkeypatch):
+    """A scheduler that publishes no host lengths (ngram_device_draft's triton NGRAM servers): the size is
+    D * sum(kv_allocated_len + D), each capped at context + D, never below stock's exact D * sum(L_i + D), and
+    the kernel writes stock's mask into its first cells (the verify reads it by device offsets)."""
+    from sglang.srt.mem_cache import allocation_sizing
+
+    monkeypatch.setattr(allocation_sizing, "get_req_to_token_extra_context_len", lambda: 12)
+    rng = random.Random(7)
+    for d in (1, 4, 8):
+        for bs in (1, 3, 6):
+            lens = [rng.randrange(1, 900) for _ in range(bs)]
+            tree, mask, seq_lens, seq_lens_cpu = _case(rng, bs, d, lens)
+            allocated = [n + d + rng.randrange(0, 3 * d) for n in lens]  # covers L_i + D, as SGLang allocates
+            batch = types.SimpleNamespace(reqs=_reqs(allocated), seq_lens=seq_lens, seq_lens_cpu=None,
+                                          req_to_token_pool=_pool(1000, d))
+            exact = d * (sum(lens) + bs * d)
+            size = nfm.mask_size(batch, d)
+            assert size == d * sum(min(n + d, 1000 + d) for n in allocated) >= exact, (d, bs)
+            got = nfm.full_mask(tree, seq_lens, None, d, size)
+            assert got.numel() == size
+            assert torch.equal(got[:exact], stock_full_mask(tree, mask, lens, d)), (d, bs)
+            # With the host lengths the size is stock's exact one.
+            batch.seq_lens_cpu = seq_lens_cpu
+            assert nfm.mask_size(batch, d) == exact
+    # The cap: a request at the context length (its allocation past it) is sized at context + D.
+    batch = types.SimpleNamespace(reqs=_reqs([1000 + 4 + 12]), seq_lens_cpu=None, req_to_token_pool=_pool(1000, 4))
+    assert nfm.mask_size(batch, 4) == 4 * (1000 + 4)
+    # Neither host lengths nor allocations: no size.
+    assert nfm.mask_size(types.SimpleNamespace(reqs=[object()], seq_lens_cpu=None), 4) is None
+
+
+def test_fits_without_host_lengths():
+    """The kernel takes a batch without host lengths when the allocation bounds it; where the kernel
+    cannot run, stock's loop needs the host lengths, which fits reads (stock's one wait)."""
+    seq_lens = torch.tensor([5, 9])
+    tree = torch.zeros(8, dtype=torch.bool)
+    batch = types.SimpleNamespace(reqs=_reqs([9, 13]), seq_lens=seq_lens, seq_lens_cpu=None)
+    assert nfm.fits(batch, tree) and batch.seq_lens_cpu is None
+    assert not nfm.fits(batch, tree.to(torch.uint8))
+    assert batch.seq_lens_cpu is not None and batch.seq_lens_cpu.device.type == "cpu"
+    assert batch.seq_lens_cpu.tolist() == [5, 9]
+    bare = types.SimpleNamespace(reqs=[object(), object()], seq_lens=seq_lens, seq_lens_cpu=None)
+    assert not nfm.fits(bare, tree) and bare.seq_lens_cpu.tolist() == [5, 9]
+
+
+def test_recompiled_prepare_without_host_lengths_hands_verify_stocks_mask_in_a_bound_sized_tensor(
+        ngram_worker, monkeypatch):
+    from sglang.srt.mem_cache import allocation_sizing
+
+    monkeypatch.setattr(allocation_sizing, "get_req_to_token_extra_context_len", lambda: 12)
+    w = ngram_worker
+    original = getattr(w.NGRAMWorker._prepare_for_speculative_decoding, "__wrapped__",
+                       w.NGRAMWorker._prepare_for_speculative_decoding)
+    d, bs = 8, 3
+    self, batch, seen, (tree, mask, lens) = _fake_worker(w, monkeypatch, d, bs, [40, 700, 17], seed=3)
+    stock_batch = types.SimpleNamespace(**vars(batch))
+    original(self, stock_batch)
+    stock = seen[-1]["custom_mask"]
+    batch.seq_lens_cpu = None
+    batch.reqs = _reqs([40 + 2 * d, 700 + d, 17 + 3 * d])
+    batch.req_to_token_pool = _pool(4096, d)
+    nfm.edited(original)(self, batch)
+    plugin = seen[-1]["custom_mask"]
+    assert batch.seq_lens_cpu is None  # nothing read the device lengths back
+    assert plugin.numel() == d * (40 + 2 * d + 700 + d + 17 + 3 * d + 3 * d) > stock.numel()
+    assert torch.equal(plugin[: stock.numel()], stock)

@@ -1,7 +1,7 @@
 """Slot ``ngram_device_draft`` (not registered yet): NGRAM's draft proposed on the device, from
-each request's own token history, inside the step. The host still waits once per step for step N-1
-(``resolve_seq_lens_cpu``, below); what goes is the host work after that wait (the accepted-token
-reads, ``batch_get``, the two H2D copies, ``batch_put``).
+each request's own token history, inside the step. What goes is the host work after step N-1 (the
+accepted-token reads, ``batch_get``, the two H2D copies, ``batch_put``) and, on triton, the per-step
+wait for step N-1 itself (``resolve_seq_lens_cpu``, below); FlashInfer keeps that wait.
 
 Stock SGLang 0.5.23 (``speculative/ngram_worker.py``), every NGRAM decode step: the host drafts
 (``NGRAMWorker._prepare_draft_tokens``: each request's last ``max_trie_depth`` tokens, with step
@@ -44,19 +44,24 @@ servers with an external SAM corpus, and CPU tensors outside the Triton interpre
 host path unchanged. Greedy outputs are identical to stock up to verify numerics; the e2e token
 comparison is the gate, and it has not run.
 
-Not removed: the per-step host wait. Under overlap the step still blocks in
-``FutureMap.resolve_seq_lens_cpu`` (``Scheduler.run_batch``), the point where stock's accepted-token
-``.cpu()`` also ends up waiting, because NGRAM forces ``needs_cpu_seq_lens``
-(``decide_needs_cpu_seq_lens``) and the full verify mask is sized from ``seq_lens_cpu``; removing
-it is the second half of the design doc. The saving is only the host work after the wait.
+The per-step host wait: under overlap stock blocks in ``FutureMap.resolve_seq_lens_cpu``
+(``Scheduler.run_batch``), the point where its accepted-token ``.cpu()`` also ends up waiting,
+because NGRAM forces ``needs_cpu_seq_lens`` (``decide_needs_cpu_seq_lens``) only to size the full
+verify mask from ``seq_lens_cpu``. With this slot ``ngram_full_mask`` sizes it without them (an upper
+bound from the host allocation, ``ngram_full_mask.mask_size``), so the hook on
+``decide_needs_cpu_seq_lens`` lets the attention backends answer: triton publishes no host lengths
+and the step no longer waits for step N-1 on the host; FlashInfer (its plans read them) and two-batch
+overlap keep the wait, and there the saving is only the host work after it. A batch left to SGLang's
+host draft then reads step N-1's tokens back itself (stock's blocking ``.cpu()``). Built and tested on
+the CPU; not run on a GPU yet (that the overlap step then runs ahead is for the NGRAM e2e to show).
 
 Not registered (``slots/__init__.py``) until its GPU tests and an NGRAM e2e pass. It requires
 ``ngram_full_mask``: both edit ``_prepare_for_speculative_decoding`` as parts of one
 ``edit_sites.NGRAM_PREPARE_SITE``, and the full mask is that slot's kernel over the device tree. It
 conflicts with ``ngram_late_wait``. Hook targets, when registered: ``_prepare_for_speculative_decoding``
 (AROUND, the site's variant with both parts' snippets), ``forward_batch_generation`` (AROUND:
-prompt write before, accepted-token append after) and ``_update_ngram_corpus`` (AROUND: skipped
-after a device draft).
+prompt write before, accepted-token append after), ``_update_ngram_corpus`` (AROUND: skipped
+after a device draft) and ``overlap_utils.decide_needs_cpu_seq_lens`` (AROUND, scheduler init).
 """
 
 from __future__ import annotations
@@ -82,6 +87,8 @@ FORWARD = f"{NGRAM_WORKER}.forward_batch_generation"
 FORWARD_SHA = "62a0fa9f388804a7"
 UPDATE = f"{NGRAM_WORKER}._update_ngram_corpus"
 UPDATE_SHA = "cce66c7d693fa47d"
+DECIDE = "sglang.srt.managers.overlap_utils.decide_needs_cpu_seq_lens"
+DECIDE_SHA = "7dc8e698341bcb8c"  # its rule is restated in decide_hook: pin it
 # SGLang code whose layout the chain restates: the trie result's tree (fillResult, C++, read in
 # tests/test_ngram_device_draft.py against a real corpus) and the verify indices derived from it.
 RECONSTRUCT = ("sglang.kernels.ops.speculative.reconstruct_tree._reconstruct_tree_mask_kernel", "6815dc66e045b46d")
@@ -320,8 +327,8 @@ def stock_reason(worker, batch) -> str | None:
         return "multimodal"  # the history holds image pad values, past the vocabulary
     if not (worker.tree_mask.is_cuda or _INTERPRET) or worker.tree_mask.dtype != torch.bool:
         return "not a CUDA bool tree mask"
-    if batch.seq_lens_cpu is None:  # the full mask's size
-        return "no host seq lens"
+    if batch.seq_lens_cpu is None and ngram_full_mask.mask_size(batch, worker.draft_token_num) is None:
+        return "no host seq lens"  # nor the allocation bound that sizes the full mask without them
     if getattr(worker.ngram_corpus, "_corpus_token_counts", None):
         return "external corpus"
     index = batch.req_pool_indices_cpu
@@ -415,6 +422,19 @@ def update_hook(original, self, batch):
     return original(self, batch)
 
 
+def decide_hook(original, attn_backends):
+    """Around ``overlap_utils.decide_needs_cpu_seq_lens`` (scheduler init): SGLang forces the host
+    lengths for NGRAM only to size its full mask (``USE_FULL_MASK``), which ``ngram_full_mask`` sizes
+    from the host allocation when they are absent, so the backends' own answer stands: none for triton
+    (no per-step seq-lens wait; the overlap step runs ahead), FlashInfer and TBO still need them."""
+    from sglang.srt.managers import overlap_utils
+
+    needs = original(attn_backends)
+    if not needs or overlap_utils.get_exec().overlap.enable_two_batch_overlap:
+        return needs
+    return any(getattr(b, "needs_cpu_seq_lens", True) for b in attn_backends if b is not None)
+
+
 def check_pins() -> str | None:
     """The edit applies to the installed SGLang, and SGLang's derivation of the verify indices
     from a tree mask (what the chain restates) is the one the chain was written against. Read from
@@ -434,8 +454,8 @@ SLOT = Slot(
     kind=SlotKind.OWNED,
     origin="hostsync (NGRAM draft on the device; vLLM's GPU n-gram proposer, vllm#29184)",
     summary="NGRAM's draft as a prompt-lookup chain proposed on the device from a device token history, "
-            "inside the step: no trie lookup, accepted-token reads or draft copies after the per-step "
-            "seq-lens wait (which stays); greedy ids identical up to verify numerics, acceptance may drop",
+            "inside the step: no trie lookup, accepted-token reads or draft copies, and on triton no per-step "
+            "seq-lens wait (FlashInfer keeps it); greedy ids identical up to verify numerics, acceptance may drop",
     default=False,
     requires=(ngram_full_mask.NAME,),  # its part of the site builds the full mask from the device tree
     conflicts=tuple(CONFLICTS),
@@ -447,5 +467,6 @@ SLOT = Slot(
         HookTarget(FORWARD, TargetKind.FUNCTION, hook=forward_hook,
                    params=("self", "batch", "on_publish", "pp_proxy_tensors"), source_sha=FORWARD_SHA),
         HookTarget(UPDATE, TargetKind.FUNCTION, hook=update_hook, params=("self", "batch"), source_sha=UPDATE_SHA),
+        HookTarget(DECIDE, TargetKind.FUNCTION, hook=decide_hook, params=("attn_backends",), source_sha=DECIDE_SHA),
     ),
 )

@@ -54,7 +54,8 @@ LOOP_EDIT = (
     "            tree_mask = []\n",
     "        if USE_FULL_MASK and not _is_cpu and ones_masks is None:\n"
     "            tree_mask = _hostsync_full_mask(\n"
-    "                tree_mask, batch.seq_lens, batch.seq_lens_cpu, self.draft_token_num\n"
+    "                tree_mask, batch.seq_lens, batch.seq_lens_cpu, self.draft_token_num,\n"
+    "                _hostsync_full_mask_size(batch, self.draft_token_num),\n"
     "            )\n"
     "        elif USE_FULL_MASK and not _is_cpu:\n"
     "            tree_mask = []\n",
@@ -80,31 +81,68 @@ def _full_mask_kernel(tree_ptr, seq_lens_ptr, out_ptr, total, D: tl.constexpr, B
         tl.store(out_ptr + dst, (cols < length) | (tree != 0), mask=in_row & (dst < total))
 
 
+def _allocated_lens(batch) -> list[int] | None:
+    """Each request's ``kv.kv_allocated_len``: SGLang's spec-v2 decode allocation (``eagle_prepare_for_decode``,
+    before this prep) covers the verify's KV writes at ``[L_i, L_i + D)``, so it bounds ``L_i + D``."""
+    lens = []
+    for req in batch.reqs:
+        kv = getattr(req, "kv", None)
+        if kv is None or not isinstance(getattr(kv, "kv_allocated_len", None), int):
+            return None
+        lens.append(kv.kv_allocated_len)
+    return lens
+
+
+def mask_size(batch, num_draft: int) -> int | None:
+    """Cells of the full mask. With host lengths, stock's exact ``D * sum(L_i + D)``. Without them (a
+    scheduler that publishes none: ``ngram_device_draft`` lets triton NGRAM servers skip the per-step
+    seq-lens wait), an upper bound from the host allocation, each request capped at the model's context
+    length plus ``D`` (the most any row holds; the triton verify buffer is sized so). Cells past the
+    real total are never read: the verify attention reads the mask by offsets from the device lengths."""
+    bs = len(batch.reqs)
+    if batch.seq_lens_cpu is not None:
+        return num_draft * (int(batch.seq_lens_cpu[:bs].sum()) + bs * num_draft)
+    lens = _allocated_lens(batch)
+    if lens is None:
+        return None
+    from sglang.srt.mem_cache.allocation_sizing import get_req_to_token_extra_context_len
+
+    cap = batch.req_to_token_pool.req_to_token.shape[1] - get_req_to_token_extra_context_len() + num_draft
+    # kv_allocated_len already covers L_i + D; the extra D is margin against an allocation that lags.
+    return num_draft * sum(min(n + num_draft, cap) for n in lens)
+
+
 def fits(batch, tree_mask: torch.Tensor) -> bool:
     """Whether the kernel builds this batch's mask; where not, stock's loop reads the host lengths
-    before the draft prep, so a wait ``ngram_late_wait`` deferred to the draft prep is taken first."""
+    before the draft prep, so a wait ``ngram_late_wait`` deferred to the draft prep is taken first, and
+    lengths a scheduler did not publish are read here (one blocking read, stock's wait)."""
     seq_lens = batch.seq_lens
-    ok = (len(batch.reqs) > 0 and batch.seq_lens_cpu is not None and tree_mask.dtype == torch.bool
-          and isinstance(seq_lens, torch.Tensor) and seq_lens.device == tree_mask.device
-          and (tree_mask.is_cuda or _INTERPRET))
+    ok = (len(batch.reqs) > 0 and (batch.seq_lens_cpu is not None or _allocated_lens(batch) is not None)
+          and tree_mask.dtype == torch.bool and isinstance(seq_lens, torch.Tensor)
+          and seq_lens.device == tree_mask.device and (tree_mask.is_cuda or _INTERPRET))
     if not ok:
         from . import ngram_late_wait  # it imports this module
 
         ngram_late_wait.finish()
+        if batch.seq_lens_cpu is None and isinstance(seq_lens, torch.Tensor):
+            batch.seq_lens_cpu = seq_lens.cpu()
     return ok
 
 
-def full_mask(tree_mask: torch.Tensor, seq_lens: torch.Tensor, seq_lens_cpu, num_draft: int) -> torch.Tensor:
-    """Stock's ``torch.cat([cat((ones(D, L_i), mask_i), 1).to(bool).flatten() for i])``."""
+def full_mask(tree_mask: torch.Tensor, seq_lens: torch.Tensor, seq_lens_cpu, num_draft: int,
+              total: int | None = None) -> torch.Tensor:
+    """Stock's ``torch.cat([cat((ones(D, L_i), mask_i), 1).to(bool).flatten() for i])``, in a tensor of
+    ``total`` cells (``mask_size``; stock's exact size from ``seq_lens_cpu`` when not given)."""
     bs = seq_lens.shape[0]
-    total = num_draft * (int(seq_lens_cpu[:bs].sum()) + bs * num_draft)
+    if total is None:
+        total = num_draft * (int(seq_lens_cpu[:bs].sum()) + bs * num_draft)
     out = torch.empty(total, dtype=torch.bool, device=tree_mask.device)
     _full_mask_kernel[(bs, num_draft)](tree_mask, seq_lens, out, total, D=num_draft, BLOCK=BLOCK, num_warps=4)
     return out
 
 
 def _bind():
-    return {"_hostsync_full_mask": full_mask, "_hostsync_full_mask_fits": fits}
+    return {"_hostsync_full_mask": full_mask, "_hostsync_full_mask_fits": fits, "_hostsync_full_mask_size": mask_size}
 
 
 PREPARE_ONCE = NGRAM_PREPARE_SITE.edit(NAME, (ONES_EDIT, LOOP_EDIT), _bind)
