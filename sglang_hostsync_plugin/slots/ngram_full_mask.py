@@ -13,8 +13,9 @@ With the slot the same 1-D bool tensor comes from one kernel, one program per (r
 row): columns below the request's length are True, the rest are the device tree mask's row. The
 flat layout is stock's: request ``i`` starts at ``D * sum_{j<i}(seq_len_j + D)``, computed on the
 device from ``batch.seq_lens`` (the lengths SGLang's verify attention and
-``reconstruct_indices_from_tree_mask`` read); its size from ``seq_lens_cpu`` as stock's shapes,
-and no write lands past it. The values are stock's: ``torch.cat((ones, mask)).to(bool)`` is True
+``reconstruct_indices_from_tree_mask`` read); its size from ``seq_lens_cpu`` as stock's shapes
+(without host lengths, which only ``ngram_device_draft``'s servers lack, an upper bound from the host
+allocation: ``mask_size``), and no write lands past it. The values are stock's: ``torch.cat((ones, mask)).to(bool)`` is True
 exactly where the tree mask is nonzero, as the device copy of the mask is. Anything else (no
 CUDA tensor outside the Triton interpreter, an empty batch, no ``seq_lens_cpu``, a tree-mask
 buffer not bool) runs SGLang's loop.
