@@ -16,6 +16,9 @@
 #   CALL=5 bash scripts/device_pending.sh   # FlashInfer topk 1 / 4 page 16: stock, `none` and `default` unaudited,
 #                                           # `default,-event_ring`, auto: what `default`'s 1-3% below stock at
 #                                           # topk 1 is (2026-12-06-h100-final), and topk 4's auto row
+#   CALL=6 bash scripts/device_pending.sh   # the two unregistered slots' GPU tests whole, each with its real
+#                                           # server (ngram_device_draft incl. part 2 on triton NGRAM; the
+#                                           # certified plan's FlashInfer topk-1 e2e): what registering them waits on
 # Calls 1-3 ran on 2026-12-06 (benchmarks/results/2026-12-06-h100-final/; call 1's topk-4 half and call 3's
 # certified-plan e2e were cut by their limits).
 # The device tool: carry [".device-bundle-fi"], timeout 590, and start the next call within the
@@ -51,6 +54,9 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
 --arms stock --slots none,-audit --slots default,-audit --slots default,-event_ring,-audit --slots auto,-audit \
 --concurrency 1 8 --rounds 6 --requests 2 --max-new-tokens 64 --traffic-requests 48 --traffic-aborts 8 \
 --server-arg=--disable-prefill-cuda-graph --ready-timeout 300 --time-budget 520" bash scripts/device_call.sh ;;
+  6)
+    NAME=drafts2 GPU_TESTS="tests/test_gpu_ngram_device_draft.py tests/test_gpu_flashinfer_certified_plan.py" \
+      TESTS_TIMEOUT=560 bash scripts/device_call.sh ;;
   *)
-    sed -n '2,23p' "$0"; exit 2 ;;
+    sed -n '2,26p' "$0"; exit 2 ;;
 esac

@@ -183,3 +183,24 @@ def free_port_base(count: int) -> int:
             for s in socks:
                 s.close()
     raise RuntimeError(f"no {count} consecutive free ports in {PORT_LO}-{PORT_HI}")
+
+
+def write_slot_dist(root, module: str, dist: str) -> str:
+    """A package under ``root`` that registers ``sglang_hostsync_plugin.slots.<module>.SLOT`` through the
+    third-party slot entry-point group (``registry.SLOT_ENTRY_POINT_GROUP``): a slot not yet in the
+    catalogue, for a test's subprocesses and servers. Put ``root`` on ``PYTHONPATH``; returns it."""
+    files = {
+        f"{dist}.py": ("from sglang_hostsync_plugin.hookspecs import hookimpl\n"
+                       f"from sglang_hostsync_plugin.slots.{module} import SLOT\n\n\n"
+                       "@hookimpl\n"
+                       "def hostsync_slots():\n"
+                       "    return [SLOT]\n"),
+        f"{dist}-0.1.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {dist.replace('_', '-')}\nVersion: 0.1\n",
+        f"{dist}-0.1.dist-info/entry_points.txt": f"[sglang_hostsync.slots]\n{module} = {dist}\n",
+    }
+    for rel, text in files.items():
+        path = os.path.join(str(root), rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+    return str(root)

@@ -77,27 +77,10 @@ def _fresh_engine(monkeypatch):
 # ---------------------------------------------------------------------------
 # The slot through the third-party entry-point group (registry.SLOT_ENTRY_POINT_GROUP): a package that
 # returns the module's SLOT. Put the folder write_cert_dist wrote on PYTHONPATH (tests/test_gpu_...: the e2e).
-CERT_DIST = {
-    "hostsync_cert_slot.py": (
-        "from sglang_hostsync_plugin.hookspecs import hookimpl\n"
-        "from sglang_hostsync_plugin.slots.flashinfer_certified_plan import SLOT\n\n\n"
-        "@hookimpl\n"
-        "def hostsync_slots():\n"
-        "    return [SLOT]\n"),
-    "hostsync_cert_slot-0.1.dist-info/METADATA": "Metadata-Version: 2.1\nName: hostsync-cert-slot\nVersion: 0.1\n",
-    "hostsync_cert_slot-0.1.dist-info/entry_points.txt": "[sglang_hostsync.slots]\ncert = hostsync_cert_slot\n",
-}
-
-
 def write_cert_dist(root) -> str:
-    import os
+    from helpers import write_slot_dist
 
-    for rel, text in CERT_DIST.items():
-        path = os.path.join(str(root), rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as f:
-            f.write(text)
-    return str(root)
+    return write_slot_dist(root, "flashinfer_certified_plan", "hostsync_cert_slot")
 
 
 def test_not_registered_opt_in_requires_the_plan_guard_and_checks():

@@ -7,9 +7,22 @@ input as stock fed the same chain (the device path without a host sync). It prin
 kernel's GPU time per call. Not a real NGRAM server step: the slot has no registered hooks yet
 (docs/ngram-device-draft.md).
 
+Then a real NGRAM server (the e2e: ``ngram-p1`` on triton, random-weight checkpoints, real acceptance)
+with ``default,ngram_full_mask,ngram_device_draft`` against stock and against ``default,ngram_full_mask``:
+the real-traffic mix identical to stock one at a time and clean under concurrent clients with aborts,
+the slot applied, and the audit's syncs per step at c1 below the base arm's (part 2: no per-step
+seq-lens wait on triton); accept length and run-ahead are printed. The slot is not in the catalogue:
+the e2e and its servers get it through an entry-point package on ``PYTHONPATH``
+(``helpers.write_slot_dist``). ``HOSTSYNC_NGRAM_E2E_DIR``: check an e2e output directory made by the
+same command instead of starting the servers here.
+
 Skipped without CUDA (CI); run by scripts/gpu_run.sh."""
 
+import json
+import os
 import random
+import subprocess
+import sys
 import time
 
 import pytest
@@ -153,3 +166,64 @@ def test_draft_time_per_call():
         torch.cuda.synchronize()
         print(f"ngram_device_draft: bs {bs} length {length}: GPU {start.elapsed_time(end) / 20 * 1e3:.1f} us, "
               f"host {host:.1f} us per call (max_n 18, D 12, random tokens)")
+
+
+# ---------------------------------------------------------------------------
+# A real NGRAM server
+# ---------------------------------------------------------------------------
+CONFIG = "ngram-p1"
+BASE_SPEC = "default,ngram_full_mask"
+DEV_SPEC = "default,ngram_full_mask,ngram_device_draft"
+
+
+@pytest.fixture(scope="module")
+def e2e(tmp_path_factory):
+    from helpers import write_slot_dist
+
+    path = os.environ.get("HOSTSYNC_NGRAM_E2E_DIR")
+    if not path:
+        path = os.path.join(os.environ.get("OUT", "/tmp"), "test_gpu_ngram_device_draft")
+        dist = write_slot_dist(tmp_path_factory.mktemp("ngram_dist"), "ngram_device_draft", "hostsync_ngram_slot")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (dist, os.environ.get("PYTHONPATH")) if p))
+        subprocess.run([sys.executable, "-m", "sglang_hostsync_plugin.e2e", "--configs", CONFIG, "--arms", "stock",
+                        "--slots", BASE_SPEC, "--slots", DEV_SPEC, "--concurrency", "1", "4", "--rounds", "2",
+                        "--traffic", "full", "--traffic-requests", "48", "--traffic-aborts", "8",
+                        "--server-arg=--disable-prefill-cuda-graph", "--out", path], env=env, timeout=2400,
+                       check=False)
+    with open(os.path.join(path, "e2e.json")) as f:
+        return json.load(f)
+
+
+def test_the_ngram_servers_started_and_the_slot_applied(e2e):
+    failed = {k: s.get("error") for k, s in e2e["servers"].items() if s.get("ready_s") is None}
+    assert not failed, failed
+    block = e2e["servers"][f"{CONFIG}/slots:{DEV_SPEC}"]["status_block"]
+    line = next(x for x in block if x.split()[:1] == [ndd.NAME])
+    assert line.split()[1] == "applied", line
+
+
+def test_the_real_traffic_mix_is_identical_to_stock_with_the_device_draft(e2e):
+    from sglang_hostsync_plugin.e2e.run import traffic_failures
+
+    t = e2e["traffic"][f"{CONFIG}/slots:{DEV_SPEC}"]
+    assert not t.get("errors"), t.get("errors")
+    assert t["sequential"]["identical"] and t["sequential"]["compared"] > 0, t["sequential"]
+    assert t["concurrent"]["completed"] > 0 and t["concurrent"]["aborted"] > 0, t["concurrent"]
+    assert t["tokens_after_drain"] == 0 and not t.get("log_problems"), t
+    bad = [b for b in traffic_failures(e2e) if b.startswith(CONFIG + "/") and "trie" not in b]
+    assert not bad, bad
+
+
+def test_the_device_draft_removes_the_per_step_wait(e2e):
+    cells = {(c["arm"], c["concurrency"]): c for c in e2e["cells"] if c["config"] == CONFIG}
+    for conc in (1, 4):
+        base, dev = cells.get((f"slots:{BASE_SPEC}", conc)), cells.get((f"slots:{DEV_SPEC}", conc))
+        assert base and dev and base["audit"] and dev["audit"], sorted(cells)
+        b, d = base["audit"], dev["audit"]
+        print(f"ngram c{conc}: syncs/step {b['syncs_per_step']:.3f} -> {d['syncs_per_step']:.3f}, run-ahead "
+              f"{b['run_ahead_fraction']:.3f} -> {d['run_ahead_fraction']:.3f}, accept length "
+              f"{base['accept_length']} -> {dev['accept_length']}, tok/s/user {base['tok_s_user_median']:.1f} -> "
+              f"{dev['tok_s_user_median']:.1f}")
+        assert b["steps"] > 50 and d["steps"] > 50
+        if conc == 1:
+            assert d["syncs_per_step"] < b["syncs_per_step"] - 0.5, (b["sync_sites"], d["sync_sites"])
