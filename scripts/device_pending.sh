@@ -19,6 +19,9 @@
 #   CALL=6 bash scripts/device_pending.sh   # the two unregistered slots' GPU tests whole, each with its real
 #                                           # server (ngram_device_draft incl. part 2 on triton NGRAM; the
 #                                           # certified plan's FlashInfer topk-1 e2e): what registering them waits on
+#   CALL=7 bash scripts/device_pending.sh   # issue 63's combined topk-1 set (eagle_step_graph + the eagle_host
+#                                           # slots that may run beside it) against each alone, EAGLE3 and
+#                                           # STANDALONE topk 1 page 16 triton, real-traffic pass first
 # Calls 1-3 ran on 2026-12-06 (benchmarks/results/2026-12-06-h100-final/; call 1's topk-4 half and call 3's
 # certified-plan e2e were cut by their limits).
 # The device tool: carry [".device-bundle-fi"], timeout 590, and start the next call within the
@@ -57,6 +60,12 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
   6)
     NAME=drafts2 GPU_TESTS="tests/test_gpu_ngram_device_draft.py tests/test_gpu_flashinfer_certified_plan.py" \
       TESTS_TIMEOUT=560 bash scripts/device_call.sh ;;
+  7)
+    COMBINED=default,eagle_step_graph,eagle_host,-metadata_glue_graph,-draft_extend_glue_graph,\
+-draft_decode_glue_graph,-draft_extend_topk_graph
+    NAME=t1set E2E_TIMEOUT=540 E2E_ARGS="--configs eagle3-t1-p16,standalone-t1-p16 --arms stock \
+--slots default,eagle_step_graph,-audit --slots $COMBINED,-audit --slots default,eagle_host,-audit $COMMON \
+--time-budget 520" bash scripts/device_call.sh ;;
   *)
-    sed -n '2,26p' "$0"; exit 2 ;;
+    sed -n '2,29p' "$0"; exit 2 ;;
 esac
