@@ -16,9 +16,9 @@
 #   CALL=5 bash scripts/device_pending.sh   # FlashInfer topk 1 / 4 page 16: stock, `none` and `default` unaudited,
 #                                           # `default,-event_ring`, auto: what `default`'s 1-3% below stock at
 #                                           # topk 1 is (2026-12-06-h100-final), and topk 4's auto row
-#   CALL=6 bash scripts/device_pending.sh   # the two unregistered slots' GPU tests whole, each with its real
-#                                           # server (ngram_device_draft incl. part 2 on triton NGRAM; the
-#                                           # certified plan's FlashInfer topk-1 e2e): what registering them waits on
+#   CALL=6 / CALL=6b bash scripts/device_pending.sh   # the unregistered slots' GPU tests whole, each with
+#                                           # its real server: 6 ngram_device_draft incl. part 2 (triton NGRAM),
+#                                           # 6b the certified plan's FlashInfer topk-1 e2e: what registering waits on
 #   CALL=7 bash scripts/device_pending.sh   # issue 63's combined topk-1 set (eagle_step_graph + the eagle_host
 #                                           # slots that may run beside it) against each alone, EAGLE3 and
 #                                           # STANDALONE topk 1 page 16 triton, real-traffic pass first
@@ -58,8 +58,10 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
 --concurrency 1 8 --rounds 6 --requests 2 --max-new-tokens 64 --traffic-requests 48 --traffic-aborts 8 \
 --server-arg=--disable-prefill-cuda-graph --ready-timeout 300 --time-budget 520" bash scripts/device_call.sh ;;
   6)
-    NAME=drafts2 GPU_TESTS="tests/test_gpu_ngram_device_draft.py tests/test_gpu_flashinfer_certified_plan.py" \
-      TESTS_TIMEOUT=560 bash scripts/device_call.sh ;;
+    NAME=ngram_draft GPU_TESTS="tests/test_gpu_ngram_device_draft.py" TESTS_TIMEOUT=560 bash scripts/device_call.sh ;;
+  6b)
+    NAME=cert_plan GPU_TESTS="tests/test_gpu_flashinfer_certified_plan.py" TESTS_TIMEOUT=560 \
+      bash scripts/device_call.sh ;;
   7)
     COMBINED=default,eagle_step_graph,eagle_host,-metadata_glue_graph,-draft_extend_glue_graph,\
 -draft_decode_glue_graph,-draft_extend_topk_graph

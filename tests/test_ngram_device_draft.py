@@ -658,21 +658,31 @@ def test_claims_keep_the_per_step_wait_and_numerics_caveat():
 
 def test_the_decide_hook_lets_the_backends_answer_for_ngram(monkeypatch):
     """SGLang forces host lengths for NGRAM (its full mask's size); with the device draft the mask is
-    sized from the allocation, so triton NGRAM publishes none (no per-step seq-lens wait), while a
-    backend that needs them, two-batch overlap, or another algorithm keeps SGLang's answer."""
+    sized from the allocation, so an all-triton NGRAM server publishes none (no per-step seq-lens wait),
+    while another backend, two-batch overlap, pipeline parallelism or forward-pass metrics (which read
+    them for NGRAM batches) keep SGLang's answer."""
+    from sglang.srt import runtime_context
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
     from sglang.srt.managers import overlap_utils
 
-    tbo = [False]
+    on = {"tbo": False, "pp": 1, "fpm": False}
     monkeypatch.setattr(overlap_utils, "get_exec", lambda: types.SimpleNamespace(
-        overlap=types.SimpleNamespace(enable_two_batch_overlap=tbo[0])))
-    triton, flashinfer = types.SimpleNamespace(needs_cpu_seq_lens=False), types.SimpleNamespace(needs_cpu_seq_lens=True)
+        overlap=types.SimpleNamespace(enable_two_batch_overlap=on["tbo"])))
+    monkeypatch.setattr(runtime_context, "get_parallel", lambda: types.SimpleNamespace(pp_size=on["pp"]))
+    monkeypatch.setattr(runtime_context, "get_observability", lambda: types.SimpleNamespace(
+        enable_forward_pass_metrics=on["fpm"]))
+    triton = TritonAttnBackend.__new__(TritonAttnBackend)  # its class declares needs_cpu_seq_lens False
+    other = types.SimpleNamespace(needs_cpu_seq_lens=False)  # another backend that opts out (fa3, ...)
     ngram = lambda backends: True  # SGLang's answer for NGRAM  # noqa: E731
+    assert not triton.needs_cpu_seq_lens
     assert ndd.decide_hook(ngram, [triton, None, triton]) is False
-    assert ndd.decide_hook(ngram, [triton, flashinfer]) is True
-    assert ndd.decide_hook(ngram, [triton, object()]) is True  # a backend that does not say: SGLang's default
-    assert ndd.decide_hook(lambda b: False, [flashinfer]) is False  # never adds a need
-    tbo[0] = True
-    assert ndd.decide_hook(ngram, [triton]) is True
+    assert ndd.decide_hook(ngram, [triton, other]) is True
+    assert ndd.decide_hook(ngram, [None]) is True
+    assert ndd.decide_hook(lambda b: False, [types.SimpleNamespace(needs_cpu_seq_lens=True)]) is False  # adds none
+    for key, value in (("tbo", True), ("pp", 2), ("fpm", True)):
+        on[key] = value
+        assert ndd.decide_hook(ngram, [triton]) is True, key
+        on[key] = {"tbo": False, "pp": 1, "fpm": False}[key]
     # The rule it restates is SGLang's (pinned): TBO forced, NGRAM forced, else the OR over the backends.
     from sglang_hostsync_plugin.checks import source_sha
 
@@ -681,10 +691,7 @@ def test_the_decide_hook_lets_the_backends_answer_for_ngram(monkeypatch):
 
 
 def test_the_device_draft_takes_a_batch_without_host_lengths_where_the_allocation_sizes_the_mask(
-        ngram_worker, monkeypatch):
-    from sglang.srt.mem_cache import allocation_sizing
-
-    monkeypatch.setattr(allocation_sizing, "get_req_to_token_extra_context_len", lambda: 12)
+        ngram_worker):
     w = ngram_worker
     original = getattr(w.NGRAMWorker._prepare_for_speculative_decoding, "__wrapped__",
                        w.NGRAMWorker._prepare_for_speculative_decoding)

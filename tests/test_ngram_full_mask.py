@@ -315,19 +315,20 @@ def _reqs(allocated):
     return [types.SimpleNamespace(kv=types.SimpleNamespace(kv_allocated_len=n)) for n in allocated]
 
 
-def _pool(context_len, d):
-    from sglang.srt.mem_cache.allocation_sizing import get_req_to_token_extra_context_len
-
-    return types.SimpleNamespace(req_to_token=torch.zeros((2, context_len + get_req_to_token_extra_context_len())))
+def _pool(row_width):
+    return types.SimpleNamespace(req_to_token=torch.zeros((2, row_width)))
 
 
-def test_without_host_lengths_the_mask_is_sized_from_the_allocation_and_its_prefix_is_stocks(monkeypatch):
-    """A scheduler that publishes no host lengths (ngram_device_draft's triton NGRAM servers): the size is
-    D * sum(kv_allocated_len + D), each capped at context + D, never below stock's exact D * sum(L_i + D), and
-    the kernel writes stock's mask into its first cells (the verify reads it by device offsets)."""
-    from sglang.srt.mem_cache import allocation_sizing
+def _worker_with_verify_buffer(cells):
+    buffer = types.SimpleNamespace(buffer=torch.zeros(cells, dtype=torch.uint8))
+    return types.SimpleNamespace(model_runner=types.SimpleNamespace(attn_backend=types.SimpleNamespace(
+        verify_mask=buffer)))
 
-    monkeypatch.setattr(allocation_sizing, "get_req_to_token_extra_context_len", lambda: 12)
+
+def test_without_host_lengths_the_mask_is_sized_from_the_allocation_and_its_prefix_is_stocks():
+    """A scheduler that publishes no host lengths (ngram_device_draft's triton NGRAM servers): the size
+    comes from the allocation (kv_allocated_len covers L_i + D), never below stock's exact D * sum(L_i + D),
+    and the kernel writes stock's mask into its first cells (the verify reads it by device offsets)."""
     rng = random.Random(7)
     for d in (1, 4, 8):
         for bs in (1, 3, 6):
@@ -335,21 +336,40 @@ def test_without_host_lengths_the_mask_is_sized_from_the_allocation_and_its_pref
             tree, mask, seq_lens, seq_lens_cpu = _case(rng, bs, d, lens)
             allocated = [n + d + rng.randrange(0, 3 * d) for n in lens]  # covers L_i + D, as SGLang allocates
             batch = types.SimpleNamespace(reqs=_reqs(allocated), seq_lens=seq_lens, seq_lens_cpu=None,
-                                          req_to_token_pool=_pool(1000, d))
+                                          req_to_token_pool=_pool(1000 + 4 + d))
             exact = d * (sum(lens) + bs * d)
             size = nfm.mask_size(batch, d)
-            assert size == d * sum(min(n + d, 1000 + d) for n in allocated) >= exact, (d, bs)
+            assert size >= exact and batch.seq_lens_cpu is None, (d, bs)
             got = nfm.full_mask(tree, seq_lens, None, d, size)
             assert got.numel() == size
             assert torch.equal(got[:exact], stock_full_mask(tree, mask, lens, d)), (d, bs)
             # With the host lengths the size is stock's exact one.
             batch.seq_lens_cpu = seq_lens_cpu
             assert nfm.mask_size(batch, d) == exact
-    # The cap: a request at the context length (its allocation past it) is sized at context + D.
-    batch = types.SimpleNamespace(reqs=_reqs([1000 + 4 + 12]), seq_lens_cpu=None, req_to_token_pool=_pool(1000, 4))
-    assert nfm.mask_size(batch, 4) == 4 * (1000 + 4)
+    # A request at the context limit: SGLang lets L reach context - 4 + D (its last overlap step), with
+    # the allocation at the row's end (row = context + extra); the size still covers L + D.
+    d, context, extra = 8, 1000, 12
+    length = context - 4 + d
+    batch = types.SimpleNamespace(reqs=_reqs([context + extra]), seq_lens=torch.tensor([length]), seq_lens_cpu=None,
+                                  req_to_token_pool=_pool(context + extra))
+    assert nfm.mask_size(batch, d) >= d * (length + d)
     # Neither host lengths nor allocations: no size.
     assert nfm.mask_size(types.SimpleNamespace(reqs=[object()], seq_lens_cpu=None), 4) is None
+
+
+def test_a_bound_past_the_verify_buffer_reads_the_host_lengths():
+    """The graph replay copies the mask into the backend's verify buffer: a bound larger than it (requests
+    near the context length) takes the host lengths (stock's one wait) and stock's exact size."""
+    d, lens = 4, [300, 20]
+    batch = types.SimpleNamespace(reqs=_reqs([n + 3 * d for n in lens]), seq_lens=torch.tensor(lens),
+                                  seq_lens_cpu=None, req_to_token_pool=_pool(4096))
+    bound = nfm.mask_size(batch, d)
+    assert batch.seq_lens_cpu is None
+    assert nfm.mask_size(batch, d, _worker_with_verify_buffer(bound)) == bound and batch.seq_lens_cpu is None
+    assert nfm.mask_size(batch, d, _worker_with_verify_buffer(bound - 1)) == d * (sum(lens) + 2 * d)
+    assert batch.seq_lens_cpu.tolist() == lens
+    assert nfm.verify_buffer_cells(types.SimpleNamespace(model_runner=types.SimpleNamespace(
+        attn_backend=types.SimpleNamespace(verify_mask=None)))) is None
 
 
 def test_fits_without_host_lengths():
@@ -368,9 +388,6 @@ def test_fits_without_host_lengths():
 
 def test_recompiled_prepare_without_host_lengths_hands_verify_stocks_mask_in_a_bound_sized_tensor(
         ngram_worker, monkeypatch):
-    from sglang.srt.mem_cache import allocation_sizing
-
-    monkeypatch.setattr(allocation_sizing, "get_req_to_token_extra_context_len", lambda: 12)
     w = ngram_worker
     original = getattr(w.NGRAMWorker._prepare_for_speculative_decoding, "__wrapped__",
                        w.NGRAMWorker._prepare_for_speculative_decoding)
@@ -381,7 +398,7 @@ def test_recompiled_prepare_without_host_lengths_hands_verify_stocks_mask_in_a_b
     stock = seen[-1]["custom_mask"]
     batch.seq_lens_cpu = None
     batch.reqs = _reqs([40 + 2 * d, 700 + d, 17 + 3 * d])
-    batch.req_to_token_pool = _pool(4096, d)
+    batch.req_to_token_pool = _pool(4096)
     nfm.edited(original)(self, batch)
     plugin = seen[-1]["custom_mask"]
     assert batch.seq_lens_cpu is None  # nothing read the device lengths back

@@ -50,8 +50,8 @@ because NGRAM forces ``needs_cpu_seq_lens`` (``decide_needs_cpu_seq_lens``) only
 verify mask from ``seq_lens_cpu``. With this slot ``ngram_full_mask`` sizes it without them (an upper
 bound from the host allocation, ``ngram_full_mask.mask_size``), so the hook on
 ``decide_needs_cpu_seq_lens`` lets the attention backends answer: triton publishes no host lengths
-and the step no longer waits for step N-1 on the host; FlashInfer (its plans read them) and two-batch
-overlap keep the wait, and there the saving is only the host work after it. A batch left to SGLang's
+and the step no longer waits for step N-1 on the host; FlashInfer (its plans read them), other backends,
+two-batch overlap, pipeline parallelism and forward-pass metrics keep the wait, and there the saving is only the host work after it. A batch left to SGLang's
 host draft then reads step N-1's tokens back itself (stock's blocking ``.cpu()``). Built and tested on
 the CPU; not run on a GPU yet (that the overlap step then runs ahead is for the NGRAM e2e to show).
 
@@ -327,7 +327,7 @@ def stock_reason(worker, batch) -> str | None:
         return "multimodal"  # the history holds image pad values, past the vocabulary
     if not (worker.tree_mask.is_cuda or _INTERPRET) or worker.tree_mask.dtype != torch.bool:
         return "not a CUDA bool tree mask"
-    if batch.seq_lens_cpu is None and ngram_full_mask.mask_size(batch, worker.draft_token_num) is None:
+    if batch.seq_lens_cpu is None and ngram_full_mask.allocated_lens(batch) is None:
         return "no host seq lens"  # nor the allocation bound that sizes the full mask without them
     if getattr(worker.ngram_corpus, "_corpus_token_counts", None):
         return "external corpus"
@@ -425,14 +425,23 @@ def update_hook(original, self, batch):
 def decide_hook(original, attn_backends):
     """Around ``overlap_utils.decide_needs_cpu_seq_lens`` (scheduler init): SGLang forces the host
     lengths for NGRAM only to size its full mask (``USE_FULL_MASK``), which ``ngram_full_mask`` sizes
-    from the host allocation when they are absent, so the backends' own answer stands: none for triton
-    (no per-step seq-lens wait; the overlap step runs ahead), FlashInfer and TBO still need them."""
+    from the host allocation when they are absent. Where every attention backend is triton (it reads
+    the mask by offsets from the device lengths and declares it needs no host lengths), none are
+    published: no per-step seq-lens wait, the overlap step runs ahead. Everything else keeps SGLang's
+    answer: other backends, two-batch overlap, pipeline parallelism (its relay needs them) and
+    forward-pass metrics (SGLang's per-request metrics read them for NGRAM batches)."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
     from sglang.srt.managers import overlap_utils
+    from sglang.srt.runtime_context import get_observability, get_parallel
 
     needs = original(attn_backends)
-    if not needs or overlap_utils.get_exec().overlap.enable_two_batch_overlap:
+    backends = [b for b in attn_backends if b is not None]
+    if (not needs or overlap_utils.get_exec().overlap.enable_two_batch_overlap or get_parallel().pp_size > 1
+            or get_observability().enable_forward_pass_metrics or not backends):
         return needs
-    return any(getattr(b, "needs_cpu_seq_lens", True) for b in attn_backends if b is not None)
+    if all(isinstance(b, TritonAttnBackend) and not b.needs_cpu_seq_lens for b in backends):
+        return False
+    return needs
 
 
 def check_pins() -> str | None:

@@ -56,7 +56,7 @@ LOOP_EDIT = (
     "        if USE_FULL_MASK and not _is_cpu and ones_masks is None:\n"
     "            tree_mask = _hostsync_full_mask(\n"
     "                tree_mask, batch.seq_lens, batch.seq_lens_cpu, self.draft_token_num,\n"
-    "                _hostsync_full_mask_size(batch, self.draft_token_num),\n"
+    "                _hostsync_full_mask_size(batch, self.draft_token_num, self),\n"
     "            )\n"
     "        elif USE_FULL_MASK and not _is_cpu:\n"
     "            tree_mask = []\n",
@@ -82,7 +82,7 @@ def _full_mask_kernel(tree_ptr, seq_lens_ptr, out_ptr, total, D: tl.constexpr, B
         tl.store(out_ptr + dst, (cols < length) | (tree != 0), mask=in_row & (dst < total))
 
 
-def _allocated_lens(batch) -> list[int] | None:
+def allocated_lens(batch) -> list[int] | None:
     """Each request's ``kv.kv_allocated_len``: SGLang's spec-v2 decode allocation (``eagle_prepare_for_decode``,
     before this prep) covers the verify's KV writes at ``[L_i, L_i + D)``, so it bounds ``L_i + D``."""
     lens = []
@@ -94,23 +94,35 @@ def _allocated_lens(batch) -> list[int] | None:
     return lens
 
 
-def mask_size(batch, num_draft: int) -> int | None:
+def verify_buffer_cells(worker) -> int | None:
+    """Cells of the target attention backend's verify-mask buffer (triton: ``max_bs * D * (context + D)``),
+    which a graph replay copies the mask into; None without one (no CUDA graphs, another backend)."""
+    runner = getattr(worker, "model_runner", None)  # stand-in workers in tests have none
+    mask = runner.attn_backend.verify_mask if runner is not None else None
+    return mask.buffer.numel() if mask is not None else None
+
+
+def mask_size(batch, num_draft: int, worker=None) -> int | None:
     """Cells of the full mask. With host lengths, stock's exact ``D * sum(L_i + D)``. Without them (a
     scheduler that publishes none: ``ngram_device_draft`` lets triton NGRAM servers skip the per-step
-    seq-lens wait), an upper bound from the host allocation, each request capped at the model's context
-    length plus ``D`` (the most any row holds; the triton verify buffer is sized so). Cells past the
-    real total are never read: the verify attention reads the mask by offsets from the device lengths."""
+    seq-lens wait), an upper bound from the host allocation: ``kv_allocated_len`` covers ``L_i + D`` (the
+    verify writes KV there), plus ``D`` of margin, each request capped at its ``req_to_token`` row (no
+    allocation is wider). Cells past the true total are never read: the verify attention reads the mask
+    by offsets from the device lengths. A bound larger than the verify buffer a graph replay copies it
+    into (requests near the context length) reads the host lengths instead: one blocking read, stock's
+    wait, and stock's exact size."""
     bs = len(batch.reqs)
-    if batch.seq_lens_cpu is not None:
-        return num_draft * (int(batch.seq_lens_cpu[:bs].sum()) + bs * num_draft)
-    lens = _allocated_lens(batch)
-    if lens is None:
-        return None
-    from sglang.srt.mem_cache.allocation_sizing import get_req_to_token_extra_context_len
-
-    cap = batch.req_to_token_pool.req_to_token.shape[1] - get_req_to_token_extra_context_len() + num_draft
-    # kv_allocated_len already covers L_i + D; the extra D is margin against an allocation that lags.
-    return num_draft * sum(min(n + num_draft, cap) for n in lens)
+    if batch.seq_lens_cpu is None:
+        lens = allocated_lens(batch)
+        if lens is None:
+            return None
+        row = batch.req_to_token_pool.req_to_token.shape[1]
+        bound = num_draft * sum(min(n + num_draft, row) for n in lens)
+        capacity = verify_buffer_cells(worker)
+        if capacity is None or bound <= capacity:
+            return bound
+        batch.seq_lens_cpu = batch.seq_lens.cpu()
+    return num_draft * (int(batch.seq_lens_cpu[:bs].sum()) + bs * num_draft)
 
 
 def fits(batch, tree_mask: torch.Tensor) -> bool:
@@ -118,7 +130,7 @@ def fits(batch, tree_mask: torch.Tensor) -> bool:
     before the draft prep, so a wait ``ngram_late_wait`` deferred to the draft prep is taken first, and
     lengths a scheduler did not publish are read here (one blocking read, stock's wait)."""
     seq_lens = batch.seq_lens
-    ok = (len(batch.reqs) > 0 and (batch.seq_lens_cpu is not None or _allocated_lens(batch) is not None)
+    ok = (len(batch.reqs) > 0 and (batch.seq_lens_cpu is not None or allocated_lens(batch) is not None)
           and tree_mask.dtype == torch.bool and isinstance(seq_lens, torch.Tensor)
           and seq_lens.device == tree_mask.device and (tree_mask.is_cuda or _INTERPRET))
     if not ok:
