@@ -45,7 +45,11 @@ def main():
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--enable-hostsync-plugin", action="store_true")
+    ap.add_argument("--speculative-algorithm", default=None)
     args, _ = ap.parse_known_args()
+    # NGRAM's trie, as far as the e2e can see it: once two requests ran at once it holds outputs that
+    # differ between servers, so this server's greedy outputs move (by its port) until /flush_cache.
+    trie = args.speculative_algorithm == "NGRAM"
     slots = os.environ.get("SGLANG_HOSTSYNC_SLOTS", "") if args.enable_hostsync_plugin else ""
     tokens = {t.strip() for t in slots.split(",")}
     if "crash" in tokens:
@@ -127,6 +131,17 @@ def main():
             self._send(200 if self.path == "/health" else 404, {})
 
         def do_POST(self):
+            if self.path.split("?")[0] == "/flush_cache":
+                ok = "noflush" not in tokens
+                with lock:
+                    state["flushes"] = state.get("flushes", 0) + ok
+                    state["trie_dirty"] = state.get("trie_dirty", False) and not ok
+                print(f"fake server: flush_cache {'done' if ok else 'refused'}", flush=True)
+                data = b"Cache flushed.\n" if ok else b"Cache not flushed.\n"
+                self.send_response(200 if ok else 400)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                return self.wfile.write(data)
             if self.path == "/start_profile":  # a Kineto-shaped trace: per step one graph kernel, one eager
                 req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with lock:
@@ -159,6 +174,8 @@ def main():
             with lock:  # when this server first serves two requests at once (the e2e's warm-up at c2)
                 state["inflight"] = state.get("inflight", 0) + 1
                 state["held"] += held
+                if state["inflight"] >= 2 and trie:
+                    state["trie_dirty"] = True
                 if state["inflight"] >= 2 and "pair_at" not in state:
                     state["pair_at"] = time.perf_counter()
                     print(f"fake server: 2 requests in flight at {state['pair_at']:.6f}", flush=True)
@@ -180,6 +197,8 @@ def main():
                 out = [rng.randrange(50000) for _ in range(n)]
             else:
                 out = [(sum(ids) * 31 + 7 * k) % 50000 for k in range(n)]
+                if state.get("trie_dirty"):  # drafts from other outputs: a server-specific difference
+                    out[-1] = (out[-1] + 1 + args.port % 7) % 50000
             if sp.get("logit_bias") and "perturb_traffic" in tokens:
                 out[-1] = (out[-1] + 1) % 50000
             stop = set(sp.get("stop_token_ids") or ()) if not sp.get("ignore_eos") else set()

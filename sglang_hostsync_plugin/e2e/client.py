@@ -42,6 +42,20 @@ def _post(url: str, payload: dict, timeout: float) -> dict:
         raise ClientError(f"{url}: {exc!r}" if isinstance(exc, http.client.HTTPException) else f"{url}: {exc}") from None
 
 
+def flush_cache(base: str, wait_s: float = 10.0) -> None:
+    """SGLang's ``/flush_cache``: once the server is idle (it waits up to ``wait_s`` for that), the radix
+    cache, the request pools and the speculative draft worker's cache pool (NGRAM: its trie) are reset.
+    Raises ClientError where it did not flush."""
+    req = urllib.request.Request(f"{base}/flush_cache?timeout={wait_s:g}", data=b"", method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=wait_s + 30) as resp:
+            resp.read()
+    except urllib.error.HTTPError as exc:
+        raise ClientError(f"{base}/flush_cache: HTTP {exc.code}: {exc.read()[:200]!r}") from None
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+        raise ClientError(f"{base}/flush_cache: {exc}") from None
+
+
 def health(base: str, timeout: float = 2.0) -> bool:
     try:
         with urllib.request.urlopen(f"{base}/health", timeout=timeout) as resp:
