@@ -712,3 +712,29 @@ def test_the_device_draft_takes_a_batch_without_host_lengths_where_the_allocatio
             assert torch.equal(plugin[key][: want.numel()], want) and plugin[key].numel() > want.numel()
         elif isinstance(want, torch.Tensor):
             assert torch.equal(plugin[key], want), key
+
+
+def test_a_history_too_large_for_the_free_memory_is_not_made_and_the_host_draft_stays(monkeypatch, caplog):
+    """The history sits outside --mem-fraction-static: it is logged, and where it would take more than
+    HISTORY_SHARE of the free device memory it is not made (once, said at warning level), every forward
+    runs SGLang's own step and every decode batch keeps the host draft ("no device history")."""
+    import logging
+
+    worker = make_worker(4, rows=16, width=4096)
+    cells = 16 * (4096 + 4 + 1)
+    monkeypatch.setattr(ndd, "_free_bytes", lambda device: int(cells * 4 / ndd.HISTORY_SHARE) - 1)
+    with caplog.at_level(logging.INFO, logger="sglang.srt.plugins.hostsync"):
+        assert ndd.history_of(worker) is None and ndd.history_of(worker) is None
+    assert [r.levelname for r in caplog.records] == ["WARNING"] and "16 x 4101 int32" in caplog.text
+    calls = []
+    batch = types.SimpleNamespace(reqs=[object()], forward_mode=types.SimpleNamespace(is_extend=lambda: True))
+    assert ndd.forward_hook(lambda *a, **k: calls.append(a) or "stock", worker, batch) == "stock" and calls
+    assert ndd.stock_reason(worker, batch) == "no device history"
+    # With room for it: made once, logged.
+    caplog.clear()
+    worker = make_worker(4, rows=16, width=4096)
+    monkeypatch.setattr(ndd, "_free_bytes", lambda device: int(cells * 4 / ndd.HISTORY_SHARE) + 8)
+    with caplog.at_level(logging.INFO, logger="sglang.srt.plugins.hostsync"):
+        hist = ndd.history_of(worker)
+    assert hist is not None and ndd.history_of(worker) is hist and tuple(hist.tokens.shape) == (16, 4101)
+    assert [r.levelname for r in caplog.records] == ["INFO"] and "0.3 MiB outside" in caplog.text

@@ -66,6 +66,7 @@ after a device draft) and ``overlap_utils.decide_needs_cpu_seq_lens`` (AROUND, s
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 
@@ -80,6 +81,7 @@ from .edit_sites import NGRAM_PREPARE_SITE
 from . import ngram_full_mask
 
 NAME = "ngram_device_draft"
+logger = logging.getLogger("sglang.srt.plugins.hostsync")
 NGRAM_WORKER = "sglang.srt.speculative.ngram_worker.NGRAMWorker"
 PREPARE = f"{NGRAM_WORKER}._prepare_for_speculative_decoding"
 PREPARE_SHA = ngram_full_mask.PREPARE_SHA
@@ -260,16 +262,38 @@ def history(worker) -> History | None:
     return getattr(worker, HISTORY, None)
 
 
-def history_of(worker) -> History:
-    """The worker's history, allocated at its first forward (``req_to_token``'s rows, its width
-    plus ``D + 1``, int32: 48 rows x 128k positions is 25 MB, outside ``--mem-fraction-static``)."""
+NO_HISTORY = "_hostsync_ngram_no_history"  # the worker attribute saying why it has none
+HISTORY_SHARE = 0.05  # of the device memory free at the first forward; a larger history is not made
+
+
+def _free_bytes(device) -> int | None:
+    device = torch.device(device)
+    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+
+
+def history_of(worker) -> History | None:
+    """The worker's history, allocated at its first forward: ``req_to_token``'s rows, its width plus
+    ``D + 1``, int32 (48 rows x 128k positions is 25 MB), outside ``--mem-fraction-static``, so it is
+    logged, and not made where it would take more than ``HISTORY_SHARE`` of the free device memory
+    (the server then keeps SGLang's host draft, and says so once). None then."""
     found = history(worker)
-    if found is None:
+    if found is None and NO_HISTORY not in vars(worker):
         rows, width = worker.req_to_token_pool.req_to_token.shape
-        tokens = torch.zeros((rows, width + worker.draft_token_num + 1), dtype=torch.int32, device=worker.device)
+        shape = (rows, width + worker.draft_token_num + 1)
+        mib = shape[0] * shape[1] * 4 / 2**20
+        free = _free_bytes(worker.device)
+        if free is not None and mib * 2**20 > HISTORY_SHARE * free:
+            why = (f"its device token history ({shape[0]} x {shape[1]} int32, {mib:.0f} MiB, outside "
+                   f"--mem-fraction-static) would take over {HISTORY_SHARE:.0%} of the {free / 2**30:.1f} GiB free")
+            setattr(worker, NO_HISTORY, why)
+            logger.warning("hostsync: ngram_device_draft: %s; SGLang's host draft stays on", why)
+            return None
+        tokens = torch.zeros(shape, dtype=torch.int32, device=worker.device)
         found = History(tokens, np.zeros(rows, dtype=bool), np.full(rows, -1, dtype=np.int64),
                         max(MIN_N, worker.max_trie_depth))
         setattr(worker, HISTORY, found)
+        logger.info("hostsync: ngram_device_draft: device token history %d x %d int32, %.1f MiB outside "
+                    "--mem-fraction-static", shape[0], shape[1], mib)
     return found
 
 
@@ -404,6 +428,8 @@ def forward_hook(original, self, batch, *args, **kwargs):
     if not (torch.device(self.device).type == "cuda" or _INTERPRET):
         return original(self, batch, *args, **kwargs)  # Triton cannot launch here: SGLang's host path
     hist = history_of(self)
+    if hist is None:  # too large to make: every batch keeps SGLang's host draft ("no device history")
+        return original(self, batch, *args, **kwargs)
     if len(batch.reqs) and batch.forward_mode.is_extend():
         write_prompts(hist, batch, self.req_to_token_pool)
     result = original(self, batch, *args, **kwargs)
