@@ -181,6 +181,34 @@ def test_histories_over_several_blocks():
         check_against_reference([seq, seq[: length // 2]], [0, 2], 8, max_n=18)
 
 
+def test_histories_over_several_match_chunks():
+    """Programs scan CHUNK positions each and meet in an atomic max: a match in an early chunk, matches
+    across a chunk edge, equally long matches in several chunks (the latest wins), a batch mixing one-chunk
+    and many-chunk histories, and the keys buffer left at -1 for the next step (reused here)."""
+    rng = random.Random(8)
+    chunk, d = ndd.CHUNK, 6
+    best = torch.full((8,), -1, dtype=torch.int64)
+    length = 2 * chunk + 40
+    for where in (3, chunk - 5, chunk - 4, chunk - 1, chunk, chunk + 2, 2 * chunk - 5, 2 * chunk - 3, length - 12):
+        seq = [rng.randrange(40, 1000) for _ in range(length)]
+        seq[where:where + 5] = seq[-5:]  # a 5-gram ending at where + 4, continued by seq[where + 5]
+        hist, rows, seq_lens = history([seq, seq[:200]], [1, 4])
+        out = outputs(2, d)
+        ndd.draft_chain(hist, rows, seq_lens, out["tokens"], out["mask"], out["positions"], out["retrieve_index"],
+                        out["next_token"], out["next_sibling"], d, max_n=5, best=best)
+        for b, s in enumerate([seq, seq[:200]]):
+            tokens, mask, _ = ref_chain(s, len(s), d, 1, 5)
+            assert out["tokens"][b * d:(b + 1) * d].tolist() == tokens, (where, b)
+        assert best.tolist() == [-1] * 8
+    # The same 4-gram in every chunk: the latest occurrence's continuation.
+    seq = [rng.randrange(40, 1000) for _ in range(length)]
+    for at in (10, chunk + 10, 2 * chunk + 10):
+        seq[at:at + 4] = seq[-4:]
+        seq[at + 4] = 7 + at
+    check_against_reference([seq], [0], d, max_n=4)
+    assert ref_chain(seq, len(seq), d, 1, 4)[0][1] == 7 + 2 * chunk + 10
+
+
 def test_lengths_past_the_history_width_stay_inside_it():
     d = 4
     hist = torch.zeros((2, 10), dtype=torch.int32)

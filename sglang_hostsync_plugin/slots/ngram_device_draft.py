@@ -20,7 +20,8 @@ appended on the device right after the step (``accept_tokens[b, j]`` at
 ``[0, seq_lens[b]]``; ``history[seq_lens[b]]`` is the root token stock puts first in each
 request's tree.
 
-The draft (one Triton program per request, :func:`draft_chain`): prompt-lookup matching of the
+The draft (:func:`draft_chain`: a match kernel over (request, history chunk), then a chain kernel per
+request): prompt-lookup matching of the
 last ``n`` history tokens, ``MIN_N <= n <= max_trie_depth`` (SGLang's trie matches suffixes of
 depth 1 to ``max_trie_depth``; 0.5.23 has no separate match-window settings), against every
 earlier position of the same history. Longest ``n`` wins; among equally long matches the most
@@ -97,6 +98,7 @@ RECONSTRUCT = ("sglang.kernels.ops.speculative.reconstruct_tree._reconstruct_tre
 
 MIN_N = 1  # a one-token match still drafts: the verify checks D tokens per request whatever the draft
 BLOCK = 512  # history positions per scan step
+CHUNK = 8 * BLOCK  # history positions per match program: a long history is scanned by many at once
 KEY_SHIFT = 40  # best-match key: (length << KEY_SHIFT) | end position; positions stay below 2**40
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -104,24 +106,26 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 # --- kernels --------------------------------------------------------------------------------------
 
 @triton.jit
-def _draft_chain_kernel(history, hist_stride, hist_width, rows, seq_lens,
-                        tokens, tree_mask, positions, retrieve_index, next_token, next_sibling,
-                        D: tl.constexpr, BLOCK_D: tl.constexpr, MIN_N: tl.constexpr, MAX_N: tl.constexpr,
-                        BLOCK: tl.constexpr, SHIFT: tl.constexpr):
+def _match_kernel(history, hist_stride, hist_width, rows, seq_lens, best,
+                  MIN_N: tl.constexpr, MAX_N: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr,
+                  SHIFT: tl.constexpr):
+    """Program (b, c): the best match ending in chunk c of request b's history, into ``best[b]``
+    (atomic max of ``(length << SHIFT) | end``: longest, then latest, as one scan from the end finds)."""
     b = tl.program_id(0).to(tl.int64)
+    lo = tl.program_id(1).to(tl.int64) * CHUNK
     row = tl.load(rows + b).to(tl.int64)
     seq_len = tl.load(seq_lens + b).to(tl.int64)
     hist = history + row * hist_stride
     length = tl.minimum(seq_len + 1, hist_width)  # valid history; its last token is the root
     last = length - 1
     lanes = tl.arange(0, BLOCK)
-
-    # Longest match of the history's suffix ending at p <= last - 1; ties: the largest p.
-    best = tl.full((), -1, tl.int64)
-    hi = last  # candidate ends p < hi, scanned from the end backwards
-    while (hi > 0) & ((best >> SHIFT) < MAX_N):
+    # Candidate ends p in [lo, min(lo + CHUNK, last)), scanned from the chunk's end backwards; a match
+    # of MAX_N tokens ends the chunk's scan (nothing earlier in it beats it).
+    local = tl.full((), -1, tl.int64)
+    hi = tl.minimum(lo + CHUNK, last)
+    while (hi > lo) & ((local >> SHIFT) < MAX_N):
         p = hi - BLOCK + lanes
-        alive = p >= 0
+        alive = p >= lo
         m = tl.zeros((BLOCK,), tl.int64)
         for k in tl.static_range(MAX_N):
             want = tl.load(hist + (last - k), mask=last - k >= 0, other=-2)
@@ -129,9 +133,25 @@ def _draft_chain_kernel(history, hist_stride, hist_width, rows, seq_lens,
             got = tl.load(hist + (p - k), mask=alive, other=-1)
             alive = alive & (got == want)
             m += alive.to(tl.int64)
-        key = tl.where((m >= MIN_N) & (p >= 0), (m << SHIFT) | p, -1)
-        best = tl.maximum(best, tl.max(key, axis=0))
+        key = tl.where((m >= MIN_N) & (p >= lo), (m << SHIFT) | p, -1)
+        local = tl.maximum(local, tl.max(key, axis=0))
         hi -= BLOCK
+    if local >= 0:
+        tl.atomic_max(best + b, local)
+
+
+@triton.jit
+def _draft_chain_kernel(history, hist_stride, hist_width, rows, seq_lens, best_keys,
+                        tokens, tree_mask, positions, retrieve_index, next_token, next_sibling,
+                        D: tl.constexpr, BLOCK_D: tl.constexpr, SHIFT: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    row = tl.load(rows + b).to(tl.int64)
+    seq_len = tl.load(seq_lens + b).to(tl.int64)
+    hist = history + row * hist_stride
+    length = tl.minimum(seq_len + 1, hist_width)
+    last = length - 1
+    best = tl.load(best_keys + b)
+    tl.store(best_keys + b, tl.full((), -1, tl.int64))  # reset for the next step's match
 
     found = best >= 0
     start = (best & ((1 << SHIFT) - 1)) + 1  # the continuation's first position
@@ -194,10 +214,11 @@ def _block_d(num_draft: int) -> int:
 def draft_chain(history: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor, tokens: torch.Tensor,
                 tree_mask: torch.Tensor, positions: torch.Tensor, retrieve_index: torch.Tensor,
                 next_token: torch.Tensor, next_sibling: torch.Tensor, num_draft: int, max_n: int,
-                min_n: int = MIN_N) -> None:
+                min_n: int = MIN_N, best: torch.Tensor | None = None) -> None:
     """Each request's chain draft, in place, in the layout of SGLang's NGRAM verify buffers:
     ``tokens`` (``bs * D``), ``tree_mask`` (``bs * D * D`` bool), ``positions`` (``bs * D``),
-    ``retrieve_index`` / ``next_token`` / ``next_sibling`` (``bs x D``, contiguous).
+    ``retrieve_index`` / ``next_token`` / ``next_sibling`` (``bs x D``, contiguous). Two launches: the
+    match, one program per (request, ``CHUNK`` of the history width), then the chain per request.
 
     Args:
         history: ``[rows, width]`` int32; row ``rows[b]`` holds request ``b``'s tokens on
@@ -206,17 +227,23 @@ def draft_chain(history: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tenso
         seq_lens: ``[bs]`` the verified lengths (``batch.seq_lens``): the root token is at ``seq_lens[b]``.
         num_draft: ``D``, tokens per request (``--speculative-num-draft-tokens``).
         max_n, min_n: the n-gram lengths tried, longest first.
+        best: ``[>= bs]`` int64 all -1 (left so), the match keys; None: a new one.
     """
     bs = rows.shape[0]
     if bs == 0:
         return
     if not 1 <= min_n <= max_n:
         raise ValueError(f"need 1 <= min_n <= max_n, got {min_n}, {max_n}")
+    if best is None:
+        best = torch.full((bs,), -1, dtype=torch.int64, device=history.device)
+    width = history.shape[1]
+    _match_kernel[(bs, triton.cdiv(width, CHUNK))](
+        history, history.stride(0), width, rows, seq_lens, best,
+        MIN_N=min_n, MAX_N=max_n, BLOCK=BLOCK, CHUNK=CHUNK, SHIFT=KEY_SHIFT, num_warps=4)
     _draft_chain_kernel[(bs,)](
-        history, history.stride(0), history.shape[1], rows, seq_lens,
+        history, history.stride(0), width, rows, seq_lens, best,
         tokens, tree_mask, positions, retrieve_index, next_token, next_sibling,
-        D=num_draft, BLOCK_D=_block_d(num_draft), MIN_N=min_n, MAX_N=max_n, BLOCK=BLOCK, SHIFT=KEY_SHIFT,
-        num_warps=4)
+        D=num_draft, BLOCK_D=_block_d(num_draft), SHIFT=KEY_SHIFT, num_warps=4)
 
 
 def append_accepted(history: torch.Tensor, rows: torch.Tensor, accept_tokens: torch.Tensor,
@@ -250,6 +277,7 @@ class History:
     ready: np.ndarray  # per row: its prompt was written by this process for the row's current owner
     generation: np.ndarray  # per row: the pool's req_generation when the prompt was written
     max_n: int
+    best: torch.Tensor | None = None  # [rows] int64, -1 between steps: the match keys (draft_chain's ``best``)
     drafted: int = 0  # decode steps drafted on the device
     prompts: int = 0  # extend forwards whose prompts were written
     stock: dict = field(default_factory=dict)  # reason -> decode steps left to SGLang's host path
@@ -290,7 +318,8 @@ def history_of(worker) -> History | None:
             return None
         tokens = torch.zeros(shape, dtype=torch.int32, device=worker.device)
         found = History(tokens, np.zeros(rows, dtype=bool), np.full(rows, -1, dtype=np.int64),
-                        max(MIN_N, worker.max_trie_depth))
+                        max(MIN_N, worker.max_trie_depth),
+                        best=torch.full((rows,), -1, dtype=torch.int64, device=worker.device))
         setattr(worker, HISTORY, found)
         logger.info("hostsync: ngram_device_draft: device token history %d x %d int32, %.1f MiB outside "
                     "--mem-fraction-static", shape[0], shape[1], mib)
@@ -375,7 +404,7 @@ def draft_fits(worker, batch) -> bool:
 def draft(worker, batch, draft_tokens, tree_mask, positions, retrieve_index, next_token, next_sibling) -> None:
     hist = history(worker)
     draft_chain(hist.tokens, batch.req_pool_indices, batch.seq_lens, draft_tokens, tree_mask, positions,
-                retrieve_index, next_token, next_sibling, worker.draft_token_num, hist.max_n)
+                retrieve_index, next_token, next_sibling, worker.draft_token_num, hist.max_n, best=hist.best)
     worker._hostsync_device_drafted = True  # this step's corpus update is skipped
     hist.drafted += 1
 
