@@ -47,7 +47,7 @@ def main():
     ap.add_argument("--enable-hostsync-plugin", action="store_true")
     ap.add_argument("--speculative-algorithm", default=None)
     args, _ = ap.parse_known_args()
-    # NGRAM's trie, as far as the e2e can see it: once two requests ran at once it holds outputs that
+    # NGRAM's trie, as far as the e2e can see it: once three requests ran at once it holds outputs that
     # differ between servers, so this server's greedy outputs move (by its port) until /flush_cache.
     trie = args.speculative_algorithm == "NGRAM"
     slots = os.environ.get("SGLANG_HOSTSYNC_SLOTS", "") if args.enable_hostsync_plugin else ""
@@ -174,7 +174,9 @@ def main():
             with lock:  # when this server first serves two requests at once (the e2e's warm-up at c2)
                 state["inflight"] = state.get("inflight", 0) + 1
                 state["held"] += held
-                if state["inflight"] >= 2 and trie:
+                # Three at once: the concurrent phase (a stream cut in the one-at-a-time phase still runs
+                # for a while beside the next request, as SGLang's do, without making it concurrent).
+                if state["inflight"] >= 3 and trie:
                     state["trie_dirty"] = True
                 if state["inflight"] >= 2 and "pair_at" not in state:
                     state["pair_at"] = time.perf_counter()

@@ -1150,7 +1150,7 @@ def test_an_ngram_servers_trie_is_emptied_before_each_comparison_and_round(tmp_p
     empties every NGRAM server's trie (/flush_cache) before the request after the aborts, before the
     identity pass and before each arm's timed round, so those comparisons are evidence again; a server
     that refuses the flush makes them no evidence. The fake NGRAM server's greedy outputs move (by its
-    port) once it ran two requests at once, until a flush."""
+    port) once it ran three requests at once (the concurrent phase), until a flush."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
     argv = ["--server-module", "fake_sglang_server", "--weights", "dummy", "--configs", "ngram-p1", "--arms", "stock,plugin",
             "--slots", "noflush", "--concurrency", "1", "2", "--rounds", "1", "--requests", "2", "--max-new-tokens", "16",
@@ -1162,6 +1162,7 @@ def test_an_ngram_servers_trie_is_emptied_before_each_comparison_and_round(tmp_p
     assert result["identity"][plugin]["identical"] and result["identity"][plugin]["evidence"]
     assert result["traffic"][plugin]["after_aborts"] == {**result["traffic"][plugin]["after_aborts"],
                                                          "identical": True, "evidence": True}
+    assert result["traffic"][refusing]["sequential"]["identical"]  # before any concurrency: evidence, and clean
     assert not result["identity"][refusing]["identical"] and not result["identity"][refusing]["evidence"]
     assert not result["traffic"][refusing]["after_aborts"]["evidence"]
     logs = {k: result["servers"][k]["log"] for k in ("ngram-p1/stock", plugin)}
