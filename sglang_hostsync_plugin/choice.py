@@ -78,15 +78,21 @@ def pick(f: ServingFacts | None) -> Choice | None:
         return None
     if not f.speculative_algorithm:
         return _unmeasured("no speculative decoding")
+    # Every measured server: one GPU, overlap on, CUDA graphs, no adaptive steps; an EAGLE-family (not
+    # FROZEN_KV_MTP) or NGRAM algorithm. These decide before SGLang resolves the rest.
+    if not ((f.is_eagle_family() and not f.is_frozen_kv_mtp()) or f.is_ngram()):
+        return _unmeasured(f"{f.speculative_algorithm}")
+    for on, why in ((f.tp_size > 1 or f.dp_attention, "tensor or attention DP parallel"),
+                    (f.two_batch_overlap, "two-batch overlap"), (f.disable_overlap_schedule, "overlap off"),
+                    (f.speculative_adaptive, "adaptive steps"), (f.disable_cuda_graph, "CUDA graphs off")):
+        if on:
+            return _unmeasured(why)
     prefill, decode = f.attention_backends
     if (f.is_eagle_family() and f.topk is None) or prefill is None or decode is None or f.page_size is None:
         return None
-    # Every measured server: one GPU, overlap on, CUDA graphs, no adaptive steps. An EAGLE draft backend
-    # left unset is the prefill backend (SGLang's resolve_draft_worker_attention_backend): no later re-pick.
-    for on, why in ((f.tp_size > 1 or f.dp_attention, "tensor or attention DP parallel"),
-                    (f.two_batch_overlap, "two-batch overlap"), (f.disable_overlap_schedule, "overlap off"),
-                    (f.speculative_adaptive, "adaptive steps"), (f.disable_cuda_graph, "CUDA graphs off"),
-                    (prefill != decode, f"prefill {prefill}, decode {decode}"),
+    # An EAGLE draft backend left unset is the prefill backend (SGLang's resolve_draft_worker_attention_backend):
+    # no later re-pick.
+    for on, why in ((prefill != decode, f"prefill {prefill}, decode {decode}"),
                     (f.draft_attention_backend not in (None, decode), f"draft {f.draft_attention_backend}")):
         if on:
             return _unmeasured(why)

@@ -102,10 +102,24 @@ class Plan:
         if not self.auto_pending:
             return self
         picked = choice.undecided()
+        check_pick_env(picked, self.spec, set(self.selected), catalogue, switches.user_env())
         skips = left_out(picked, self.spec, set(self.selected), catalogue)
         verdicts = tuple(dataclasses.replace(v, status=Status.SKIPPED, reason=skips[v.name])
                          if v.name in skips and v.status is not Status.SKIPPED else v for v in self.verdicts)
         return dataclasses.replace(self, verdicts=verdicts, choice=choice.line(picked, self.spec))
+
+    def waived_by_auto(self, names) -> set[str]:
+        """Of ``names`` (slots that cannot apply), those that only ``auto``'s pick brought in: neither in
+        ``default`` nor named by the user. They are switched off as a whole and reported, but never stop a
+        strict startup: the user asked for the measured set that can run, not for them."""
+        if not choice.is_auto(self.spec) or not names:
+            return set()
+        catalogue = registry.catalogue()
+        named = [t.strip() for t in self.spec.split(",") if t.strip() and t.strip().lower() != choice.AUTO
+                 and not t.strip().startswith("-")]
+        kept = set(config.parse_slot_spec(choice.CONSERVATIVE, catalogue).names)
+        kept |= set(config.parse_slot_spec(",".join(named), catalogue).names) if named else set()
+        return set(names) - kept
 
     def check_startup(self) -> None:
         """Raise what the server must stop on: bad input always, a refused slot in strict mode
@@ -114,6 +128,7 @@ class Plan:
         if bad:
             raise config.HostsyncConfigError("hostsync: " + "; ".join(bad))
         refused = [] if self.auto_pending else self.refused()
+        refused = [v for v in refused if v.name not in self.waived_by_auto([v.name for v in refused])]
         if self.strict and refused:
             raise HostsyncStartupError(
                 "hostsync: selected slots cannot be applied to this SGLang (strict mode): "
@@ -131,6 +146,8 @@ class Plan:
         applying = {v.name for v in self.verdicts if v.status in (Status.WOULD_APPLY, Status.UPSTREAM)}
         selected = {v.name for v in self.verdicts if v.selected}
         picked = choice.pick(facts) if self.auto_pending else None
+        if picked is not None:
+            check_pick_env(picked, self.spec, selected, catalogue, switches.user_env())
         inert, skips = skip_reasons(catalogue, facts, self.spec, picked, selected, applying)
         line = picked and choice.line(picked, self.spec)
         verdicts = [dataclasses.replace(v, status=Status.SKIPPED, reason=inert[v.name])
@@ -169,6 +186,14 @@ def left_out(picked: choice.Choice, spec: str, selected: set[str], catalogue: Ma
     keep = set(config.parse_slot_spec(choice.pinned(picked, spec), catalogue).names)
     why = f"{NOT_PICKED} for {picked.label} (it picks {picked.spec})"
     return {n: why for n in selected - keep}
+
+
+def check_pick_env(picked: choice.Choice, spec: str, selected: set[str], catalogue: Mapping[str, Slot],
+                   env: Mapping[str, str]) -> None:
+    """The user's switch flags set against a slot ``auto`` keeps are bad input, once the pick is known
+    (the union an open pick lists is not what runs: flags against its other slots are the user's call)."""
+    keep = selected - set(left_out(picked, spec, selected, catalogue))
+    switches.check_contrary_env([catalogue[n] for n in sorted(keep)], env)
 
 
 def skip_reasons(catalogue: Mapping[str, Slot], facts: ServingFacts | None, spec: str, picked: choice.Choice | None,
@@ -254,12 +279,15 @@ def resolve(env: Mapping[str, str] | None = None, facts: ServingFacts | None = N
     catalogue = registry.catalogue()
     selection = config.selected_slots(catalogue, env)
     chosen = set(selection.names)
-    switches.check_contrary_env([catalogue[n] for n in selection.names], env)
+    picked = choice.pick(facts) if selection.auto else None
     if selection.auto:
         # Every pick holds the fallback's slots: user tokens bad beside it are bad beside any pick, so they
         # stop the launcher here, not a scheduler that settles an open pick (``Plan.settle_auto``).
         left_out(choice.undecided(), selection.spec, chosen, catalogue)
-    picked = choice.pick(facts) if selection.auto else None
+        if picked is not None:
+            check_pick_env(picked, selection.spec, chosen, catalogue, env)
+    else:
+        switches.check_contrary_env([catalogue[n] for n in selection.names], env)
     inert, _ = skip_reasons(catalogue, facts, selection.spec, picked, chosen)
     line = picked and choice.line(picked, selection.spec)
     reasons = {name: _check(slot, inert[name]) for name, slot in catalogue.items()}

@@ -167,7 +167,8 @@ def validate(server_args=None) -> Plan:
     starts building the kernels they will load."""
     global _plan_args, _plan_env, plan_resolved_s
     rt = _runtime
-    facts = ServingFacts.from_server_args(server_args, os.environ) if server_args is not None else None
+    # The user's environment: not the flags an earlier (still open) plan of this process turned on.
+    facts = ServingFacts.from_server_args(server_args, switches.user_env()) if server_args is not None else None
     if rt is not None:
         # load_plugins() already activated the plugin in this process (the env switch
         # was set before launch): its plan was resolved on the upstream objects,
@@ -218,7 +219,8 @@ def _set_switch_flags(plan: Plan) -> None:
     for v in plan.verdicts:
         if v.selected and v.status is Status.SKIPPED:
             logger.info("hostsync: %s skipped: %s", v.name, v.reason)
-    switches.apply(_will_apply(plan))
+    if not plan.auto_pending:  # an open pick lists every row's switches, some unsafe together: none yet
+        switches.apply(_will_apply(plan))
 
 
 def kernels_for(slots, facts: ServingFacts) -> tuple[str, ...]:
@@ -358,6 +360,9 @@ def startup_check(rt: Runtime) -> None:
             logger.info("hostsync: set up in %.2f s in this process (%s, hooks registered)", rt.setup_s,
                         "the launcher's plan" if rt.plan_inherited else "plan resolved: targets imported and checked")
     failed = rt.state.failed()
+    if rt.plan is not None:  # slots only auto's pick brought in are reported failed, never stop startup
+        waived = rt.plan.waived_by_auto([s.name for s in failed])
+        failed = [s for s in failed if s.name not in waived]
     if failed and rt.plan is not None and rt.plan.strict:
         raise HostsyncStartupError(
             "hostsync: slot(s) failed in strict mode: "
@@ -416,11 +421,16 @@ def refine_exported(server_args) -> Plan | None:
     # The flags the first plan set here are the plugin's, not the user's (e.g. every switch auto may pick).
     facts = ServingFacts.from_server_args(server_args, switches.user_env())
     if facts.record() == exported.facts:
-        return None
-    refined = exported.with_facts(registry.catalogue(), facts)
-    if refined is exported:
-        logger.info("hostsync: SGLang's resolution changed server facts the plan was made with; resolving it again")
-        return validate(server_args)
+        if not exported.auto_pending:
+            return None
+        refined = exported  # SGLang's resolution left auto's class open: it settles below
+    else:
+        refined = exported.with_facts(registry.catalogue(), facts)
+        if refined is exported:
+            logger.info("hostsync: SGLang's resolution changed server facts the plan was made with; resolving it again")
+            return validate(server_args)
+    # The schedulers must get a final pick (and its switch flags, set here before they are spawned).
+    refined = refined.settle_auto(registry.catalogue())
     refined.check_startup()  # bad input the resolved facts reveal (Slot.unsafe_with), before any model load
     _log_new_warnings(exported, refined)
     _log_choice(exported, refined)

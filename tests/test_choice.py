@@ -197,7 +197,7 @@ def test_negating_a_slot_some_pick_requires_is_checked_on_the_pick_only():
         plans.resolve({config.ENV_SLOTS: "auto,-flashinfer_plan_guard"}, facts=facts("EAGLE3", 4))
 
 
-def test_a_slot_auto_does_not_pick_never_stops_a_strict_startup(monkeypatch):
+def test_a_slot_only_auto_brings_in_never_stops_a_strict_startup(monkeypatch):
     from sglang_hostsync_plugin import checks
 
     real = checks.check_slot
@@ -213,9 +213,16 @@ def test_a_slot_auto_does_not_pick_never_stops_a_strict_startup(monkeypatch):
     page1 = early.with_facts(CATALOGUE, facts("EAGLE3", 1, 1))  # triton page 1: not measured, default
     assert "not picked by auto" in page1.verdict("eagle_step_graph").reason
     page1.check_startup()
-    on_triton = early.with_facts(CATALOGUE, facts("EAGLE3", 1))  # picked: strict mode stops on it
+    # Picked, but only the pick brought it in (not default, not named): reported, never a strict stop,
+    # so an unset SGLANG_HOSTSYNC_SLOTS never stops a startup that `default` would have started.
+    on_triton = early.with_facts(CATALOGUE, facts("EAGLE3", 1))
+    assert on_triton.verdict("eagle_step_graph").status is Status.FAILED and on_triton.strict
+    assert on_triton.waived_by_auto(["eagle_step_graph", "event_ring"]) == {"eagle_step_graph"}
+    on_triton.check_startup()
+    # Named by the user beside auto, it stops a strict startup as any selected slot does.
+    named = plans.resolve({config.ENV_SLOTS: "auto,eagle_step_graph"}, facts=facts("EAGLE3", 1))
     with pytest.raises(plans.HostsyncStartupError, match="eagle_step_graph"):
-        on_triton.check_startup()
+        named.check_startup()
 
 
 def test_a_pick_still_open_where_the_plan_must_be_final_is_default_and_says_so():
@@ -344,3 +351,54 @@ def test_the_launcher_computes_the_plan_once_and_refines_it_once():
     assert proc.returncode == 0, out(proc)
     calls = json.loads(proc.stdout.split("RESULT", 1)[1])
     assert calls == {"from_server_args": 2, "resolve": 1, "with_facts": 2}, calls
+
+
+def test_the_users_switch_flags_are_checked_against_what_auto_keeps_not_its_union():
+    """Unset is auto: a user's own SGLANG_OPT_CUDA_GRAPH_FILL_FAST_PATH=0 must not stop a server whose pick
+    does not hold fill_fast_path (a non-speculative server, topk 1 on triton); where the pick holds it (topk 4
+    on triton: eagle_host), it is bad input as for an explicit selection, found once the pick is known."""
+    env = {"SGLANG_OPT_CUDA_GRAPH_FILL_FAST_PATH": "0"}
+    for f in (ServingFacts(), facts("EAGLE3", 1), facts("EAGLE3", 1, None, None)):
+        plans.resolve(env, facts=f).check_startup()
+    with pytest.raises(config.HostsyncConfigError, match="fill_fast_path"):
+        plans.resolve(env, facts=facts("EAGLE3", 4))
+    with pytest.raises(config.HostsyncConfigError, match="fill_fast_path"):
+        plans.resolve({**env, config.ENV_SLOTS: "default,eagle_host"}, facts=ServingFacts())  # explicit: as before
+
+
+def test_an_open_pick_sets_no_switch_flag_and_the_launcher_settles_it_before_spawning(monkeypatch):
+    """While auto's class is open the plan lists every row's switches (some unsafe together): none of their
+    flags is set; if SGLang's resolution leaves the class open, the launcher's refinement settles the pick
+    (default) before the schedulers are spawned, so they inherit a final plan."""
+    from sglang_hostsync_plugin import runtime, switches
+
+    monkeypatch.setattr(switches, "_set_here", set())
+    applied = []
+    monkeypatch.setattr(switches, "apply", lambda slots: applied.extend(s.name for s in slots))
+    open_ = plans.resolve({}, facts=facts("EAGLE3", 1, None, None))
+    assert open_.auto_pending and {"metadata_glue_graph", "fill_fast_path"} <= acting(open_)
+    runtime._set_switch_flags(open_)
+    assert applied == []
+    exported = {}
+    monkeypatch.setattr(plans, "inherited", lambda env=None: exported.get("plan") or open_.with_facts(
+        CATALOGUE, facts("EAGLE3", 1, None, None)))
+    monkeypatch.setattr(plans, "export", lambda plan, env=None: exported.update(plan=plan))
+    monkeypatch.setattr(runtime, "_prebuild", lambda plan, f: None)
+    monkeypatch.setattr(runtime.ServingFacts, "from_server_args",
+                        classmethod(lambda cls, args, env=None: facts("EAGLE3", 1, None, None)))
+    refined = runtime.refine_exported(object())
+    assert refined is not None and not refined.auto_pending and exported["plan"] is refined
+    assert "left the configuration open" in refined.choice and "metadata_glue_graph" not in acting(refined)
+    assert not {"metadata_glue_graph", "fill_fast_path"} & set(applied)
+
+
+@pytest.mark.parametrize("f", [
+    facts("DFLASH", 1, None, None), facts("DSPARK", None, None, None), facts("FROZEN_KV_MTP", 1, None, None),
+    facts("EAGLE", None, None, None, tp_size=2), facts("EAGLE", None, None, None, disable_cuda_graph=True),
+    facts("NGRAM", None, None, None, dp_attention=True)])
+def test_what_no_row_can_cover_is_decided_before_sglang_resolves_the_rest(f):
+    """An algorithm no row covers, or a server unlike every measured one, gets default at once: no open
+    pick (its union, the prebuild waiting) while the backends or topk are still unknown."""
+    picked = choice.pick(f)
+    assert picked is not None and picked.spec == "default" and picked.evidence is None, picked
+    assert not plans.resolve({}, facts=f).auto_pending
