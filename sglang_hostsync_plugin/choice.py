@@ -84,7 +84,10 @@ def pick(f: ServingFacts | None) -> Choice | None:
         return _unmeasured(f"{f.speculative_algorithm}")
     for on, why in ((f.tp_size > 1 or f.dp_attention, "tensor or attention DP parallel"),
                     (f.two_batch_overlap, "two-batch overlap"), (f.disable_overlap_schedule, "overlap off"),
-                    (f.speculative_adaptive, "adaptive steps"), (f.disable_cuda_graph, "CUDA graphs off")):
+                    (f.speculative_adaptive, "adaptive steps"), (f.disable_cuda_graph, "CUDA graphs off"),
+                    (f.enable_lora, "LoRA"), (f.enable_pdmux, "pdmux"), (f.moe_counts, "MoE token counts"),
+                    (f.expert_distribution, "expert distribution recording"),
+                    (f.returns_capture_outputs, "routed-expert / indexer outputs")):
         if on:
             return _unmeasured(why)
     prefill, decode = f.attention_backends

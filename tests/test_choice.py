@@ -395,7 +395,8 @@ def test_an_open_pick_sets_no_switch_flag_and_the_launcher_settles_it_before_spa
 @pytest.mark.parametrize("f", [
     facts("DFLASH", 1, None, None), facts("DSPARK", None, None, None), facts("FROZEN_KV_MTP", 1, None, None),
     facts("EAGLE", None, None, None, tp_size=2), facts("EAGLE", None, None, None, disable_cuda_graph=True),
-    facts("NGRAM", None, None, None, dp_attention=True)])
+    facts("NGRAM", None, None, None, dp_attention=True), facts("EAGLE3", 1, enable_lora=True),
+    facts("EAGLE3", 4, enable_pdmux=True), facts("EAGLE3", 1, moe_counts=True)])
 def test_what_no_row_can_cover_is_decided_before_sglang_resolves_the_rest(f):
     """An algorithm no row covers, or a server unlike every measured one, gets default at once: no open
     pick (its union, the prebuild waiting) while the backends or topk are still unknown."""
