@@ -204,3 +204,29 @@ def write_slot_dist(root, module: str, dist: str) -> str:
         with open(path, "w") as f:
             f.write(text)
     return str(root)
+
+
+def e2e_with_slot(tmp_dir, reuse_var: str, name: str, module: str, dist: str, e2e_args: list[str],
+                  timeout: float) -> dict:
+    """The e2e benchmark's ``e2e.json`` for a GPU test of a slot not yet in the catalogue: run with
+    ``e2e_args`` under ``$OUT/<name>`` (its servers get the slot through ``write_slot_dist`` on
+    ``PYTHONPATH``), or read the directory ``$<reuse_var>`` names (a run made by the same command)."""
+    import json
+
+    path = os.environ.get(reuse_var)
+    if not path:
+        path = os.path.join(os.environ.get("OUT", "/tmp"), name)
+        root = write_slot_dist(tmp_dir, module, dist)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+        subprocess.run([sys.executable, "-m", "sglang_hostsync_plugin.e2e", *e2e_args, "--out", path], env=env,
+                       timeout=timeout, check=False)
+    with open(os.path.join(path, "e2e.json")) as f:
+        return json.load(f)
+
+
+def assert_started_and_applied(e2e: dict, server: str, slot: str) -> None:
+    """Every server of the run got ready, and ``slot`` reads applied in ``server``'s status block."""
+    failed = {k: s.get("error") for k, s in e2e["servers"].items() if s.get("ready_s") is None}
+    assert not failed, failed
+    line = next(x for x in e2e["servers"][server]["status_block"] if x.split()[:1] == [slot])
+    assert line.split()[1] == "applied", line

@@ -15,8 +15,8 @@
    stock's, then concurrent clients with aborted streams, no errors, the KV drained, the request after
    the aborts identical); the slot applied, its self-check line with checks, no mismatch and skipped
    steps, and the audit's syncs per step lower than without the slot. The slot is not in the
-   catalogue: the e2e and its servers get it through the entry-point package ``write_cert_dist``
-   writes (tests/test_flashinfer_certified_plan.py), on ``PYTHONPATH``. ``HOSTSYNC_CERT_E2E_DIR``: check
+   catalogue: the e2e and its servers get it through the entry-point package ``helpers.write_slot_dist``
+   writes (tests/helpers.py), on ``PYTHONPATH``. ``HOSTSYNC_CERT_E2E_DIR``: check
    an e2e output directory made by the same command (with that package on ``PYTHONPATH``) instead of
    starting the servers here.
 
@@ -26,12 +26,8 @@ FlashInfer's planner above all: bit-identity rests on it).
 
 from __future__ import annotations
 
-import json
-import os
 import random
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -42,7 +38,7 @@ flashinfer = pytest.importorskip("flashinfer")
 from sglang.srt.layers.attention.flashinfer_backend import fast_prefill_plan  # noqa: E402
 from sglang_hostsync_plugin import flashinfer_split as fs  # noqa: E402
 from sglang_hostsync_plugin.slots import flashinfer_certified_plan as cert  # noqa: E402
-from test_flashinfer_certified_plan import CHECK_LINE, write_cert_dist  # noqa: E402
+from test_flashinfer_certified_plan import CHECK_LINE  # noqa: E402
 
 HEAD_DIM = 128
 HEADS = ((32, 8), (64, 8), (28, 4), (32, 4), (16, 8), (8, 8))
@@ -230,19 +226,14 @@ def test_the_slots_probe_self_checks_every_call_without_a_mismatch(monkeypatch):
 # ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def e2e(tmp_path_factory):
-    path = os.environ.get("HOSTSYNC_CERT_E2E_DIR")
-    if not path:
-        path = os.path.join(os.environ.get("OUT", "/tmp"), "test_gpu_flashinfer_certified_plan")
-        dist = write_cert_dist(tmp_path_factory.mktemp("cert_dist"))  # the slot is not in the catalogue
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (dist, os.environ.get("PYTHONPATH")) if p))
-        subprocess.run([sys.executable, "-m", "sglang_hostsync_plugin.e2e", "--configs", CONFIG,
-                        "--attention-backend", "flashinfer", "--checkpoint-shape", "llama-1b", "--arms", "stock",
-                        "--slots", BASE_SPEC, "--slots", CERT_SPEC, "--concurrency", "1", "4", "--rounds", "1",
-                        "--traffic", "full", "--traffic-requests", "48", "--traffic-aborts", "8",
-                        "--server-arg=--disable-prefill-cuda-graph", "--out", path], env=env, timeout=2400,
-                       check=False)
-    with open(os.path.join(path, "e2e.json")) as f:
-        return json.load(f)
+    from helpers import e2e_with_slot
+
+    return e2e_with_slot(tmp_path_factory.mktemp("cert_dist"), "HOSTSYNC_CERT_E2E_DIR", "test_gpu_flashinfer_certified_plan",
+                         "flashinfer_certified_plan", "hostsync_cert_slot",
+                         ["--configs", CONFIG, "--attention-backend", "flashinfer", "--checkpoint-shape", "llama-1b",
+                          "--arms", "stock", "--slots", BASE_SPEC, "--slots", CERT_SPEC, "--concurrency", "1", "4",
+                          "--rounds", "1", "--traffic", "full", "--traffic-requests", "48", "--traffic-aborts", "8",
+                          "--server-arg=--disable-prefill-cuda-graph"], timeout=2400)
 
 
 def _arm(spec):
@@ -250,11 +241,9 @@ def _arm(spec):
 
 
 def test_the_servers_started_and_the_slot_applied(e2e):
-    failed = {k: s.get("error") for k, s in e2e["servers"].items() if s.get("ready_s") is None}
-    assert not failed, failed
-    block = e2e["servers"][f"{CONFIG}/{_arm(CERT_SPEC)}"]["status_block"]
-    line = next(x for x in block if x.split()[:1] == [cert.NAME])
-    assert line.split()[1] == "applied", line
+    from helpers import assert_started_and_applied
+
+    assert_started_and_applied(e2e, f"{CONFIG}/{_arm(CERT_SPEC)}", cert.NAME)
 
 
 def test_greedy_outputs_and_logprobs_identical_to_stock(e2e):

@@ -18,11 +18,7 @@ same command instead of starting the servers here.
 
 Skipped without CUDA (CI); run by scripts/gpu_run.sh."""
 
-import json
-import os
 import random
-import subprocess
-import sys
 import time
 
 import pytest
@@ -178,28 +174,20 @@ DEV_SPEC = "default,ngram_full_mask,ngram_device_draft"
 
 @pytest.fixture(scope="module")
 def e2e(tmp_path_factory):
-    from helpers import write_slot_dist
+    from helpers import e2e_with_slot
 
-    path = os.environ.get("HOSTSYNC_NGRAM_E2E_DIR")
-    if not path:
-        path = os.path.join(os.environ.get("OUT", "/tmp"), "test_gpu_ngram_device_draft")
-        dist = write_slot_dist(tmp_path_factory.mktemp("ngram_dist"), "ngram_device_draft", "hostsync_ngram_slot")
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (dist, os.environ.get("PYTHONPATH")) if p))
-        subprocess.run([sys.executable, "-m", "sglang_hostsync_plugin.e2e", "--configs", CONFIG, "--arms", "stock",
-                        "--slots", BASE_SPEC, "--slots", DEV_SPEC, "--concurrency", "1", "4", "--rounds", "2",
-                        "--traffic", "full", "--traffic-requests", "48", "--traffic-aborts", "8",
-                        "--server-arg=--disable-prefill-cuda-graph", "--ready-timeout", "240",
-                        "--time-budget", "400", "--out", path], env=env, timeout=480, check=False)
-    with open(os.path.join(path, "e2e.json")) as f:
-        return json.load(f)
+    return e2e_with_slot(tmp_path_factory.mktemp("ngram_dist"), "HOSTSYNC_NGRAM_E2E_DIR", "test_gpu_ngram_device_draft",
+                         "ngram_device_draft", "hostsync_ngram_slot",
+                         ["--configs", CONFIG, "--arms", "stock", "--slots", BASE_SPEC, "--slots", DEV_SPEC,
+                          "--concurrency", "1", "4", "--rounds", "2", "--traffic", "full", "--traffic-requests", "48",
+                          "--traffic-aborts", "8", "--server-arg=--disable-prefill-cuda-graph", "--ready-timeout", "240",
+                          "--time-budget", "400"], timeout=480)
 
 
 def test_the_ngram_servers_started_and_the_slot_applied(e2e):
-    failed = {k: s.get("error") for k, s in e2e["servers"].items() if s.get("ready_s") is None}
-    assert not failed, failed
-    block = e2e["servers"][f"{CONFIG}/slots:{DEV_SPEC}"]["status_block"]
-    line = next(x for x in block if x.split()[:1] == [ndd.NAME])
-    assert line.split()[1] == "applied", line
+    from helpers import assert_started_and_applied
+
+    assert_started_and_applied(e2e, f"{CONFIG}/slots:{DEV_SPEC}", ndd.NAME)
 
 
 def test_the_real_traffic_mix_is_identical_to_stock_with_the_device_draft(e2e):
