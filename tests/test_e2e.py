@@ -255,6 +255,20 @@ def test_sglang_builds_the_block_drafts(tmp_path, key):
         assert (built["cls"], built["gamma"], built["markov"]) == ("DSparkDraftModel", matrix.DSPARK_BLOCK, "VanillaMarkov")
 
 
+def test_repeated_prompts_are_one_passage_repeated_and_random_ones_are_not():
+    vocab = 32000
+    rep = run.prompts(5, 100, vocab, seed=3, kind="repeated")
+    rnd = run.prompts(5, 100, vocab, seed=3)
+    assert run.build_parser().parse_args([]).prompt_kind == "random"
+    for p in rep:
+        assert len(p) == 100 and all(1000 <= t < vocab - 1000 for t in p)
+        assert p == (p[:run.PASSAGE] * 5)[:100] and len(set(p)) > 1
+    assert len({tuple(p[:run.PASSAGE]) for p in rep}) == 5
+    # An n-gram drafter finds a continuation of every prompt's last 3 ids in the prompt itself.
+    assert all(any(p[i:i + 3] == p[-3:] for i in range(len(p) - 3)) for p in rep)
+    assert not any(any(p[i:i + 3] == p[-3:] for i in range(len(p) - 3)) for p in rnd)
+
+
 def test_plugin_env_goes_to_plugin_arms_only(tmp_path):
     opts = matrix.Options(plugin_env=matrix.parse_plugin_env(["SGLANG_HOSTSYNC_GLUE_CHECK=50"]))
     models = matrix.write_models(str(tmp_path / "models"))

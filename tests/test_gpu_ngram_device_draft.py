@@ -170,6 +170,7 @@ def test_draft_time_per_call():
 CONFIG = "ngram-p1"
 BASE_SPEC = "default,ngram_full_mask"
 DEV_SPEC = "default,ngram_full_mask,ngram_device_draft"
+HOST_SPEC = "default,eagle_host,ngram_host"  # what auto picks for NGRAM triton page 1: the trie with the host slots
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +180,7 @@ def e2e(tmp_path_factory):
     return e2e_with_slot(tmp_path_factory.mktemp("ngram_dist"), "HOSTSYNC_NGRAM_E2E_DIR", "test_gpu_ngram_device_draft",
                          "ngram_device_draft", "hostsync_ngram_slot",
                          ["--configs", CONFIG, "--arms", "stock", "--slots", BASE_SPEC, "--slots", DEV_SPEC,
-                          "--concurrency", "1", "4", "--rounds", "2", "--traffic", "full", "--traffic-requests", "48",
+                          "--slots", HOST_SPEC, "--prompt-kind", "repeated", "--concurrency", "1", "4", "--rounds", "2", "--traffic", "full", "--traffic-requests", "48",
                           "--traffic-aborts", "8", "--server-arg=--disable-prefill-cuda-graph", "--ready-timeout", "240",
                           "--time-budget", "400"], timeout=480)
 
@@ -212,6 +213,11 @@ def test_the_device_draft_removes_the_per_step_wait(e2e):
               f"{b['run_ahead_fraction']:.3f} -> {d['run_ahead_fraction']:.3f}, accept length "
               f"{base['accept_length']} -> {dev['accept_length']}, tok/s/user {base['tok_s_user_median']:.1f} -> "
               f"{dev['tok_s_user_median']:.1f}")
+        host = cells.get((f"slots:{HOST_SPEC}", conc))
+        if host and host["audit"]:
+            print(f"ngram c{conc} {HOST_SPEC}: syncs/step {host['audit']['syncs_per_step']:.3f}, run-ahead "
+                  f"{host['audit']['run_ahead_fraction']:.3f}, accept length {host['accept_length']}, tok/s/user "
+                  f"{host['tok_s_user_median']:.1f}")
         assert b["steps"] > 50 and d["steps"] > 50
         if conc == 1:
             assert d["syncs_per_step"] < b["syncs_per_step"] - 0.5, (b["sync_sites"], d["sync_sites"])

@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--requests", type=int, default=6, help="requests per window (at least 2 per concurrent user)")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--prompt-kind", choices=PROMPT_KINDS, default="random",
+                    help="the timed rounds' and identity pass's prompts: 'random' ids, or 'repeated' (one random "
+                         f"passage of {PASSAGE} ids repeated to --prompt-len: text an n-gram drafter can copy from)")
     ap.add_argument("--identity-prompts", type=int, default=4)
     ap.add_argument("--identity-tokens", type=int, default=64)
     ap.add_argument("--top-logprobs", type=int, default=5, help="0: compare token ids only")
@@ -172,9 +175,16 @@ def launches(configs, arms, opts, out_dir: str, models: dict[str, str], port: in
     return [matrix.launch(c, a, port + i, opts, models, out_dir) for c in configs for i, a in enumerate(arms)]
 
 
-def prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+PROMPT_KINDS = ("random", "repeated")
+PASSAGE = 24  # ids in a repeated prompt's passage
+
+
+def prompts(n: int, length: int, vocab: int, seed: int, kind: str = "random") -> list[list[int]]:
     rng = random.Random(seed)
-    return [[rng.randrange(1000, vocab - 1000) for _ in range(length)] for _ in range(n)]
+    if kind == "random":
+        return [[rng.randrange(1000, vocab - 1000) for _ in range(length)] for _ in range(n)]
+    passages = [[rng.randrange(1000, vocab - 1000) for _ in range(PASSAGE)] for _ in range(n)]
+    return [(p * (length // PASSAGE + 1))[:length] for p in passages]
 
 
 def _server_env(launch: matrix.Launch | None = None) -> dict[str, str]:
@@ -761,7 +771,7 @@ def main(argv: list[str] | None = None) -> int:
     models = write_models(opts, out_dir)
     vocab = model_vocab(opts)
     pool = prompts(max(args.identity_prompts, args.requests, 2 * max(args.concurrency)) * args.rounds + 3,
-                   args.prompt_len, vocab, args.random_seed)
+                   args.prompt_len, vocab, args.random_seed, args.prompt_kind)
     result = {
         "meta": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                  "command": " ".join(["python -m sglang_hostsync_plugin.e2e", *(argv if argv is not None else sys.argv[1:])]),
