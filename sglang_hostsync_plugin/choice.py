@@ -83,6 +83,8 @@ def pick(f: ServingFacts | None) -> Choice | None:
     if not ((f.is_eagle_family() and not f.is_frozen_kv_mtp()) or f.is_ngram()):
         return _unmeasured(f"{f.speculative_algorithm}")
     for on, why in ((f.tp_size > 1 or f.dp_attention, "tensor or attention DP parallel"),
+                    (f.pp_size > 1, "pipeline parallel"),
+                    (f.disaggregation_mode != "null", f"PD disaggregation ({f.disaggregation_mode})"),
                     (f.two_batch_overlap, "two-batch overlap"), (f.disable_overlap_schedule, "overlap off"),
                     (f.speculative_adaptive, "adaptive steps"), (f.disable_cuda_graph, "CUDA graphs off"),
                     (f.enable_lora, "LoRA"), (f.enable_pdmux, "pdmux"), (f.moe_counts, "MoE token counts"),

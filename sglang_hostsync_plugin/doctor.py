@@ -77,6 +77,8 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--enable-two-batch-overlap", action="store_true")
     srv.add_argument("--attn-dp-size", type=int, default=1)
     srv.add_argument("--tp-size", "--tp", type=int, default=1)
+    srv.add_argument("--pp-size", "--pp", type=int, default=1)
+    srv.add_argument("--disaggregation-mode", default="null", choices=("null", "prefill", "decode"))
     srv.add_argument("--ep-size", "--ep", type=int, default=1)
     srv.add_argument("--moe-a2a-backend", default="none")
     srv.add_argument("--moe-dense-tp-size", type=int, default=None)
@@ -158,6 +160,8 @@ def facts_of(args) -> ServingFacts | None:
         dp_attention=args.attn_dp_size > 1,
         two_batch_overlap=args.enable_two_batch_overlap,
         tp_size=args.tp_size,
+        pp_size=args.pp_size,
+        disaggregation_mode=args.disaggregation_mode,
         topk=(args.speculative_eagle_topk if args.speculative_eagle_topk is not None
               else None if ServingFacts(args.speculative_algorithm).is_eagle_family() else 1),
         page_size=args.page_size,

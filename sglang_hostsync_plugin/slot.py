@@ -87,6 +87,8 @@ class ServingFacts:
     dp_attention: bool = False
     two_batch_overlap: bool = False
     tp_size: int = 1
+    pp_size: int = 1
+    disaggregation_mode: str = "null"  # --disaggregation-mode: "null", "prefill" or "decode" (PD)
     # None: not resolved yet (the launcher reads the args before SGLang's resolution, which picks an
     # EAGLE-family topk the user left out, e.g. 4 for a Llama target, and the page size); never inert.
     topk: int | None = 1  # speculative_eagle_topk
@@ -126,6 +128,8 @@ class ServingFacts:
             dp_attention=view.attn_dp_size > 1 or (bool(view.enable_dp_attention) and int(view.dp_size or 1) > 1),
             two_batch_overlap=bool(view.enable_two_batch_overlap),
             tp_size=int(view.tp_size),
+            pp_size=int(view.pp_size or 1),
+            disaggregation_mode=str(view.disaggregation_mode or "null"),
             # The EAGLE-family tree width; other algorithms have none (SGLang puts NGRAM's BFS breadth there).
             topk=((None if view.speculative_eagle_topk is None else int(view.speculative_eagle_topk))
                   if _is_eagle_family(view.speculative_algorithm) else 1),

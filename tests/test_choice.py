@@ -39,6 +39,8 @@ UNMEASURED = [
     facts("EAGLE", 4, backend="fa3"),
     facts("EAGLE", 1, tp_size=2),
     facts("EAGLE", 1, dp_attention=True),
+    facts("EAGLE", 1, pp_size=2),
+    facts("EAGLE", 4, disaggregation_mode="decode"),
     facts("EAGLE", 1, disable_overlap_schedule=True),
     facts("EAGLE", 1, disable_cuda_graph=True),
     facts("EAGLE", 4, draft_attention_backend="flashinfer"),
@@ -143,6 +145,24 @@ def test_the_doctor_prints_the_pick(monkeypatch, capsys):
     assert doctor.main([*argv, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["choice"].endswith("SGLANG_HOSTSYNC_SLOTS=default,eagle_host")
+
+
+@pytest.mark.parametrize("extra, label", [(["--pp-size", "2"], "pipeline parallel"),
+                                          (["--disaggregation-mode", "decode"], "PD disaggregation (decode)")])
+def test_pipeline_parallel_and_pd_servers_are_unmeasured_in_sglangs_args_and_the_doctors(monkeypatch, capsys, extra,
+                                                                                         label):
+    from sglang.srt.server_args import prepare_server_args
+
+    argv = ["--speculative-algorithm", "EAGLE3", "--speculative-eagle-topk", "4", "--page-size", "16",
+            "--attention-backend", "triton"]
+    f = ServingFacts.from_server_args(prepare_server_args(["--model-path", "dummy", "--speculative-draft-model-path",
+                                                           "dummy", *argv, *extra]), {})
+    assert choice.pick(f).label == f"not measured ({label})"
+    assert choice.pick(ServingFacts.from_server_args(prepare_server_args(
+        ["--model-path", "dummy", "--speculative-draft-model-path", "dummy", *argv]), {})).spec == "default,eagle_host"
+    monkeypatch.setenv(config.ENV_SLOTS, "auto")
+    assert doctor.main(["doctor", *argv, *extra, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["choice"].startswith(f"auto: not measured ({label})")
 
 
 @pytest.mark.parametrize("algorithm, picks, left_out", [
