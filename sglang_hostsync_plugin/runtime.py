@@ -147,8 +147,15 @@ def process_roles_found() -> dict[str, bool]:
 
 
 def launcher_defers() -> bool:
-    """In a launcher without an exported plan, nothing is hooked at load_plugins() time."""
-    return plans.inherited() is None and called_from_launcher()
+    """In a launcher nothing is hooked at load_plugins() time: it resolves its own plan. A plan already
+    in its environment was exported by another launch (a parent process's, for its own server args):
+    it is dropped here, before anything reads it."""
+    if not called_from_launcher():
+        return False
+    if os.environ.pop(plans.ENV_PLAN, None) is not None:
+        logger.info("hostsync: dropped the plan another launch exported into this environment; this launch "
+                    "makes its own")
+    return True
 
 
 def defer() -> None:

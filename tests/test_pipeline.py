@@ -301,6 +301,30 @@ def test_a_launcher_hooks_nothing_and_its_schedulers_read_its_plan(route):
     assert child["status"]["dspark_dp_meta"][0] == "skipped", child["status"]
 
 
+def test_a_launcher_started_from_another_launchs_environment_makes_its_own_plan():
+    """A launcher whose environment holds a plan exported by another launch (a parent process that
+    launched a server with other args, its env inherited) resolves its own, and its schedulers read that."""
+    from sglang_hostsync_plugin import plan as plans
+    from sglang_hostsync_plugin.slot import ServingFacts
+
+    env = clean_env(SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", SGLANG_HOSTSYNC_SLOTS="auto")
+    other = ServingFacts(speculative_algorithm="STANDALONE", topk=1, page_size=16, attention_backends=("triton", "triton"))
+    stale = plans.resolve(env, facts=other)
+    assert "eagle_step_graph" in stale.selected and plans.inherited({**env, plans.ENV_PLAN: stale.to_json()}) == stale
+    proc = run_process([sys.executable, "-c", LAUNCHER, "cli", CHILD], env={**env, plans.ENV_PLAN: stale.to_json()},
+                       cwd=REPO, timeout=600)
+    assert proc.returncode == 0, out(proc)
+    res = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert res["err"] is None, out(proc)
+    assert res["exported"]["facts"]["topk"] == 4, res["exported"]["facts"]  # LAUNCHER's args, not the stale plan's
+    assert "dropped the plan another launch exported" in proc.stderr, out(proc)
+    assert proc.stderr.count("hostsync: plan resolved in") == 1, out(proc)
+    assert res["exported"]["choice"].startswith("auto: EAGLE family, topk > 1"), res["exported"]["choice"]
+    child = json.loads(res["child"])
+    assert child["err"] is None and child["plan"] == res["exported"], res["child_err"]
+    assert child["status"]["eagle_step_graph"][0] != "applied", child["status"]["eagle_step_graph"]
+
+
 # SGLang's scheduler / detokenizer / DP controller process function, run for real with the
 # launcher's plan in the environment; the first object it creates after load_plugins() is a probe
 # that reports what this process registered and exits (the scheduler's through the plugin's gate).
