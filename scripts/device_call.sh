@@ -5,7 +5,7 @@
 # inner timeout, then the GPU test files named in GPU_TESTS, and packs everything into one archive
 # under $OUT (a call returns at most 8 files).
 #   NAME=t4 E2E_TIMEOUT=480 E2E_ARGS="--configs standalone-t4-p16 ..." GPU_TESTS="tests/test_gpu_x.py" \
-#     bash scripts/device_call.sh
+#     [SLOT_DISTS="ngram_device_draft:hostsync_ngram_slot"] bash scripts/device_call.sh
 # Without $OUT (another CUDA machine) the archive goes to gpu_out/.
 set -u
 cd "$(dirname "$0")/.."
@@ -16,6 +16,13 @@ export PYTHONPATH=$PWD/tests:${PYTHONPATH:-} PYTHONUNBUFFERED=1 HOSTSYNC_GPU_TES
 export FLASHINFER_WORKSPACE_BASE="${FLASHINFER_WORKSPACE_BASE:-$HOME/.cache/sglang}"
 # The bundle's Rust radix-tree core rejects torch 2.11 tensors; SGLang's Python core works.
 export SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=${SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND:-python}
+# SLOT_DISTS="module:dist ...": slots not yet in the catalogue, registered for the e2e's servers through the
+# third-party entry-point group (tests/helpers.py write_slot_dist) on PYTHONPATH.
+for pair in ${SLOT_DISTS:-}; do
+  python3 -c "import sys; from helpers import write_slot_dist; write_slot_dist(*sys.argv[1:])" \
+    "$G/dist" "${pair%%:*}" "${pair#*:}" || exit 1
+  case ":$PYTHONPATH:" in *":$G/dist:"*) ;; *) export PYTHONPATH=$G/dist:$PYTHONPATH ;; esac
+done
 find sglang_hostsync_plugin -name '*.py' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16 > "$G/digest.txt"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$G/gpu.txt"
 (python3 - > "$G/flashinfer_warm.log" 2>&1 <<'PY'

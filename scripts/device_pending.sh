@@ -22,6 +22,9 @@
 #   CALL=7 bash scripts/device_pending.sh   # issue 63's combined topk-1 set (eagle_step_graph + the eagle_host
 #                                           # slots that may run beside it) against each alone, EAGLE3 and
 #                                           # STANDALONE topk 1 page 16 triton, real-traffic pass first
+#   CALL=8 bash scripts/device_pending.sh   # issue 65's benchmark: NGRAM page 1 triton on repeated-passage
+#                                           # prompts, stock vs auto's set (ngram_host) vs ngram_device_draft
+#                                           # (registered for the run), real acceptance, 6 rounds c1/c8
 # Calls 1-3 ran on 2026-12-06 (benchmarks/results/2026-12-06-h100-final/; call 1's topk-4 half and call 3's
 # certified-plan e2e were cut by their limits).
 # The device tool: carry [".device-bundle-fi"], timeout 590, and start the next call within the
@@ -68,6 +71,11 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
     NAME=t1set E2E_TIMEOUT=540 E2E_ARGS="--configs eagle3-t1-p16,standalone-t1-p16 --arms stock \
 --slots default,eagle_step_graph,-audit --slots $COMBINED,-audit --slots default,eagle_host,-audit $COMMON \
 --time-budget 520" bash scripts/device_call.sh ;;
+  8)
+    NAME=ngram_bench E2E_TIMEOUT=540 SLOT_DISTS="ngram_device_draft:hostsync_ngram_slot" E2E_ARGS="--configs ngram-p1 \
+--arms stock --slots default,eagle_host,ngram_host --slots default,ngram_full_mask,ngram_device_draft \
+--slots default,eagle_host,ngram_full_mask,ngram_device_draft --prompt-kind repeated $COMMON --time-budget 520" \
+      bash scripts/device_call.sh ;;
   *)
-    sed -n '2,29p' "$0"; exit 2 ;;
+    sed -n '2,32p' "$0"; exit 2 ;;
 esac
