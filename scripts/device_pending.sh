@@ -46,6 +46,10 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
     NAME=triton E2E_TIMEOUT=520 E2E_ARGS="--configs ngram-p1,eagle3-t1-p16,standalone-t4-p1 --arms stock \
 --slots default,-audit --slots auto,-audit --slots default,eagle_host,-audit $COMMON --time-budget 500" \
       bash scripts/device_call.sh ;;
+  2a)  # CALL=2's first two configurations, for a session with under 10 minutes of device time left
+    NAME=triton E2E_TIMEOUT=400 E2E_ARGS="--configs ngram-p1,eagle3-t1-p16 --arms stock \
+--slots default,-audit --slots auto,-audit --slots default,eagle_host,-audit $COMMON --time-budget 380" \
+      bash scripts/device_call.sh ;;
   3)
     SGW_TIMEOUT=300 E2E_TIMEOUT=0 bash scripts/device_step_graph_weights.sh
     NAME=drafts GPU_TESTS="tests/test_gpu_ngram_device_draft.py tests/test_gpu_flashinfer_certified_plan.py" \
