@@ -50,6 +50,10 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
     NAME=triton E2E_TIMEOUT=400 E2E_ARGS="--configs ngram-p1,eagle3-t1-p16 --arms stock \
 --slots default,-audit --slots auto,-audit --slots default,eagle_host,-audit $COMMON --time-budget 380" \
       bash scripts/device_call.sh ;;
+  2b)  # CALL=2's NGRAM configuration alone (issue 61's final-code rerun, about 5 minutes)
+    NAME=triton E2E_TIMEOUT=280 E2E_ARGS="--configs ngram-p1 --arms stock \
+--slots default,-audit --slots auto,-audit --slots default,eagle_host,-audit $COMMON --time-budget 260" \
+      bash scripts/device_call.sh ;;
   3)
     SGW_TIMEOUT=300 E2E_TIMEOUT=0 bash scripts/device_step_graph_weights.sh
     NAME=drafts GPU_TESTS="tests/test_gpu_ngram_device_draft.py tests/test_gpu_flashinfer_certified_plan.py" \
