@@ -210,17 +210,42 @@ def e2e_with_slot(tmp_dir, reuse_var: str, name: str, module: str, dist: str, e2
                   timeout: float) -> dict:
     """The e2e benchmark's ``e2e.json`` for a GPU test of a slot not yet in the catalogue: run with
     ``e2e_args`` under ``$OUT/<name>`` (its servers get the slot through ``write_slot_dist`` on
-    ``PYTHONPATH``), or read the directory ``$<reuse_var>`` names (a run made by the same command)."""
+    ``PYTHONPATH``), or read the directory ``$<reuse_var>`` names (a run made by the same command).
+    A run past ``timeout`` gets SIGTERM (the e2e then stops its servers, which run in sessions of
+    their own, and reports the rounds that finished; SIGKILL after 60 s more) and the ``e2e.json`` it
+    wrote is read; where it wrote none, an AssertionError names the timeout."""
     import json
+    import time
 
+    stop_grace_s = 60  # the e2e's servers stop at once (SIGTERM, 30 s, SIGKILL), then it reports
     path = os.environ.get(reuse_var)
+    timed_out, started = False, 0.0
     if not path:
         path = os.path.join(os.environ.get("OUT", "/tmp"), name)
         root = write_slot_dist(tmp_dir, module, dist)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
-        subprocess.run([sys.executable, "-m", "sglang_hostsync_plugin.e2e", *e2e_args, "--out", path], env=env,
-                       timeout=timeout, check=False)
-    with open(os.path.join(path, "e2e.json")) as f:
+        started = time.time()
+        with subprocess.Popen([sys.executable, "-m", "sglang_hostsync_plugin.e2e", *e2e_args, "--out", path],
+                              env=env) as proc:
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                proc.terminate()
+                try:
+                    proc.wait(timeout=stop_grace_s)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            except BaseException:  # (as subprocess.run: the child does not outlive the caller)
+                proc.kill()
+                raise
+    report = os.path.join(path, "e2e.json")
+    if timed_out and not (os.path.exists(report) and os.path.getmtime(report) >= started - 1):
+        raise AssertionError(f"the e2e run for {name} passed its {timeout:g} s timeout (subprocess.TimeoutExpired) "
+                             f"and left no e2e.json of its own in {path}")
+    if timed_out:
+        print(f"{name}: the e2e passed its {timeout:g} s timeout; reading the e2e.json it left in {path}")
+    with open(report) as f:
         return json.load(f)
 
 

@@ -1,13 +1,17 @@
 """dflash_step_graph (not registered yet) on the CPU: which steps stay eager and why, the inputs it
 stages and the tensors it ignores, the result it hands out, the capture/replay flow around fakes
 (``capture()`` itself over fakes of torch's CUDA graph and stream calls, with a worker whose buffers
-grow by SGLang's own ``_ensure_*`` methods): warm-ups, the capture, the per-step input copy, the
-clones, ``on_publish`` after the launch, a failed capture putting the batch and the worker back, a
-worker flag SGLang turns off during a capture, buffers that grow after a capture, each graph's own
-accept buffers; the check (draft KV rows included); the rules (per step, the scheduler's, startup)
-against SGLang 0.5.23's code, the pinned sources, the plan beside ``eagle_step_graph`` and the
-default slots, and that the slot is not in the catalogue. The joined graph runs in the real-server
-e2e, tests/test_gpu_dflash_step_graph.py."""
+grow by SGLang's own ``_ensure_*`` methods, fused KV helper or not): warm-ups, pre-sizing on a key's
+first step (before its warm-ups, never under capture; the workspace to a prefill's size), the
+capture, the ``record_stream`` and per-step input copy, the clones, ``on_publish`` after the launch,
+a failed capture putting the batch and the worker back, a worker flag SGLang turns off during a
+capture (and a source scan for new fallbacks), buffers that grow after a capture (every stale graph
+dropped at once), each graph's own accept buffers (slot 0 alone); the check (draft KV rows
+included); the rules (per step, capture off first, the scheduler's with the decode graph backend and
+the memory saver, startup) against SGLang 0.5.23's code, the pinned sources, the plan beside
+``eagle_step_graph`` and the default slots, and that the slot is not in the catalogue; the GPU e2e's
+run helper past its timeout. The joined graph runs in the real-server e2e,
+tests/test_gpu_dflash_step_graph.py."""
 
 import collections
 import inspect
@@ -117,6 +121,20 @@ class Worker:
 def cpu_tensors(monkeypatch):
     """CPU tensors stand for the device's, but those ``host()`` marked."""
     monkeypatch.setattr(dsg, "on_device", lambda v: torch.is_tensor(v) and not getattr(v, "host", False))
+
+
+PREFILL_TOKENS = dsg.prefill_tokens  # SGLang's setting, read under a runtime context (its own test)
+
+
+@pytest.fixture(autouse=True)
+def stream_and_schedule(monkeypatch):
+    """What the module reads from CUDA and the scheduler's settings: ``record_stream`` records the
+    tensors it was given (``.recorded``); a prefill is at most ``.prefill`` tokens (0: none past a
+    decode step's)."""
+    fakes = NS(recorded=[], prefill=0)
+    monkeypatch.setattr(dsg, "record_stream", fakes.recorded.append)
+    monkeypatch.setattr(dsg, "prefill_tokens", lambda: fakes.prefill)
+    return fakes
 
 
 # --- per-step rules ---
@@ -610,10 +628,12 @@ RUNNERS = [NS(_graphs=collections.defaultdict(lambda: TorchGraph(None)),
 
 def sglang_step(fail_at=None, flip=None, runners=RUNNERS, out=None):
     """A step shaped like DFlash v2's decode branch: the draft block's buffers, the two runner replays,
-    the accept buffers (SGLang's own ping-pong), the draft KV append, fields of the batch rebound.
-    ``fail_at``: a batch size whose step raises under capture after the first runner. ``flip``:
-    (owner, flag, value) SGLang's except path sets under capture, then carries on (its fallback)."""
-    calls, seen = [], []
+    the accept buffers (SGLang's own ping-pong), the draft KV append (through the fused helper's
+    workspace where the worker has one), fields of the batch rebound. ``fail_at``: a batch size whose
+    step raises under capture after the first runner. ``flip``: (owner, flag, value) SGLang's except
+    path sets under capture, then carries on (its fallback). ``step.ptrs``: the growing buffers'
+    addresses each call ran on."""
+    calls, seen, ptrs = [], [], []
 
     def step(worker, b, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
         capturing = dsg._route.capture is not None
@@ -621,6 +641,10 @@ def sglang_step(fail_at=None, flip=None, runners=RUNNERS, out=None):
         seen.append((b.seq_lens, b.spec_info, b.out_cache_loc))
         bs = len(b.seq_lens)
         worker._ensure_draft_block_buffers(bs)
+        helper = worker._fused_kv_helper if worker._use_fused_kv_materialize else None
+        if helper is not None:  # (FusedKVMaterializeHelper.materialize, by the step's token count)
+            helper._ensure_workspace(bs * BLOCK, helper.flat_kv_weight_t.dtype)
+        ptrs.append(dsg.buffer_pointers(worker))
         locs = worker._draft_verify_out_cache_loc_buf[:bs]
         locs.copy_(b.req_pool_indices[:, None] * BLOCK + torch.arange(BLOCK))
         for runner in runners:
@@ -645,7 +669,7 @@ def sglang_step(fail_at=None, flip=None, runners=RUNNERS, out=None):
                   next_draft_input=NS(bonus_tokens=bonus, new_seq_lens=new_lens), extra_keep_alive_refs=None,
                   can_run_cuda_graph=True)
 
-    step.seen = seen
+    step.seen, step.ptrs = seen, ptrs
     return step, calls
 
 
@@ -685,11 +709,15 @@ def test_a_capture_restores_the_batch_and_gives_the_graph_accept_buffers_of_its_
     assert all(accept_state(worker)[k] is v for k, v in own.items())
     assert worker._accept_bonus_buffer_slot == slot
     (graph,) = r.graphs.values()
-    worker_ptrs = {t.data_ptr() for name in dsg.ACCEPT_STATE[1:5] for t in getattr(worker, name)}
+    worker_ptrs = {t.data_ptr() for name in dsg.ACCEPT_PAIRS for t in getattr(worker, name)}
     graph_ptrs = {graph.result.accept_lens.data_ptr(), graph.result.new_seq_lens.data_ptr(),
                   graph.result.next_token_ids.data_ptr(), graph.result.next_draft_input.bonus_tokens.data_ptr()}
     assert graph_ptrs.isdisjoint(worker_ptrs) and graph.accept is not None
-    assert {graph.accept["_commit_lens_bufs"][0].data_ptr()} <= graph_ptrs  # kept alive by the graph
+    # Kept alive by the graph: slot 0 of each pair, the one its capture wrote, and no slot 1.
+    kept = {name: [t.data_ptr() for t in graph.accept[name]] for name in dsg.ACCEPT_PAIRS}
+    assert all(len(v) == 1 for v in kept.values()), kept
+    assert graph_ptrs == {kept[name][0] for name in dsg.ACCEPT_PAIRS}
+    assert set(graph.accept) == {dsg.ACCEPT_BUFFER, *dsg.ACCEPT_PAIRS}
     assert out.accept_lens is not graph.result.accept_lens and torch.equal(out.accept_lens, graph.result.accept_lens)
 
 
@@ -776,6 +804,144 @@ def test_captures_and_replays_then_a_grown_buffer_recaptures(gpu, caplog):
     assert next(iter(r.graphs.values())).current(worker)
 
 
+def test_the_buffers_are_presized_on_a_keys_first_step_so_its_warm_ups_run_on_the_captured_ones(gpu):
+    """Pre-sizing runs before the key's first warm-up, never inside a capture: the warm-ups and the
+    capture run on the same block buffers and workspace (the ones the graph then records)."""
+    r, side = gpu
+    worker = Worker(max_bs=4)
+    helper, allocs = worker._fused_kv_helper, []
+
+    def recording(owner, name, buffer):
+        real = getattr(owner, name)
+
+        def ensure(*args):
+            before = getattr(owner, buffer)
+            real(*args)
+            if getattr(owner, buffer) is not before:
+                allocs.append((name, args[0], dsg._route.capture is not None, side.capturing))
+
+        setattr(owner, name, ensure)
+
+    recording(worker, "_ensure_draft_block_buffers", "_draft_block_ids_buf")
+    recording(helper, "_ensure_workspace", "_proj_workspace")
+    step, calls = sglang_step()
+    for _ in range(es.WARMUPS + 2):
+        dsg.step_hook(step, worker, batch(1))
+    assert calls == [False] * es.WARMUPS + [True] and r.replays == 2
+    assert allocs == [("_ensure_draft_block_buffers", 4, False, False), ("_ensure_workspace", 4 * BLOCK, False, False)]
+    assert len(set(step.ptrs)) == 1 and step.ptrs[0] == dsg.buffer_pointers(worker)
+    (graph,) = r.graphs.values()
+    assert graph.current(worker)
+
+
+def test_the_workspace_is_presized_to_a_prefill_so_a_prefill_keeps_the_graphs(gpu, stream_and_schedule):
+    """The fused KV workspace is the prefill's too: sized to a prefill batch (the chunk size), a
+    prefill of that many tokens after the capture grows nothing and drops no graph."""
+    r, side = gpu
+    stream_and_schedule.prefill = 64  # > max_bs x block (16)
+    worker = Worker(max_bs=4)
+    helper = worker._fused_kv_helper
+    step, calls = sglang_step()
+    for _ in range(es.WARMUPS + 2):
+        dsg.step_hook(step, worker, batch(2))
+    assert helper._workspace_capacity >= 64 and r.replays == 2
+    helper._ensure_workspace(64, helper.flat_kv_weight_t.dtype)  # a full chunk's prefill (draft KV append)
+    dsg.step_hook(step, worker, batch(2))
+    assert r.replays == 3 and not r.driver.destroyed and len(calls) == es.WARMUPS + 1
+
+
+def test_prefill_tokens_is_sglangs_chunk_size_or_else_its_prefill_cap():
+    from sglang.srt.runtime_context import get_context
+
+    for args, want in (({"chunked_prefill_size": 4096}, 4096), ({"chunked_prefill_size": -1}, 16384),
+                       ({"chunked_prefill_size": None, "max_prefill_tokens": 1000}, 1000),
+                       ({"chunked_prefill_size": 0, "max_prefill_tokens": 3000}, 3000)):
+        with get_context().override_server_args(**args):
+            assert PREFILL_TOKENS() == want, args
+    src = inspect.getsource(FusedKVMaterializeHelper.materialize)
+    assert "self._ensure_workspace(total_ctx, ctx_hidden.dtype)" in src  # sized by the token count
+
+
+def test_a_worker_without_the_fused_helper_captures_replays_and_recaptures(gpu):
+    """SGLang's non-fused KV append (no helper: not CUDA, or its init failed): no workspace in the
+    pointers, no helper flags, the same flow; a grown block buffer still drops the graph."""
+    r, side = gpu
+    worker = Worker(fused=False)
+    step, calls = sglang_step()
+    for _ in range(es.WARMUPS + 2):
+        dsg.step_hook(step, worker, batch(2))
+    assert r.replays == 2 and calls == [False] * es.WARMUPS + [True]
+    assert dsg.fused_helper(worker) is None and len(dsg.buffer_pointers(worker)) == len(dsg.BLOCK_BUFFERS)
+    assert [name for _, name, _ in dsg.worker_flags(worker)] == list(dsg.FLAGS)
+    (graph,) = r.graphs.values()
+    assert graph.current(worker)
+    worker._ensure_draft_block_buffers(9)
+    dsg.step_hook(step, worker, batch(2))
+    assert r.driver.destroyed and not r.graphs and r.replays == 2
+
+
+def test_a_replay_records_the_lengths_on_the_current_stream_before_copying_them(flow, monkeypatch,
+                                                                               stream_and_schedule):
+    """Stock calls ``batch.seq_lens.record_stream`` (W:2481): the overlap scheduler allocates it on
+    another stream. A replay's copy reads it too, on the current stream, after the record."""
+    r, captured, worker = flow
+    order = []
+    monkeypatch.setattr(dsg, "record_stream", lambda t: order.append(("record", t)))
+    real_copy = torch._foreach_copy_
+
+    def copy_(dst, src):
+        order.append(("copy", src))
+        return real_copy(dst, src)
+
+    monkeypatch.setattr(torch, "_foreach_copy_", copy_)
+    original, calls = eager_step()
+    for _ in range(es.WARMUPS):
+        dsg.step_hook(original, worker, batch())
+    assert not order  # the eager steps record it themselves
+    r.check = 2
+    batches = [batch(), batch()]  # the capture and its replay; then a checked replay
+    for b in batches:
+        dsg.step_hook(original, worker, b)
+    assert r.replays == 2 and r.checks == 1
+    assert [what for what, _ in order] == ["record", "copy"] * 2
+    for b, (rec, cp) in zip(batches, zip(order[::2], order[1::2])):
+        assert rec[1] is b.seq_lens and any(t is b.seq_lens for t in cp[1])
+
+
+def test_a_changed_worker_drops_every_graph_captured_before_the_change(flow):
+    """``worker_state`` is the whole worker's: a grown buffer makes every graph stale, so the first
+    step that finds one drops them all (not only its own key's)."""
+    r, captured, worker = flow
+    original, calls = eager_step()
+    for bs in (1, 2, 3) * (es.WARMUPS + 1):
+        dsg.step_hook(original, worker, batch(bs))
+    assert len(r.graphs) == 3 and r.replays == 3
+    worker._fused_kv_helper._ensure_workspace(1000, worker._fused_kv_helper.flat_kv_weight_t.dtype)
+    dsg.step_hook(original, worker, batch(2))
+    assert sorted(r.driver.destroyed) == [100, 101, 102] and not r.graphs
+    assert all(v == (1 if k[0] == 2 else 0) for k, v in r.warm.items())  # bs 2 warms up from this step
+    for bs in (1, 2, 3) * es.WARMUPS + (1, 3):  # (bs 2 had its first warm-up above)
+        dsg.step_hook(original, worker, batch(bs))
+    assert len(r.graphs) == 3 and all(g.current(worker) for g in r.graphs.values())
+
+
+def test_with_capture_off_a_step_reads_no_rule(flow, monkeypatch):
+    """Capture off for good: SGLang's step at once, the per-step rules and the stray scan unread."""
+    r, captured, worker = flow
+    r.disabled = "8 captures failed"
+
+    def unread(*args):
+        raise AssertionError("read with capture off")
+
+    monkeypatch.setattr(dsg, "ineligible", unread)
+    monkeypatch.setattr(dsg, "stray_input", unread)
+    monkeypatch.setattr(dsg, "gather", unread)
+    original, calls = eager_step()
+    for _ in range(3):
+        dsg.step_hook(original, worker, batch())
+    assert len(calls) == 3 and r.eager == {"capture off": 3}
+
+
 # --- server-wide and startup rules ---
 
 
@@ -842,6 +1008,62 @@ def test_every_flag_the_guard_snapshots_is_one_sglang_turns_off_or_sets_once():
         assert f"self.{name} = torch.empty" in inspect.getsource(FusedKVMaterializeHelper._ensure_workspace), name
 
 
+def except_path_assignments(cls) -> set[str]:
+    """Every ``self.<name> = False`` / ``= None`` inside an ``except`` block of ``cls``'s methods: the
+    fallbacks that turn a path off for good."""
+    import ast
+    import textwrap
+
+    found = set()
+    for handler in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(cls)))):
+        if not isinstance(handler, ast.ExceptHandler):
+            continue
+        for node in ast.walk(handler):
+            if not isinstance(node, (ast.Assign, ast.AnnAssign)):
+                continue
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            pairs = []
+            for t in targets:
+                if isinstance(t, ast.Tuple) and isinstance(node.value, ast.Tuple):
+                    pairs += zip(t.elts, node.value.elts)
+                else:
+                    pairs.append((t, node.value))
+            for target, value in pairs:
+                if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
+                        and target.value.id == "self" and isinstance(value, ast.Constant)
+                        and value.value in (False, None)):
+                    found.add(target.attr)
+    return found
+
+
+def test_every_flag_an_sglang_fallback_turns_off_is_snapshotted():
+    """A new ``try/except`` fallback in the DFlash worker (any method: the decode branch's and those
+    it calls, and init's, which set the same flags) or the fused KV helper that turns a flag off
+    must be in ``FLAGS`` / ``HELPER_FLAGS``, or a capture would stand on the path it abandoned."""
+    worker, helper = except_path_assignments(DFlashWorkerV2), except_path_assignments(FusedKVMaterializeHelper)
+    assert worker == {"_use_triton_prepare_block", "_use_triton_accept_bonus", "_use_fused_kv_materialize",
+                      "_fused_kv_helper"}  # (0.5.23; the scan finds them)
+    assert worker <= set(dsg.FLAGS), worker - set(dsg.FLAGS)
+    assert helper == {"_mm_out_supported"} and helper <= set(dsg.HELPER_FLAGS), helper
+
+
+def test_the_accept_state_names_are_sglangs_buffer_pairs():
+    """``ACCEPT_PAIRS`` are SGLang's ping-pong lists (two slots), ``ACCEPT_BUFFER`` its one buffer."""
+    w = Worker()
+    w._ensure_accept_bonus_buffers(3)
+    assert torch.is_tensor(getattr(w, dsg.ACCEPT_BUFFER))
+    assert all(isinstance(getattr(w, n), list) and len(getattr(w, n)) == 2 for n in dsg.ACCEPT_PAIRS)
+    assert getattr(w, dsg.ACCEPT_CAP) == 3 and dsg.ACCEPT_STATE == (dsg.ACCEPT_BUFFER, *dsg.ACCEPT_PAIRS,
+                                                                     dsg.ACCEPT_CAP, dsg.ACCEPT_SLOT)
+    own = dsg.own_accept_buffers(w, 2)
+    assert all(len(own[n]) == 1 and own[n][0] is getattr(w, n)[0] for n in dsg.ACCEPT_PAIRS)
+    assert getattr(w, dsg.ACCEPT_SLOT) == 0
+    *_, new_lens = w._next_accept_bonus_buffers(2)  # the capture's one call takes slot 0
+    assert new_lens.data_ptr() == own["_new_seq_lens_bufs"][0].data_ptr()
+    with pytest.raises(IndexError):  # a second call in one captured step fails the capture, never shares
+        w._next_accept_bonus_buffers(2)
+
+
 @pytest.mark.parametrize("args, reason", [
     ({}, None),
     ({"disable_overlap_schedule": True}, "--disable-overlap-schedule"),
@@ -865,6 +1087,45 @@ def test_server_settings_that_keep_sglangs_step(args, reason):
     finally:
         ctx.__exit__(None, None, None)
     assert (got is None) if reason is None else (reason in got), got
+
+
+@pytest.mark.parametrize("decode, saver, env, reason", [
+    (None, False, None, None),  # no --cuda-graph-config: SGLang's default decode backend, full
+    ({"backend": "full"}, False, None, None),
+    ({"backend": "breakable"}, False, None, "'breakable', not 'full'"),
+    ({"backend": "disabled"}, False, None, "'disabled', not 'full'"),
+    (None, True, None, None),  # the saver pauses the KV cache and weights in place: graphs unchanged
+    (None, False, "1", None),
+    (None, True, "1", "SGLANG_MEMORY_SAVER_CUDA_GRAPH"),  # runner graphs captured into pausable memory
+])
+def test_the_decode_graph_backend_must_be_full_and_its_graphs_not_the_savers(monkeypatch, decode, saver, env,
+                                                                                reason):
+    from sglang.srt.model_executor.cuda_graph_config import CudaGraphConfig
+    from sglang.srt.runtime_context import get_context
+
+    if env is None:
+        monkeypatch.delenv("SGLANG_MEMORY_SAVER_CUDA_GRAPH", raising=False)
+    else:
+        monkeypatch.setenv("SGLANG_MEMORY_SAVER_CUDA_GRAPH", env)
+    args = {"enable_memory_saver": saver}
+    if decode is not None:
+        args["cuda_graph_config"] = CudaGraphConfig.from_dict({"decode": decode})
+    with get_context().override_server_args(**args):
+        got = dsg.unsupported(Worker())
+    assert (got is None) if reason is None else (reason in got), got
+
+
+def test_sglang_picks_the_decode_backend_and_the_savers_capture_as_the_rule_reads():
+    from sglang.srt.model_executor.runner_backend import utils
+    from sglang.srt.model_executor.runner_backend.full_cuda_graph_backend import FullCudaGraphBackend
+
+    src = inspect.getsource(utils.resolve_decode_backend)
+    assert "backend_name = cfg.decode.backend if cfg is not None else Backend.FULL" in src
+    assert "if backend_name == Backend.BREAKABLE:" in src and "return BreakableCudaGraphBackend(" in src
+    init, capture_one = inspect.getsource(FullCudaGraphBackend.__init__), inspect.getsource(
+        FullCudaGraphBackend.capture_one)
+    assert 'and get_bool_env_var("SGLANG_MEMORY_SAVER_CUDA_GRAPH")' in init
+    assert "self._memory_saver_adapter.cuda_graph," in capture_one
 
 
 def test_the_scheduler_rules_include_the_worker_rules():
@@ -1034,3 +1295,110 @@ def test_without_server_facts_both_step_graphs_are_refused(with_slot):
         assert v.status is Status.FAILED and "both hook" in v.reason and "FullCudaGraphBackend" in v.reason, v
     one = plan_for(None, spec="default,dflash_step_graph")
     assert one.verdict(dsg.NAME).status is Status.WOULD_APPLY
+
+
+# --- the GPU e2e's run (helpers.e2e_with_slot) past its timeout ---
+
+
+class E2EProcess:
+    """Stands in for ``subprocess.Popen`` of the e2e: it runs past any timeout; ``write`` says when it
+    writes its e2e.json ("run": before the timeout, "term": on SIGTERM, as the e2e reports a cut run,
+    None: never); ``hang``: SIGTERM does not stop it either."""
+
+    write, hang, runs = None, False, []
+
+    def __init__(self, argv, env=None, **kw):
+        self.argv, self.signals, self.out = list(argv), [], argv[argv.index("--out") + 1]
+        self.returncode = None
+        E2EProcess.runs.append(self)
+
+    def _report(self):
+        import json
+        import os
+
+        os.makedirs(self.out, exist_ok=True)
+        with open(os.path.join(self.out, "e2e.json"), "w") as f:
+            json.dump({"meta": {"stopped": "interrupted (signal 15)"}, "servers": {}}, f)
+
+    def wait(self, timeout=None):
+        import subprocess
+
+        if self.returncode is not None:
+            return self.returncode
+        if self.write == "run":
+            self._report()
+        if "term" in self.signals and not self.hang:
+            self.returncode = 130
+            return 130
+        if "kill" in self.signals:
+            self.returncode = -9
+            return -9
+        raise subprocess.TimeoutExpired(self.argv, timeout)
+
+    def communicate(self, input=None, timeout=None):  # (subprocess.run's call)
+        self.wait(timeout)
+        return None, None
+
+    def poll(self):
+        return self.returncode
+
+    def terminate(self):
+        self.signals.append("term")
+        if self.write == "term":
+            self._report()
+
+    def kill(self):
+        self.signals.append("kill")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.wait()
+
+
+@pytest.fixture
+def slow_e2e(monkeypatch, tmp_path):
+    import subprocess
+
+    import helpers
+
+    monkeypatch.setattr(E2EProcess, "runs", [])
+    monkeypatch.setattr(subprocess, "Popen", E2EProcess)
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    monkeypatch.delenv("HOSTSYNC_TEST_E2E_DIR", raising=False)
+
+    def run(write, hang=False):
+        monkeypatch.setattr(E2EProcess, "write", write)
+        monkeypatch.setattr(E2EProcess, "hang", hang)
+        return helpers.e2e_with_slot(tmp_path / "dist", "HOSTSYNC_TEST_E2E_DIR", "slow", dsg.NAME, "hostsync_test_slot",
+                                     ["--configs", "dflash-p16"], timeout=0.01)
+
+    return run, tmp_path / "out" / "slow"
+
+
+def test_an_e2e_past_its_timeout_is_stopped_and_its_report_read(slow_e2e):
+    run, out = slow_e2e
+    got = run("term")  # the e2e reports the rounds that finished on SIGTERM
+    (proc,) = E2EProcess.runs
+    assert got["meta"]["stopped"] == "interrupted (signal 15)" and proc.signals == ["term"]
+    assert proc.argv[-2:] == ["--out", str(out)]
+
+
+def test_an_e2e_that_ignores_sigterm_is_killed_and_its_last_report_read(slow_e2e):
+    run, out = slow_e2e
+    assert run("run", hang=True)["servers"] == {}  # the rounds it saved before the timeout
+    assert E2EProcess.runs[0].signals == ["term", "kill"]
+
+
+@pytest.mark.parametrize("stale", [False, True])
+def test_an_e2e_past_its_timeout_without_a_report_of_its_own_names_the_timeout(slow_e2e, stale):
+    import os
+
+    run, out = slow_e2e
+    if stale:  # an earlier run's report in the same place is not this run's
+        os.makedirs(out)
+        (out / "e2e.json").write_text("{}")
+        os.utime(out / "e2e.json", (1, 1))
+    with pytest.raises(AssertionError, match=r"passed its 0.01 s timeout \(subprocess.TimeoutExpired\)"):
+        run(None)

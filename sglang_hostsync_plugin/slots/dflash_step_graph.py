@@ -9,46 +9,57 @@ batch size under CUDA graph capture, in segments cut at the two runners' replays
 segments and SGLang's own runner graphs (as child nodes, unchanged) into one graph per batch
 size and input layout. Each later step of that key:
 
-- copies this step's input tensors (``ScheduleBatch``, its ``DFlashDraftInputV2`` and sampling
-  info; the ``*_INPUTS`` names below) into the tensors the capture read, in one ``_foreach_copy_``;
+- marks ``batch.seq_lens`` as used on the current stream (stock's ``record_stream``, W:2481: the
+  overlap scheduler's ``resolve_seq_lens_cpu`` allocates it on another stream), then copies this
+  step's input tensors (``ScheduleBatch``, its ``DFlashDraftInputV2`` and sampling info; the
+  ``*_INPUTS`` names below) into the tensors the capture read, in one ``_foreach_copy_``;
 - launches the joined graph on the current stream (one driver call);
 - returns the captured ``GenerationBatchResult`` with its host-read tensors cloned (next tokens,
   accept lengths, new lengths: the scheduler reads them on its copy stream while the next step
   runs) and calls ``on_publish`` after the launch (stock publishes mid-step, before the KV append).
 
-Rules. A step stays on SGLang's eager path (counted by reason) unless every Python decision of
-the branch is fixed by the batch size: decode (not idle, not extend), greedy, no logprobs /
-hidden states / grammar / penalties / logit bias / watermark / custom logit processor / sampling
-masks / hisparse / mamba tracking / multimodal inputs, no host copy of the lengths
-(``batch.seq_lens_cpu`` is None) but the draft input's host KV bound present
-(``nxt_kv_lens_cpu``: what triton and FA3 receive and ignore), and no CUDA tensor on those three
-objects besides the named inputs and the ``*_IGNORED`` ones (present, never read: rebound before
-any read, or zero-width), each input with the shape it had at capture. Server-wide, checked in
-the scheduler before the first capture against SGLang's resolved settings and the live worker:
-PP, tensor parallelism or attention DP, no overlap scheduling, ``--speculative-adaptive``,
-two-batch overlap, per-step capture outputs (routed experts, indexer top-k), expert distribution
-recording, a mamba target, a selector / LiLiCorr / Domino draft head, a draft greedy head outside
-the draft graph, the compact draft cache without its Triton rebuild, a translated KV pool (its
-read table is sized from host lengths), and attention other than triton or FA3 (without a KV
-shard pool) for target and draft alike. At startup (``inert``): DFLASH only (DSpark's step is
+Rules. A step stays on SGLang's eager path (counted by reason; once capturing is off, before any
+other rule is read) unless every Python decision of the branch is fixed by the batch size:
+decode (not idle, not extend), greedy, no logprobs / hidden states / grammar / penalties / logit
+bias / watermark / custom logit processor / sampling masks / hisparse / mamba tracking /
+multimodal inputs, no host copy of the lengths (``batch.seq_lens_cpu`` is None) but the draft
+input's host KV bound present (``nxt_kv_lens_cpu``: what triton and FA3 receive and ignore), and
+no CUDA tensor on those three objects besides the named inputs and the ``*_IGNORED`` ones
+(present, never read: rebound before any read, or zero-width), each input with the shape it had
+at capture. Server-wide, checked in the scheduler before each capture against SGLang's resolved
+settings and the live worker: PP, tensor parallelism or attention DP, no overlap scheduling,
+``--speculative-adaptive``, two-batch overlap, per-step capture outputs (routed experts, indexer
+top-k), expert distribution recording, a decode CUDA-graph backend other than ``full``
+(``--cuda-graph-config``: under ``breakable`` the runners' replays are not
+``FullCudaGraphBackend.replay``, so no capture could cut at them), the memory saver's pausable
+graph capture (``--enable-memory-saver`` with ``SGLANG_MEMORY_SAVER_CUDA_GRAPH``: the runner
+graphs' pool would be paused and restored under a joined graph whose own pool is not), a mamba
+target, a selector / LiLiCorr / Domino draft head, a draft greedy head outside the draft graph,
+the compact draft cache without its Triton rebuild, a translated KV pool (its read table is
+sized from host lengths), and attention other than triton or FA3 (without a KV shard pool) for
+target and draft alike. At startup (``inert``): DFLASH only (DSpark's step is
 another function), CUDA graphs on, tp 1, no attention DP, two-batch overlap, pdmux, LoRA or MoE
 count staging, overlap scheduling on, no adaptive steps, no capture outputs or expert recording,
 no eager draft head, triton or FA3 (not FlashInfer), and simulated acceptance only when its draw
 is constant (``eagle_step_graph.simulated_draw``).
 
-DFlash-specific hazards. (1) Buffers that grow: a graph keeps raw pointers, so before each capture
-the draft block buffers and the fused KV helper's workspace are sized to the target's largest
-decode graph batch size, and their data pointers are part of a graph's staleness check: a buffer
-that grew later (an eager step past that size; a prefill past the workspace, which the prefill
-shares) drops the graphs on their next step, which are then captured again. (2) SGLang's
+DFlash-specific hazards. (1) Buffers that grow: a graph keeps raw pointers, so on a key's first
+eligible step (before its warm-ups, so that the warm-ups and the capture run on the same buffers)
+the draft block buffers are sized to the target's largest decode graph batch size and the fused
+KV helper's workspace, which prefill shares (FK:361-386 sizes it by token count), to the larger
+of that times the block size and one prefill batch's tokens (``--chunked-prefill-size``; without
+chunked prefill ``--max-prefill-tokens``, which a lone longer first request may still pass). Their
+data pointers are part of a graph's staleness check (``worker_state``): a buffer that grew later
+(an eager step past that size; a prefill past the workspace) drops, on the next step that finds
+it, every graph captured before the change, which are then captured again. (2) SGLang's
 ``try/except`` fallbacks turn a worker flag off for good on an error (``FLAGS``): the flags are
 snapshotted before a capture; a flag that changed during it fails the capture and is put back (an
 eager step that turns one off later drops the graphs, as a grown buffer does).
 (3) The accept outputs ping-pong between two buffer slots per call: a capture would freeze one,
 which an eager step (a warm-up, the check, another batch size) also writes while the copy stream
-may still read it. Each graph gets its own accept buffers (SGLang's allocation, at its batch
-size; the worker's own set and slot are put back after the capture) and the host-read ones are
-cloned per replay.
+may still read it. Each graph gets its own accept buffers (SGLang's allocation at its batch size,
+of which the graph keeps slot 0 alone, the one its capture writes; the worker's own set and slot
+are put back after the capture) and the host-read ones are cloned per replay.
 
 Each key's first two eligible steps run eagerly, the third is captured, then replayed; failed
 captures, the graph limit, the eager self-check and a runner capture after startup (dropping every
@@ -56,8 +67,10 @@ graph) behave as in ``eagle_step_graph`` and share its settings.
 
 Memory: as ``eagle_step_graph``'s (a private pool outside ``--mem-fraction-static``, the graph
 and pool growth logged at each capture), plus per graph its accept buffers (bs x block size
-int64 and a few bs-long vectors) and, once, the draft block buffers and fused KV workspace at the
-largest decode graph batch size (SGLang's own, grown earlier than it would).
+int64 and a few bs-long vectors) and, once, the draft block buffers at the largest decode graph
+batch size and the fused KV workspace at one prefill batch's tokens (draft layers x that many
+tokens x (the K/V projection width + 2 x KV heads x head dim) in the draft's dtype): SGLang's own
+buffers, grown earlier than a server whose prompts stay shorter would grow them.
 
 Settings: ``SGLANG_HOSTSYNC_STEP_GRAPH_CHECK=N`` (default 0, off) and
 ``SGLANG_HOSTSYNC_STEP_GRAPH_MAX=N`` (default 16), read as ``eagle_step_graph`` reads them (only
@@ -124,9 +137,12 @@ CLONED = ("next_token_ids", "accept_lens", "new_seq_lens")
 BLOCK_BUFFERS = ("_draft_block_ids_buf", "_draft_block_positions_buf", "_draft_block_tokens_buf",
                  "_draft_verify_out_cache_loc_buf", "_draft_block_end_buf")
 WORKSPACES = ("_proj_workspace", "_k_workspace", "_v_workspace")  # FusedKVMaterializeHelper's
-# The worker's accept outputs (``_ensure_accept_bonus_buffers``) and their ping-pong slot.
-ACCEPT_STATE = ("_accept_len_buf", "_commit_lens_bufs", "_bonus_id_bufs", "_out_tokens_bufs", "_new_seq_lens_bufs",
-                "_accept_bonus_buffer_cap", "_accept_bonus_buffer_slot")
+# The worker's accept outputs (``_ensure_accept_bonus_buffers``): one buffer, four ping-pong pairs
+# (lists of 2), their capacity and the slot the next call takes.
+ACCEPT_BUFFER = "_accept_len_buf"
+ACCEPT_PAIRS = ("_commit_lens_bufs", "_bonus_id_bufs", "_out_tokens_bufs", "_new_seq_lens_bufs")
+ACCEPT_CAP, ACCEPT_SLOT = "_accept_bonus_buffer_cap", "_accept_bonus_buffer_slot"
+ACCEPT_STATE = (ACCEPT_BUFFER, *ACCEPT_PAIRS, ACCEPT_CAP, ACCEPT_SLOT)
 # Set once at init, turned off for good by an exception the branch swallows (W:2529, W:2250,
 # W:1962/2000); the helper's own ``_mm_out_supported`` likewise (FK:431-436).
 FLAGS = ("_use_triton_prepare_block", "_use_triton_accept_bonus", "_use_fused_kv_materialize", "_fused_kv_helper",
@@ -149,6 +165,11 @@ PINS = (
     ("sglang.srt.layers.attention.flashattention_backend.FlashAttentionBackend._apply_cuda_graph_metadata",
      "001fe20be539df74"),
     ("sglang.srt.mem_cache.kv_index_translator.KVIndexTranslator.build_iteration_table", "db1f215dcfd41f88"),
+    # The decode backend from ``cuda_graph_config`` (FULL when unset); the memory saver's graph capture.
+    ("sglang.srt.model_executor.runner_backend.utils.resolve_decode_backend", "29a030e3c164d133"),
+    (f"{es.BACKEND}.__init__", "137904e6ae16b6bb"),
+    # The scheduler's chunk size (-1 / None: no chunked prefill), which bounds a prefill's tokens.
+    ("sglang.srt.managers.scheduler.Scheduler.init_chunked_prefill", "a391d7a53ace87d8"),
 )
 
 
@@ -224,13 +245,35 @@ def fused_helper(worker):
     return worker._fused_kv_helper if worker._use_fused_kv_materialize else None
 
 
+def prefill_tokens() -> int:
+    """The most tokens one prefill batch hands the draft KV append (the fused workspace's token
+    count): ``--chunked-prefill-size``, which bounds a prefill batch's extend tokens. Without chunked
+    prefill (-1 or None; the scheduler also turns it off for a multimodal model on the Transformers
+    backend, S:1358-1373, which only a prefill past this size then shows), ``--max-prefill-tokens``:
+    the scheduler admits a lone first request past it (schedule_policy's "allow the first request
+    even above the input cap"), whose prefill still grows the workspace and drops the graphs."""
+    from sglang.srt.runtime_context import get_schedule
+
+    schedule = get_schedule()
+    chunked = schedule.chunked_prefill_size
+    if chunked is not None and chunked > 0:
+        return int(chunked)
+    return int(schedule.max_prefill_tokens or 0)
+
+
+def workspace_tokens(worker, bs: int) -> int:
+    """The fused KV workspace's size, in tokens: a decode step's (bs x block) or a prefill's."""
+    return max(int(bs) * int(worker.block_size), prefill_tokens())
+
+
 def presize(worker, bs: int) -> None:
-    """Grow the buffers the branch sizes by its batch size to ``bs`` now (SGLang's own growth), so a
-    capture at a smaller batch size does not hold pointers the next larger step frees."""
+    """Grow the buffers the branch sizes by its batch size to ``bs`` now (SGLang's own growth), and
+    the workspace prefill shares to a prefill's size, so a capture does not hold pointers the next
+    larger step or prefill frees."""
     worker._ensure_draft_block_buffers(bs)
     helper = fused_helper(worker)
     if helper is not None:
-        helper._ensure_workspace(bs * int(worker.block_size), helper.flat_kv_weight_t.dtype)
+        helper._ensure_workspace(workspace_tokens(worker, bs), helper.flat_kv_weight_t.dtype)
 
 
 def buffer_pointers(worker) -> tuple:
@@ -268,11 +311,16 @@ def restore_flags(flags) -> None:
 
 def own_accept_buffers(worker, bs: int) -> dict:
     """Install a fresh set of the worker's accept buffers (SGLang's allocation at ``bs``) for one
-    graph alone, and return it; the caller puts the worker's own state back after the capture."""
-    worker._accept_bonus_buffer_cap = 0
+    graph alone, and return it; the caller puts the worker's own state back after the capture.
+    SGLang allocates both slots of each pair; the capture takes slot 0 (one call per step), so each
+    pair keeps that slot alone and slot 1 goes back to the allocator now (a second call within the
+    captured step would find no slot 1 and fail the capture, never share slot 0)."""
+    setattr(worker, ACCEPT_CAP, 0)
     worker._ensure_accept_bonus_buffers(bs)
-    worker._accept_bonus_buffer_slot = 0
-    return {name: getattr(worker, name) for name in ACCEPT_STATE[:5]}
+    setattr(worker, ACCEPT_SLOT, 0)
+    for name in ACCEPT_PAIRS:
+        setattr(worker, name, getattr(worker, name)[:1])
+    return {name: getattr(worker, name) for name in (ACCEPT_BUFFER, *ACCEPT_PAIRS)}
 
 
 def put_back(worker, saved: dict) -> None:
@@ -437,7 +485,9 @@ def worker_unsupported(worker) -> str | None:
 def unsupported(worker) -> str | None:
     """Server-wide settings under which the branch decides per step on values a graph would freeze,
     or returns outputs a replay would hand out stale."""
+    from sglang.srt.model_executor.cuda_graph_config import Backend
     from sglang.srt.runtime_context import get_exec, get_parallel, get_schedule, get_spec
+    from sglang.srt.utils import get_bool_env_var
 
     par = get_parallel()
     if par.pp_size > 1:
@@ -455,6 +505,14 @@ def unsupported(worker) -> str | None:
         return "--enable-return-routed-experts / --enable-return-indexer-topk (per-step capture outputs)"
     if get_exec().moe.expert_distribution_recorder_mode is not None:
         return "expert distribution recording or EPLB (per-forward host bookkeeping)"
+    graph = get_exec().graph.cuda_graph_config
+    backend = graph.decode.backend if graph is not None else Backend.FULL  # (resolve_decode_backend's default)
+    if backend != Backend.FULL:
+        return (f"the decode CUDA-graph backend is {backend!r}, not 'full' (the runners' replays this slot cuts at "
+                "are FullCudaGraphBackend's)")
+    if features.enable_memory_saver and get_bool_env_var("SGLANG_MEMORY_SAVER_CUDA_GRAPH"):
+        return ("--enable-memory-saver with SGLANG_MEMORY_SAVER_CUDA_GRAPH (the runner graphs are captured into "
+                "the saver's pausable memory; a joined graph's own pool is not)")
     return worker_unsupported(worker)
 
 
@@ -488,9 +546,8 @@ def capture(original, worker, batch, tensors, key) -> StepGraph | None:
     before = None
     r.capture = cap
     try:
-        # On the scheduler's stream, before the capture: SGLang's growth of its buffers, this graph's
-        # accept buffers, then the input slots in place.
-        presize(worker, largest_bs(worker, bs))
+        # On the scheduler's stream, before the capture: this graph's accept buffers, then the input
+        # slots in place (the growing buffers were sized on this key's first eligible step).
         accept = own_accept_buffers(worker, bs)
         install(objs, slots)
         before = reserved()
@@ -541,8 +598,16 @@ def capture(original, worker, batch, tensors, key) -> StepGraph | None:
     return StepGraph(bs, slots, result, cap.parts, parent, exe, state=worker_state(worker), accept=accept)
 
 
-def launch(sg: StepGraph, copies, on_publish):
+def record_stream(t: torch.Tensor) -> None:
+    """``t`` is used on the current stream (its memory is not reused until the work queued there is
+    done): stock's ``batch.seq_lens.record_stream`` (W:2481), since ``resolve_seq_lens_cpu``
+    allocates it on another stream."""
+    t.record_stream(torch.cuda.current_stream())
+
+
+def launch(sg: StepGraph, batch, copies, on_publish):
     r = _route
+    record_stream(batch.seq_lens)  # before the copy reads it
     torch._foreach_copy_(*copies)
     r.driver.launch(sg.exe, stream_handle())
     r.replays += 1
@@ -557,7 +622,7 @@ def launch(sg: StepGraph, copies, on_publish):
 def checked(original, worker, batch, sg: StepGraph, copies, on_publish):
     """The replay, then SGLang's eager step over the same (untouched) batch; their outputs and the
     draft KV rows each committed compared on the device. Serving gets SGLang's result."""
-    results = [launch(sg, copies, None)]
+    results = [launch(sg, batch, copies, None)]
     run_check(_route, NAME, "step outputs", sg.bs, lambda: fingerprint(results[-1], worker),
               lambda: results.append(original(worker, batch, None, None, None)))
     out = results[-1]
@@ -570,7 +635,10 @@ def step_hook(original, self, batch, on_publish=None, grammar_barrier=None, pp_p
     r = _route
     if r.capture is not None:
         return original(self, batch, on_publish, grammar_barrier, pp_proxy_tensors)
-    reason = ineligible(self, batch, pp_proxy_tensors) or (r.disabled and "capture off")
+    if r.disabled:  # (before the per-step rules and the stray scan: none of them matters any more)
+        r.count_eager("capture off")
+        return original(self, batch, on_publish, grammar_barrier, pp_proxy_tensors)
+    reason = ineligible(self, batch, pp_proxy_tensors)
     if not reason:
         stray = stray_input(owners(batch))
         reason = stray and f"the step reads {stray}"
@@ -588,14 +656,15 @@ def step_hook(original, self, batch, on_publish=None, grammar_barrier=None, pp_p
         return original(self, batch, on_publish, grammar_barrier, pp_proxy_tensors)
     sg = r.graphs.get(key)
     if sg is not None and not sg.current(self):  # a runner re-captured, or a buffer grew: capture again
-        del r.graphs[key]
-        r.driver.destroy(sg.parent, sg.exe)
-        sg, r.warm[key] = None, 0
+        drop_stale(self)
+        sg = None
     if sg is None:
         if len(r.graphs) >= r.max_graphs:
             r.count_eager(f"{r.max_graphs} step graphs held already ({es.ENV_MAX})")
             return original(self, batch, on_publish, grammar_barrier, pp_proxy_tensors)
         r.warm[key] = r.warm.get(key, 0) + 1
+        if r.warm[key] == 1:  # (before the warm-ups: they run on the buffers the capture records)
+            presize(self, largest_bs(self, bs))
         if r.warm[key] > es.WARMUPS:
             sg = capture(original, self, batch, tensors, key)
             if sg is None:
@@ -606,7 +675,19 @@ def step_hook(original, self, batch, on_publish=None, grammar_barrier=None, pp_p
     copies = (sg.slots, tensors)
     if r.check and (r.replays + 1) % r.check == 0:
         return checked(original, self, batch, sg, copies, on_publish)
-    return launch(sg, copies, on_publish)
+    return launch(sg, batch, copies, on_publish)
+
+
+def drop_stale(worker) -> None:
+    """Destroy every graph that is not current (``worker_state`` is the whole worker's: a grown
+    buffer or a flag turned off makes every graph captured before it stale, not only the one whose
+    key came up); their keys warm up again."""
+    r = _route
+    for key, sg in list(r.graphs.items()):
+        if not sg.current(worker):
+            del r.graphs[key]
+            r.driver.destroy(sg.parent, sg.exe)
+            r.warm[key] = 0
 
 
 def replay_hook(original, self, shape_key, static_forward_batch, **kwargs):
