@@ -583,6 +583,32 @@ def test_server_settings_that_keep_sglangs_step(args, reason):
     assert (got is None) if reason is None else (reason in got), got
 
 
+@pytest.mark.parametrize("decode, saver, env, reason", [
+    (None, False, None, None),  # no --cuda-graph-config: SGLang's default decode backend, full
+    ({"backend": "full"}, False, None, None),
+    ({"backend": "breakable"}, False, None, "'breakable', not 'full'"),
+    (None, True, None, None),  # the saver pauses the KV cache and weights in place: graphs unchanged
+    (None, True, "1", "SGLANG_MEMORY_SAVER_CUDA_GRAPH"),  # runner graphs captured into pausable memory
+])
+def test_the_runner_graphs_must_be_full_backend_graphs_outside_the_memory_saver(monkeypatch, decode, saver, env,
+                                                                                  reason):
+    """A breakable decode backend's replays are not FullCudaGraphBackend.replay: no capture could cut at
+    them (every capture would fail until capturing turns off)."""
+    from sglang.srt.model_executor.cuda_graph_config import CudaGraphConfig
+    from sglang.srt.runtime_context import get_context
+
+    if env is None:
+        monkeypatch.delenv("SGLANG_MEMORY_SAVER_CUDA_GRAPH", raising=False)
+    else:
+        monkeypatch.setenv("SGLANG_MEMORY_SAVER_CUDA_GRAPH", env)
+    args = {"enable_memory_saver": saver}
+    if decode is not None:
+        args["cuda_graph_config"] = CudaGraphConfig.from_dict({"decode": decode})
+    with get_context().override_server_args(**args):
+        got = sg.unsupported(WORKER)
+    assert (got is None) if reason is None else (reason in got), got
+
+
 def test_a_runner_capture_after_startup_drops_every_step_graph(flow):
     """A weight update with recapture_cuda_graph builds a new runner (its constructor re-allocates the
     attention backend's graph buffers) whose graphs are captured through capture_one: the step graphs

@@ -485,9 +485,7 @@ def worker_unsupported(worker) -> str | None:
 def unsupported(worker) -> str | None:
     """Server-wide settings under which the branch decides per step on values a graph would freeze,
     or returns outputs a replay would hand out stale."""
-    from sglang.srt.model_executor.cuda_graph_config import Backend
     from sglang.srt.runtime_context import get_exec, get_parallel, get_schedule, get_spec
-    from sglang.srt.utils import get_bool_env_var
 
     par = get_parallel()
     if par.pp_size > 1:
@@ -505,15 +503,7 @@ def unsupported(worker) -> str | None:
         return "--enable-return-routed-experts / --enable-return-indexer-topk (per-step capture outputs)"
     if get_exec().moe.expert_distribution_recorder_mode is not None:
         return "expert distribution recording or EPLB (per-forward host bookkeeping)"
-    graph = get_exec().graph.cuda_graph_config
-    backend = graph.decode.backend if graph is not None else Backend.FULL  # (resolve_decode_backend's default)
-    if backend != Backend.FULL:
-        return (f"the decode CUDA-graph backend is {backend!r}, not 'full' (the runners' replays this slot cuts at "
-                "are FullCudaGraphBackend's)")
-    if features.enable_memory_saver and get_bool_env_var("SGLANG_MEMORY_SAVER_CUDA_GRAPH"):
-        return ("--enable-memory-saver with SGLANG_MEMORY_SAVER_CUDA_GRAPH (the runner graphs are captured into "
-                "the saver's pausable memory; a joined graph's own pool is not)")
-    return worker_unsupported(worker)
+    return es.runner_graphs_unsupported() or worker_unsupported(worker)
 
 
 # --- capture and replay ---

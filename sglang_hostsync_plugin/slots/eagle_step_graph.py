@@ -25,7 +25,8 @@ on those three objects besides the named inputs, each with the shape it had at c
 on every step: one pass over the three objects' attributes, a few µs). Server-wide, checked once
 in the scheduler before the first capture (their facts are not among the startup facts the slot's
 ``inert`` sees): PP, rejection sampling, DSA top-k seeding, no overlap scheduling,
-``--speculative-adaptive`` (it changes the step count at run time), and what a replay would hand
+``--speculative-adaptive`` (it changes the step count at run time), a decode CUDA-graph backend
+other than ``full`` or runner graphs in the memory saver's memory, and what a replay would hand
 out stale (``--enable-return-routed-experts``, ``--enable-return-indexer-topk``, expert
 distribution recording / EPLB). A captured step whose result carries any other output the
 scheduler reads (``GenerationBatchResult.copy_to_cpu``) besides the three cloned ones turns the
@@ -452,6 +453,24 @@ def _restore(saved) -> None:
         state.update(attrs)
 
 
+def runner_graphs_unsupported() -> str | None:
+    """Why the runners' decode graphs cannot be joined into a step graph, or None: they must be
+    ``FullCudaGraphBackend``'s (the replays a capture cuts at) in torch's own graph memory."""
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+    from sglang.srt.runtime_context import get_exec
+    from sglang.srt.utils import get_bool_env_var
+
+    graph = get_exec().graph.cuda_graph_config
+    backend = graph.decode.backend if graph is not None else Backend.FULL  # (resolve_decode_backend's default)
+    if backend != Backend.FULL:
+        return (f"the decode CUDA-graph backend is {backend!r}, not 'full' (the runners' replays a step graph cuts "
+                "at are FullCudaGraphBackend's)")
+    if get_exec().features.enable_memory_saver and get_bool_env_var("SGLANG_MEMORY_SAVER_CUDA_GRAPH"):
+        return ("--enable-memory-saver with SGLANG_MEMORY_SAVER_CUDA_GRAPH (the runner graphs are captured into "
+                "the saver's pausable memory; a joined graph's own pool is not)")
+    return None
+
+
 def unsupported(worker) -> str | None:
     """Server-wide settings under which the branch decides per step on values a graph would freeze,
     or returns outputs a replay would hand out stale."""
@@ -472,7 +491,7 @@ def unsupported(worker) -> str | None:
         return "--enable-return-routed-experts / --enable-return-indexer-topk (per-step capture outputs)"
     if get_exec().moe.expert_distribution_recorder_mode is not None:
         return "expert distribution recording or EPLB (per-forward host bookkeeping)"
-    return None
+    return runner_graphs_unsupported()
 
 
 def capture(original, worker, batch, tensors, key) -> StepGraph | None:
