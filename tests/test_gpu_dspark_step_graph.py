@@ -1,0 +1,138 @@
+"""dspark_step_graph (not registered yet) in a real DSpark server: the e2e benchmark's ``dspark-p16``
+(random-weight checkpoints with a DSpark draft: Markov and confidence heads, real acceptance; static
+verify, SGLang's default) with stock, ``default`` and ``default,dspark_step_graph``, the slot's eager
+self-check on (``SGLANG_HOSTSYNC_STEP_GRAPH_CHECK``, read as eagle_step_graph reads it; it also
+compares the committed draft-KV rows of the verify window), c1 and c4, 2 rounds. The servers start
+and the slot reads applied and replays steps; greedy token ids are identical to stock in both plugin
+arms (no logprobs in the identity pass: a logprob request keeps its steps eager); greedy ids depend
+on the target alone, so a draft-side fault (stale committed draft-KV rows, a bad bonus relay, stale
+draft block ids) shows only in the acceptance: the slot arm's mean accept length at c1 equals
+``default``'s and stock's within ``ACCEPT_TOL``; the self-check counts checks and no mismatch; the
+audit's host work per step is lower with the slot than with ``default`` at both concurrencies. Where
+the slot is not applied or replayed nothing, the assertion carries its "stayed eager" (and "no step
+graph" / capture failure) lines from the server log.
+
+Timeouts as tests/test_gpu_dflash_step_graph.py's, for a fresh machine: servers ready within 420 s,
+rounds within a 480 s budget, the e2e stopped at 560 s (it then reports the rounds that finished:
+``helpers.e2e_with_slot``). ``--disable-prefill-cuda-graph`` as there (every arm; the decode path is
+unchanged).
+
+The slot is not in the catalogue: the e2e and its servers get it through an entry-point package on
+``PYTHONPATH`` (``helpers.write_slot_dist``). ``HOSTSYNC_DSPARK_GRAPH_E2E_DIR``: check an e2e output
+directory made by the same command instead of starting the servers here.
+
+Skipped without CUDA (CI); run by scripts/gpu_run.sh."""
+
+import os
+import re
+
+import pytest
+import torch
+
+from sglang_hostsync_plugin.slots import dspark_step_graph as dspk
+from sglang_hostsync_plugin.slots import eagle_step_graph as es
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+CONFIG = "dspark-p16"
+BASE_SPEC = "default"
+GRAPH_SPEC = "default,dspark_step_graph"
+CHECK_EVERY = 16  # replayed steps per eager check (a checked step does both: keeps the host figure honest)
+CHECK_LINE = r"check: (\d+) checks, (\d+) mismatches"
+REPLAY_LINE = rf"hostsync: {dspk.NAME}: (\d+) steps replayed"
+ACCEPT_TOL = 0.02  # mean accept length, absolute (DFlash's tolerance; no DSpark figure yet)
+REUSE_VAR, RUN_NAME = "HOSTSYNC_DSPARK_GRAPH_E2E_DIR", "test_gpu_dspark_step_graph"
+
+
+def _arm(spec):
+    return f"slots:{spec}"
+
+
+@pytest.fixture(scope="module")
+def e2e(tmp_path_factory):
+    from helpers import e2e_with_slot
+
+    return e2e_with_slot(tmp_path_factory.mktemp("dspark_graph_dist"), REUSE_VAR, RUN_NAME, dspk.NAME,
+                         "hostsync_dspark_graph_slot",
+                         ["--configs", CONFIG, "--arms", "stock", "--slots", BASE_SPEC, "--slots", GRAPH_SPEC,
+                          "--concurrency", "1", "4", "--rounds", "2", "--traffic", "off", "--top-logprobs", "0",
+                          "--plugin-env", f"{es.ENV_CHECK}={CHECK_EVERY}",
+                          "--server-arg=--disable-prefill-cuda-graph", "--ready-timeout", "420",
+                          "--time-budget", "480"], timeout=560)
+
+
+def slot_log(e2e) -> list[str]:
+    """The slot's lines in its server's log (the e2e keeps the log beside e2e.json)."""
+    out = os.environ.get(REUSE_VAR) or os.path.join(os.environ.get("OUT", "/tmp"), RUN_NAME)
+    name = e2e["servers"].get(f"{CONFIG}/{_arm(GRAPH_SPEC)}", {}).get("log")
+    if not name or not os.path.exists(os.path.join(out, name)):
+        return [f"(no server log {name!r} in {out})"]
+    with open(os.path.join(out, name), errors="replace") as f:
+        return [line.strip() for line in f if f"hostsync: {dspk.NAME}: " in line]
+
+
+def why_eager(e2e) -> str:
+    """The slot's reasons for SGLang's step: "stayed eager" counts, "no step graph", failed captures."""
+    keys = ("stayed eager", "no step graph", "failed", "eager step from now on", "dropping")
+    lines = [x for x in slot_log(e2e) if any(k in x for k in keys)]
+    return "why the steps stayed eager (server log):\n" + "\n".join(lines[-40:] or ["(no such line)"])
+
+
+def test_the_dspark_servers_started_and_the_slot_applied_and_replayed(e2e):
+    from helpers import assert_started_and_applied
+
+    try:
+        assert_started_and_applied(e2e, f"{CONFIG}/{_arm(GRAPH_SPEC)}", dspk.NAME)
+    except (AssertionError, KeyError, StopIteration) as exc:
+        raise AssertionError(f"{type(exc).__name__}: {exc}\n{why_eager(e2e)}") from exc
+    replayed = [int(m.group(1)) for m in map(re.compile(REPLAY_LINE).search, slot_log(e2e)) if m]
+    print(why_eager(e2e))
+    assert replayed and max(replayed) > 0, why_eager(e2e)
+
+
+def test_greedy_outputs_are_identical_to_stock(e2e):
+    for spec in (BASE_SPEC, GRAPH_SPEC):
+        verdict = e2e["identity"][f"{CONFIG}/{_arm(spec)}"]
+        assert verdict["identical"] and verdict["prompts"] > 0, (spec, verdict)
+        distinct = e2e["servers"][f"{CONFIG}/{_arm(spec)}"].get("distinct_tokens")
+        print(f"{spec}: greedy ids identical to stock over {verdict['prompts']} prompts ({distinct} distinct tokens)")
+
+
+def test_the_accept_length_at_c1_is_defaults_and_stocks(e2e):
+    """Greedy ids come from the target alone; a draft-side fault lowers the acceptance only."""
+    cells = {(c["arm"], c["concurrency"]): c for c in e2e["cells"] if c["config"] == CONFIG}
+    arms = ("stock", _arm(BASE_SPEC), _arm(GRAPH_SPEC))
+    got = {arm: (cells.get((arm, 1)) or {}).get("accept_length") for arm in arms}
+    print(f"dspark c1 accept length: {got}")
+    assert None not in got.values(), (got, sorted(cells))
+    mine = got[_arm(GRAPH_SPEC)]
+    for arm in ("stock", _arm(BASE_SPEC)):
+        assert abs(mine - got[arm]) <= ACCEPT_TOL, (got, why_eager(e2e))
+
+
+def test_the_self_check_found_no_mismatch(e2e):
+    lines = e2e["servers"][f"{CONFIG}/{_arm(GRAPH_SPEC)}"].get("slot_checks") or []
+    mine = [x for x in lines if x.startswith(dspk.NAME)]
+    assert len(mine) == 1, (lines, why_eager(e2e))
+    (line,) = mine
+    m = re.search(CHECK_LINE, line)
+    assert m, line
+    checks, mismatches = map(int, m.groups())
+    print(line)
+    assert checks > 0, (line, why_eager(e2e))
+    assert mismatches == 0, line
+
+
+def test_host_work_per_step_is_lower_than_defaults(e2e):
+    cells = {(c["arm"], c["concurrency"]): c for c in e2e["cells"] if c["config"] == CONFIG}
+    for conc in (1, 4):
+        base, mine = cells.get((_arm(BASE_SPEC), conc)), cells.get((_arm(GRAPH_SPEC), conc))
+        assert base and mine and base["audit"] and mine["audit"], sorted(cells)
+        b, g = base["audit"], mine["audit"]
+        print(f"dspark c{conc}: host work {b['host_work_us_per_step']:.0f} -> {g['host_work_us_per_step']:.0f} us/step "
+              f"({g['host_work_us_per_step'] / b['host_work_us_per_step']:.2f}x default's), syncs/step "
+              f"{b['syncs_per_step']:.3f} -> {g['syncs_per_step']:.3f}, run-ahead {b['run_ahead_fraction']} -> "
+              f"{g['run_ahead_fraction']}, accept length {base['accept_length']} -> {mine['accept_length']}, "
+              f"tok/s/user {base['tok_s_user_median']:.1f} -> {mine['tok_s_user_median']:.1f}")
+        assert b["steps"] > 50 and g["steps"] > 50
+        assert g["host_work_us_per_step"] < b["host_work_us_per_step"], (b["attribution"], g["attribution"])
