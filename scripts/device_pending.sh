@@ -7,6 +7,7 @@
 #                                           # plan slots and the certified-plan port (no server)
 #   CALL=2 bash scripts/device_pending.sh   # triton: NGRAM page 1, EAGLE3 topk 1 page 16, STANDALONE topk 4
 #                                           # page 1 with stock, default, auto (+ eagle_host at page 1)
+#   CALL=2a / CALL=2b                       # CALL=2's NGRAM + EAGLE3 (2a, ~7 min) or NGRAM alone (2b, ~5 min)
 #   CALL=3 bash scripts/device_pending.sh   # eagle_step_graph weight update / forced capture failures
 #                                           # (benchmarks/step_graph_weights.py), then the NGRAM device-draft
 #                                           # and the certified plan's server tests (unregistered slots)
@@ -25,8 +26,12 @@
 #   CALL=8 bash scripts/device_pending.sh   # issue 65's benchmark: NGRAM page 1 triton on repeated-passage
 #                                           # prompts, stock vs auto's set (ngram_host) vs ngram_device_draft
 #                                           # (registered for the run), real acceptance, 6 rounds c1/c8
+#   CALL=9 / CALL=9b bash scripts/device_pending.sh  # issue 67's step graphs (unregistered), each with its
+#                                           # real server: 9 dflash_step_graph on dflash-p16, 9b dspark_step_graph
+#                                           # on dspark-p16 (stock / default / the slot, self-check on)
 # Calls 1-3 ran on 2026-12-06 (benchmarks/results/2026-12-06-h100-final/; call 1's topk-4 half and call 3's
-# certified-plan e2e were cut by their limits).
+# certified-plan e2e were cut by their limits). On 2026-12-07 no machine started (7 tries, all refused): the
+# order to run them next is 2 (issue 61), 6 and 8 (65), 9 and 9b (67), 7 and 5 (63), 4 (67), 6b (64).
 # The device tool: carry [".device-bundle-fi"], timeout 590, and start the next call within the
 # machine's 30 s idle release.
 set -u
@@ -84,6 +89,10 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
 --arms stock --slots default,eagle_host,ngram_host --slots default,ngram_full_mask,ngram_device_draft \
 --slots default,eagle_host,ngram_full_mask,ngram_device_draft --prompt-kind repeated $COMMON --time-budget 520" \
       bash scripts/device_call.sh ;;
+  9)
+    NAME=dflash_graph GPU_TESTS="tests/test_gpu_dflash_step_graph.py" TESTS_TIMEOUT=575 bash scripts/device_call.sh ;;
+  9b)
+    NAME=dspark_graph GPU_TESTS="tests/test_gpu_dspark_step_graph.py" TESTS_TIMEOUT=575 bash scripts/device_call.sh ;;
   *)
-    sed -n '2,32p' "$0"; exit 2 ;;
+    sed -n '2,39p' "$0"; exit 2 ;;
 esac
