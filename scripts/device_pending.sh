@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU runs that open work waits for, as four device calls of under 10 minutes each (one H100 or
+# The GPU runs that open work waits for, as device calls of under 10 minutes each (one H100 or
 # H200; any CUDA machine with SGLang 0.5.23 and FlashInfer 0.7.2 works the same). Each lands in
 # $OUT (gpu_out/ elsewhere) as <name>.tar.xz; unpack into benchmarks/results/<date>-<gpu>-<what>/.
 #   CALL=1 bash scripts/device_pending.sh   # FlashInfer topk 1 / 4 page 16: stock, none (A/A), default, auto,
