@@ -57,7 +57,8 @@ def batch(bs=2, **over):
                         _prepare_nxt_kv_lens_cpu_buf=host(torch.zeros(32, dtype=torch.int32))),
            sampling_info=NS(is_all_greedy=True, has_custom_logit_processor=False, acc_additive_penalties=None,
                             acc_scaling_penalties=None, logit_bias=None, has_watermark_candidates=False,
-                            sampling_mask_batch_indices=None, grammar_mask=None, temperatures=torch.ones(bs, 1)))
+                            sampling_mask_batch_indices=None, grammar_mask=None, temperatures=torch.ones(bs, 1),
+                            penalizer_orchestrator=NS(is_required=False)))
     for key, value in over.items():
         owner, _, name = key.rpartition("__")
         setattr({"": b, "spec": b.spec_info, "sampling": b.sampling_info}[owner], name, value)
@@ -154,6 +155,8 @@ def stream_and_schedule(monkeypatch):
     ({"sampling__acc_additive_penalties": torch.ones(2)}, "penalties"),
     ({"sampling__acc_scaling_penalties": torch.ones(2)}, "penalties"),
     ({"sampling__acc_linear_penalties": torch.ones(2)}, "penalties"),
+    # A required penalizer (frequency, presence, min-new-tokens...): dflash_utils' no-op test reads it.
+    ({"sampling__penalizer_orchestrator": NS(is_required=True)}, "penalties"),
     ({"sampling__logit_bias": torch.ones(2)}, "logit bias"),
     ({"sampling__has_watermark_candidates": True}, "watermark"),
     ({"sampling__sampling_mask_batch_indices": torch.arange(2)}, "sampling masks"),
@@ -171,6 +174,10 @@ def test_steps_the_graph_cannot_hold_stay_eager(over, reason):
     assert reason in dsg.ineligible(None, batch(**over), None)
 
 
+def test_a_penalizer_that_is_not_required_keeps_the_step():
+    assert dsg.ineligible(None, batch(sampling__penalizer_orchestrator=None), None) is None
+
+
 def test_a_pp_step_stays_eager():
     assert "PP" in dsg.ineligible(None, batch(), object())
 
@@ -184,7 +191,7 @@ def test_the_fields_the_rules_read_are_sglangs():
             "return_hidden_states", "is_extend_in_batch", "forward_mode"} <= set(ScheduleBatch.__dataclass_fields__)
     assert {"is_all_greedy", "has_custom_logit_processor", "acc_additive_penalties", "acc_scaling_penalties",
             "logit_bias", "has_watermark_candidates", "sampling_mask_batch_indices",
-            "grammar_mask"} <= set(SamplingBatchInfo.__dataclass_fields__)
+            "grammar_mask", "penalizer_orchestrator"} <= set(SamplingBatchInfo.__dataclass_fields__)
     assert "nxt_kv_lens_cpu" in DFlashDraftInputV2.__dataclass_fields__
 
 

@@ -85,8 +85,9 @@ which is inert wherever this slot acts, and the reverse).
 
 from __future__ import annotations
 
-import copy
+import functools
 import logging
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -94,10 +95,10 @@ import torch
 from ..checks import file_pins
 from ..slot import HookTarget, ServingFacts, Slot, SlotKind, TargetKind, config_precheck, not_speculative
 from . import eagle_step_graph as es
+from . import step_graph_core as core
 from .draft_extend_glue_graph import run_check
 from .eagle_step_graph import (
     Capture,
-    Driver,
     _restore,
     _snapshot,
     new_graph,
@@ -108,6 +109,7 @@ from .eagle_step_graph import (
     simulated_draw,
     stream_handle,
 )
+from .step_graph_core import _BITS, _bits, attention_kind, largest_bs  # noqa: F401 (this module's names too)
 
 logger = logging.getLogger("sglang.srt.plugins.hostsync")
 
@@ -234,13 +236,6 @@ def install(objs, tensors) -> None:
 # --- the worker's buffers and flags ---
 
 
-def largest_bs(worker, bs: int) -> int:
-    """The largest batch size a step graph can be captured at: the target's decode graphs' (a bigger
-    batch runs the verify eagerly, so it is never captured)."""
-    runner = getattr(worker.model_runner, "decode_cuda_graph_runner", None)
-    return max(int(bs), int(getattr(runner, "max_bs", 0) or 0))
-
-
 def fused_helper(worker):
     return worker._fused_kv_helper if worker._use_fused_kv_materialize else None
 
@@ -274,6 +269,10 @@ def presize(worker, bs: int) -> None:
     helper = fused_helper(worker)
     if helper is not None:
         helper._ensure_workspace(workspace_tokens(worker, bs), helper.flat_kv_weight_t.dtype)
+
+
+def presize_for(worker, batch, bs: int) -> None:
+    presize(worker, bs)
 
 
 def buffer_pointers(worker) -> tuple:
@@ -343,69 +342,23 @@ class StepGraph(es.StepGraph):
 
     def output(self):
         """A result for the scheduler: the captured one, host-read tensors cloned."""
-        out = copy.copy(self.result)
-        for name in CLONED:
-            setattr(out, name, getattr(self.result, name).clone())
-        out.next_draft_input = copy.copy(self.result.next_draft_input)
-        out.extra_keep_alive_refs = list(self.result.extra_keep_alive_refs or ())
-        return out
-
-
-_BITS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.clone() if not t.is_floating_point() else t.contiguous().view(_BITS[t.element_size()]).clone()
+        return core.output(self.result, CLONED)
 
 
 def draft_kv_rows(worker, result) -> list[torch.Tensor]:
-    """The draft KV rows this step committed, as raw bits (the verify window's first ``accept_lens``
-    slots of each draft layer's K and V; the others zeroed), which the next step reads and the
-    scheduler never does. The window's slots are the worker's buffer, which the step just wrote."""
+    """The draft KV rows this step committed (``step_graph_core.draft_kv_rows``): the verify
+    window's slots are the worker's buffer, which the step just wrote."""
     lens = result.accept_lens
-    bs = lens.shape[0]
-    locs = worker._draft_verify_out_cache_loc_buf[:bs]
-    keep = torch.arange(locs.shape[1], device=locs.device)[None, :] < lens[:, None].to(locs.device)
-    pool = worker.draft_model_runner.token_to_kv_pool
-    rows = []
-    for layer in worker.draft_model.layers:
-        lid = layer.self_attn.attn.layer_id
-        for buf in (pool.get_key_buffer(lid), pool.get_value_buffer(lid)):
-            got = buf[locs]
-            if got.is_floating_point():
-                got = got.view(_BITS[got.element_size()])
-            rows.append(torch.where(keep.view(*keep.shape, *[1] * (got.dim() - 2)), got, torch.zeros_like(got)))
-    return rows
+    return core.draft_kv_rows(worker, worker._draft_verify_out_cache_loc_buf[:lens.shape[0]], lens)
 
 
 def fingerprint(result, worker) -> list[torch.Tensor]:
     """The step outputs the check compares, as raw bits (NaNs compare equal)."""
-    out = [getattr(result, name) for name in CLONED] + [result.next_draft_input.bonus_tokens]
-    return [_bits(t) for t in out if t is not None] + draft_kv_rows(worker, result)
+    return core.fingerprint(result, CLONED, draft_kv_rows(worker, result))
 
 
-@dataclass
-class Route(es.Route):
-    """``eagle_step_graph``'s per-process state, logging under this slot's name."""
-
-    def count_eager(self, reason: str) -> None:
-        n = self.eager.get(reason, 0) + 1
-        self.eager[reason] = n
-        if n in (1, 100) or n % 10000 == 0:
-            logger.info("hostsync: %s: %d steps stayed eager: %s (%d replayed so far)", NAME, n, reason, self.replays)
-
-    def drop(self, why: str) -> None:
-        if not self.graphs and not self.warm:
-            return
-        logger.info("hostsync: %s: %s: dropping %s", NAME, why, self.held())
-        for sg in self.graphs.values():
-            self.driver.destroy(sg.parent, sg.exe)
-        self.graphs.clear()
-        self.warm.clear()
-        self.skip.clear()
-        self.pool, self.pool_bytes = None, 0
-
-
+# ``eagle_step_graph``'s per-process state, logging under this slot's name.
+Route = functools.partial(es.Route, name=NAME)
 _route = Route()
 
 
@@ -413,52 +366,8 @@ _route = Route()
 
 
 def ineligible(worker, batch, pp_proxy_tensors) -> str | None:
-    """Why this step must run SGLang's eager branch, or None."""
-    mode = batch.forward_mode
-    if mode.is_extend() or batch.is_extend_in_batch or mode.is_idle() or not mode.is_decode():
-        return "not a decode step"
-    spec, info = batch.spec_info, batch.sampling_info
-    if spec is None or info is None or pp_proxy_tensors is not None:
-        return "no draft input or sampling info (or PP proxy tensors)"
-    if batch.return_logprob or batch.return_hidden_states:
-        return "logprobs or hidden states requested"
-    if batch.has_grammar:
-        return "a grammar"
-    if not info.is_all_greedy:
-        return "non-greedy sampling"
-    if info.has_custom_logit_processor:
-        return "a custom logit processor"
-    if (info.acc_additive_penalties is not None or info.acc_scaling_penalties is not None
-            or getattr(info, "acc_linear_penalties", None) is not None  # (read by U:236; no field in 0.5.23)
-            or info.logit_bias is not None or info.has_watermark_candidates):
-        return "penalties, logit bias or watermark"
-    if info.sampling_mask_batch_indices is not None or info.grammar_mask is not None:
-        return "sampling masks"
-    if batch.hisparse_coordinator is not None or batch.mamba_track_indices is not None:
-        return "hisparse or mamba state"
-    if batch.seq_lens_cpu is not None:  # (the host bound becomes committed + block, W:2625/2841)
-        return "host sequence lengths (seq_lens_cpu)"
-    if spec.nxt_kv_lens_cpu is None:  # (else a loop over batch.reqs, W:2634)
-        return "no host KV bound (nxt_kv_lens_cpu)"
-    if any(mm is not None for mm in batch.multimodal_inputs or ()):
-        return "multimodal inputs"
-    return None
-
-
-def attention_kind(backend) -> set[str]:
-    """What kinds of attention a runner's backend (or its hybrid halves) is: 'triton', 'fa3' or
-    another name."""
-    halves = [getattr(backend, n, None) for n in ("prefill_backend", "decode_backend")]
-    if any(h is not None for h in halves):
-        return set().union(*(attention_kind(h) for h in halves if h is not None))
-    name = type(backend).__name__
-    if name == "TritonAttnBackend":
-        return {"triton"}
-    if name == "FlashAttentionBackend":
-        if getattr(backend, "_kv_shard_pool", None) is not None:
-            return {"FA3 with a KV shard pool"}
-        return {"fa3"} if getattr(backend, "fa_impl_ver", 3) == 3 else {f"fa{backend.fa_impl_ver}"}
-    return {name}
+    """Why this step must run SGLang's eager branch, or None (``step_graph_core.ineligible``)."""
+    return core.ineligible(batch, pp_proxy_tensors, "PP proxy tensors")
 
 
 def worker_unsupported(worker) -> str | None:
@@ -471,39 +380,13 @@ def worker_unsupported(worker) -> str | None:
         return "the draft's greedy head runs outside the draft graph (growing buffers, host branches)"
     if worker.use_compact_draft_cache and not worker._use_triton_compact_rebuild:
         return "the compact draft cache without its Triton rebuild (host syncs)"
-    runners = (("target", worker.model_runner), ("draft", worker.draft_model_runner))
-    for which, runner in runners:
-        if runner.kv_index_translator.is_translating:
-            return f"the {which}'s translated KV pool (its read table is sized from host lengths)"
-    kinds = set().union(*(attention_kind(runner.attn_backend) for _, runner in runners))
-    if kinds not in ({"triton"}, {"fa3"}):
-        return (f"attention {', '.join(sorted(kinds))}: the step graph is built for triton or FA3, target and "
-                "draft alike")
-    return None
+    return core.runners_unsupported(worker)
 
 
 def unsupported(worker) -> str | None:
     """Server-wide settings under which the branch decides per step on values a graph would freeze,
     or returns outputs a replay would hand out stale."""
-    from sglang.srt.runtime_context import get_exec, get_parallel, get_schedule, get_spec
-
-    par = get_parallel()
-    if par.pp_size > 1:
-        return "pipeline parallelism"
-    if par.tp_size > 1 or par.attn_dp_enabled:
-        return "tensor parallelism or attention DP (collectives and DP guards in the step)"
-    if get_schedule().disable_overlap_schedule:
-        return "--disable-overlap-schedule (the step stages the host sequence lengths)"
-    if get_spec().speculative_adaptive:
-        return "--speculative-adaptive (the verify width changes at run time)"
-    if get_exec().overlap.enable_two_batch_overlap:
-        return "two-batch overlap"
-    features = get_exec().features
-    if features.enable_return_routed_experts or features.enable_return_indexer_topk:
-        return "--enable-return-routed-experts / --enable-return-indexer-topk (per-step capture outputs)"
-    if get_exec().moe.expert_distribution_recorder_mode is not None:
-        return "expert distribution recording or EPLB (per-forward host bookkeeping)"
-    return es.runner_graphs_unsupported() or worker_unsupported(worker)
+    return core.server_unsupported() or worker_unsupported(worker)
 
 
 # --- capture and replay ---
@@ -514,20 +397,9 @@ def capture(original, worker, batch, tensors, key) -> StepGraph | None:
     caller runs SGLang's step."""
     r = _route
     bs = len(batch.seq_lens)
-    r.disabled = unsupported(worker) or ""
-    if r.disabled:
-        logger.info("hostsync: %s: no step graph: %s", NAME, r.disabled)
+    if not core.begin(r, NAME, unsupported(worker)):
         return None
     objs = owners(batch)
-    if r.driver is None:
-        try:
-            r.driver, r.stream = Driver(), torch.cuda.Stream()
-        except Exception as exc:  # noqa: BLE001 (no driver graph API: SGLang's step, never a failed server)
-            r.driver, r.disabled = None, f"the CUDA driver's graph API is not reachable: {type(exc).__name__}: {exc}"
-            logger.warning("hostsync: %s: %s; SGLang's eager step from now on", NAME, r.disabled)
-            return None
-    if r.pool is None:
-        r.pool = torch.cuda.graph_pool_handle()
     slots = [t.clone() for t in tensors]
     saved = _snapshot(objs)
     flags = worker_flags(worker)
@@ -553,28 +425,12 @@ def capture(original, worker, batch, tensors, key) -> StepGraph | None:
         if changed:
             raise RuntimeError(f"SGLang turned {', '.join(changed)} off during the capture (a fallback swallowed "
                                "an error); the flags are put back")
-        children = sum(p[0] == "child" for p in cap.parts)
-        if children != CHILDREN:
-            # A runner ran eagerly (its graph cannot take this batch): leave this batch size to SGLang.
-            r.skip.add(bs)
-            r.count_eager(f"bs {bs}: {children} of the {CHILDREN} runner graphs replayed")
+        joined = core.join(r, NAME, cap, result, bs, CHILDREN, side_output)
+        if joined is None:
             return None
-        side = side_output(result)
-        if side:
-            r.disabled = f"the step returns {side}, which a replay would hand out as the capture step's"
-            logger.warning("hostsync: %s: %s; SGLang's eager step from now on", NAME, r.disabled)
-            return None
-        handles = [p[-1].raw_cuda_graph() for p in cap.parts]
-        parent, exe = r.driver.chain([h for h in handles if r.driver.nodes(h)])
+        parent, exe = joined
     except Exception as exc:  # noqa: BLE001 (any failure leaves this step, and this key for a while, to SGLang)
-        r.failures[key] = n = r.failures.get(key, 0) + 1
-        r.failed += 1
-        r.pool = None  # the next capture takes a fresh pool, whatever torch left routed to this one
-        if r.failed >= es.MAX_FAILED:
-            r.disabled = f"{r.failed} captures failed, the last: {type(exc).__name__}: {exc}"
-        logger.warning("hostsync: %s: capturing the bs %d step failed (%d of %d for its layout, %d in all); %s",
-                       NAME, bs, n, es.MAX_FAILURES, r.failed,
-                       "capturing is off" if r.disabled else "SGLang's eager step for it", exc_info=True)
+        core.failed(r, NAME, key, bs, exc)
         return None
     finally:
         r.capture = None
@@ -583,8 +439,7 @@ def capture(original, worker, batch, tensors, key) -> StepGraph | None:
         restore_flags(flags)
         if before is not None:
             r.pool_bytes += max(0, reserved() - before)
-    logger.info("hostsync: %s: bs %d step captured: %d segments around the %d runner graphs; inputs %s; %s", NAME,
-                bs, len(cap.parts) - CHILDREN, CHILDREN, ", ".join(present(objs)), r.held(new=1))
+    core.captured(r, NAME, bs, cap, CHILDREN, present(objs))
     return StepGraph(bs, slots, result, cap.parts, parent, exe, state=worker_state(worker), accept=accept)
 
 
@@ -595,14 +450,12 @@ def record_stream(t: torch.Tensor) -> None:
     t.record_stream(torch.cuda.current_stream())
 
 
-def launch(sg: StepGraph, batch, copies, on_publish):
+def launch(worker, sg: StepGraph, batch, copies, on_publish):
     r = _route
     record_stream(batch.seq_lens)  # before the copy reads it
     torch._foreach_copy_(*copies)
     r.driver.launch(sg.exe, stream_handle())
-    r.replays += 1
-    if r.replays in (1, 100) or r.replays % 10000 == 0:
-        logger.info("hostsync: %s: %d steps replayed (%s); eager: %s", NAME, r.replays, r.held(), r.eager or "none")
+    core.replayed(r, NAME)
     out = sg.output()
     if on_publish is not None:
         on_publish(out.new_seq_lens)
@@ -612,7 +465,7 @@ def launch(sg: StepGraph, batch, copies, on_publish):
 def checked(original, worker, batch, sg: StepGraph, copies, on_publish):
     """The replay, then SGLang's eager step over the same (untouched) batch; their outputs and the
     draft KV rows each committed compared on the device. Serving gets SGLang's result."""
-    results = [launch(sg, batch, copies, None)]
+    results = [launch(worker, sg, batch, copies, None)]
     run_check(_route, NAME, "step outputs", sg.bs, lambda: fingerprint(results[-1], worker),
               lambda: results.append(original(worker, batch, None, None, None)))
     out = results[-1]
@@ -621,79 +474,19 @@ def checked(original, worker, batch, sg: StepGraph, copies, on_publish):
     return out
 
 
+_THIS = sys.modules[__name__]
+
+
 def step_hook(original, self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None):
-    r = _route
-    if r.capture is not None:
-        return original(self, batch, on_publish, grammar_barrier, pp_proxy_tensors)
-    if r.disabled:  # (before the per-step rules and the stray scan: none of them matters any more)
-        r.count_eager("capture off")
-        return original(self, batch, on_publish, grammar_barrier, pp_proxy_tensors)
-    reason = ineligible(self, batch, pp_proxy_tensors)
-    if not reason:
-        stray = stray_input(owners(batch))
-        reason = stray and f"the step reads {stray}"
-    if reason:
-        r.count_eager(reason)
-        return original(self, batch, on_publish, grammar_barrier, pp_proxy_tensors)
-    bs = len(batch.seq_lens)
-    if bs in r.skip:
-        r.count_eager(f"bs {bs} has no step graph")
-        return original(self, batch, on_publish, grammar_barrier, pp_proxy_tensors)
-    layout, tensors = gather(owners(batch))
-    key = (bs, layout)
-    if r.failures.get(key, 0) >= es.MAX_FAILURES:
-        r.count_eager(f"bs {bs}: its capture failed {es.MAX_FAILURES} times")
-        return original(self, batch, on_publish, grammar_barrier, pp_proxy_tensors)
-    sg = r.graphs.get(key)
-    if sg is not None and not sg.current(self):  # a runner re-captured, or a buffer grew: capture again
-        drop_stale(self)
-        sg = None
-    if sg is None:
-        if len(r.graphs) >= r.max_graphs:
-            r.count_eager(f"{r.max_graphs} step graphs held already ({es.ENV_MAX})")
-            return original(self, batch, on_publish, grammar_barrier, pp_proxy_tensors)
-        r.warm[key] = r.warm.get(key, 0) + 1
-        if r.warm[key] == 1:  # (before the warm-ups: they run on the buffers the capture records)
-            presize(self, largest_bs(self, bs))
-        if r.warm[key] > es.WARMUPS:
-            sg = capture(original, self, batch, tensors, key)
-            if sg is None:
-                r.warm[key] = 0  # (a failed capture: try again after as many eager steps, not on every one)
-        if sg is None:
-            return original(self, batch, on_publish, grammar_barrier, pp_proxy_tensors)
-        r.graphs[key] = sg
-    copies = (sg.slots, tensors)
-    if r.check and (r.replays + 1) % r.check == 0:
-        return checked(original, self, batch, sg, copies, on_publish)
-    return launch(sg, batch, copies, on_publish)
-
-
-def drop_stale(worker) -> None:
-    """Destroy every graph that is not current (``worker_state`` is the whole worker's: a grown
-    buffer or a flag turned off makes every graph captured before it stale, not only the one whose
-    key came up); their keys warm up again."""
-    r = _route
-    for key, sg in list(r.graphs.items()):
-        if not sg.current(worker):
-            del r.graphs[key]
-            r.driver.destroy(sg.parent, sg.exe)
-            r.warm[key] = 0
+    return core.step_hook(_THIS, original, self, batch, on_publish, grammar_barrier, pp_proxy_tensors)
 
 
 def replay_hook(original, self, shape_key, static_forward_batch, **kwargs):
-    cap = _route.capture
-    if cap is None:
-        return original(self, shape_key, static_forward_batch, **kwargs)
-    cap.cut(self, shape_key)
-    return self._outputs[shape_key]
+    return core.replay_hook(_route, original, self, shape_key, static_forward_batch, **kwargs)
 
 
 def keep_hook(original, self, shape_key, forward_fn, capture_inputs=None, post_warmup_hook=None):
-    # A runner capturing after startup (a weight update with recapture_cuda_graph): this slot's graphs
-    # go, with what they hold. eagle_step_graph's hook then keeps the runner's graph (its own route is
-    # empty wherever this slot acts, so its drop is a no-op).
-    _route.drop("a runner is capturing its graphs")
-    return es.keep_hook(original, self, shape_key, forward_fn, capture_inputs, post_warmup_hook)
+    return core.keep_hook(_route, original, self, shape_key, forward_fn, capture_inputs, post_warmup_hook)
 
 
 # --- startup ---
@@ -706,48 +499,18 @@ def _is_dflash(f: ServingFacts) -> bool:
 
 
 def inert(f: ServingFacts) -> str | None:
-    from sglang.srt.server_args import DRAFT_ATTENTION_BACKEND_CHOICES
-
     from ..switches import env_value
 
     if not _is_dflash(f):
         return not_speculative(f, "only DFlash's v2 worker runs this step (DSpark's is another function)", False)
-    if f.disable_cuda_graph:
-        return "inert because --disable-cuda-graph is set (no runner graphs to join)"
-    if f.dp_attention or f.tp_size > 1:
-        return "inert because attention DP or tensor parallelism is on (not built for collectives in the step)"
-    for on, what in ((f.two_batch_overlap, "two-batch overlap"), (f.enable_pdmux, "pdmux"), (f.enable_lora, "LoRA"),
-                     (f.moe_counts, "an MoE setting that stages token counts (EP, all-to-all, dense TP, elastic EP)")):
-        if on:
-            return f"inert because {what} is on"
-    prefill, decode = f.attention_backends
-    draft = f.draft_attention_backend or prefill
-    if draft is not None and draft not in DRAFT_ATTENTION_BACKEND_CHOICES:
-        draft = "flashinfer"  # (resolve_draft_worker_attention_backend's CUDA fallback)
-    backends = {prefill, decode, draft}
-    if None not in backends and backends not in ({"triton"}, {"fa3"}):
-        return (f"inert because the attention backends are {', '.join(sorted(backends))}; the step graph is built "
-                "for triton or FA3, target and draft alike")
-    # The same rules as ``unsupported``, which the scheduler applies again to SGLang's resolved settings.
-    for on, why in ((f.disable_overlap_schedule, "--disable-overlap-schedule (the step stages the host sequence "
-                     "lengths)"),
-                    (f.speculative_adaptive, "--speculative-adaptive (the verify width changes at run time)"),
-                    (f.returns_capture_outputs, "--enable-return-routed-experts / --enable-return-indexer-topk "
-                     "(per-step capture outputs)"),
-                    (f.expert_distribution, "expert distribution recording or EPLB (per-forward host bookkeeping)"),
-                    (env_value("SGLANG_DFLASH_EAGER_DRAFT_SAMPLER", f.env),
-                     "SGLANG_DFLASH_EAGER_DRAFT_SAMPLER=1 (the draft's greedy head runs outside its graph)")):
-        if on:
-            return f"inert because of {why}"
-    return simulated_draw(f.env)
+    eager_head = env_value("SGLANG_DFLASH_EAGER_DRAFT_SAMPLER", f.env)
+    why = core.startup_rules(f, ((eager_head, "SGLANG_DFLASH_EAGER_DRAFT_SAMPLER=1 (the draft's greedy head runs "
+                                  "outside its graph)"),))
+    return why or simulated_draw(f.env)
 
 
 def prepare(facts) -> str:
-    _route.check, _route.max_graphs = es.settings()
-    notes = [f"at most {_route.max_graphs} step graphs"]
-    if _route.check:
-        notes.append(f"eager check every {_route.check} replayed steps")
-    return "; ".join(notes)
+    return core.prepare(_route)
 
 
 SLOT = Slot(

@@ -101,8 +101,9 @@ Not registered (``slots/__init__.py``) until its GPU test passes. Hook targets, 
 from __future__ import annotations
 
 import contextlib
-import copy
+import functools
 import logging
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -111,12 +112,10 @@ from ..checks import file_pins
 from ..slot import HookTarget, ServingFacts, Slot, SlotKind, TargetKind, config_precheck, not_speculative
 from . import dflash_step_graph as dsg
 from . import eagle_step_graph as es
+from . import step_graph_core as core
 from .dflash_step_graph import (
-    _bits,
-    attention_kind,
     gather,
     install,
-    largest_bs,
     owners,
     present,
     record_stream,
@@ -125,7 +124,6 @@ from .dflash_step_graph import (
 from .draft_extend_glue_graph import run_check
 from .eagle_step_graph import (
     Capture,
-    Driver,
     _restore,
     _snapshot,
     new_graph,
@@ -201,6 +199,10 @@ def presize(worker, bs: int, device) -> None:
     """Grow the proposer's draft block ids to ``bs`` rows now (SGLang's own growth, on the device
     the step passes it: the batch's), so a capture does not hold the pointer a larger step frees."""
     worker._proposer.draft_block_ids_view(bs=bs, device=device)
+
+
+def presize_for(worker, batch, bs: int) -> None:
+    presize(worker, bs, batch.seq_lens.device)
 
 
 def buffer_pointers(worker) -> tuple:
@@ -290,12 +292,7 @@ class StepGraph(es.StepGraph):
 
     def output(self):
         """A result for the scheduler: the captured one, host-read tensors cloned."""
-        out = copy.copy(self.result)
-        for name in CLONED:
-            setattr(out, name, getattr(self.result, name).clone())
-        out.next_draft_input = copy.copy(self.result.next_draft_input)
-        out.extra_keep_alive_refs = list(self.result.extra_keep_alive_refs or ())
-        return out
+        return core.output(self.result, CLONED)
 
 
 def side_output(result) -> str | None:
@@ -319,51 +316,14 @@ def verify_window(worker, batch) -> torch.Tensor:
     return worker.model_runner.req_to_token_pool.req_to_token[rows[:, None].to(torch.int64), cols].to(torch.int64)
 
 
-def draft_kv_rows(worker, locs: torch.Tensor, accept_lens: torch.Tensor) -> list[torch.Tensor]:
-    """The draft KV rows the step committed, as raw bits: the verify window's first ``accept_lens``
-    slots of each draft layer's K and V (the others zeroed), which the next step reads and the
-    scheduler never does."""
-    keep = torch.arange(locs.shape[1], device=locs.device)[None, :] < accept_lens[:, None].to(locs.device)
-    pool = worker.draft_model_runner.token_to_kv_pool
-    rows = []
-    for layer in worker.draft_model.layers:
-        lid = layer.self_attn.attn.layer_id
-        for buf in (pool.get_key_buffer(lid), pool.get_value_buffer(lid)):
-            got = buf[locs]
-            if got.is_floating_point():
-                got = got.view(dsg._BITS[got.element_size()])
-            rows.append(torch.where(keep.view(*keep.shape, *[1] * (got.dim() - 2)), got, torch.zeros_like(got)))
-    return rows
-
-
 def fingerprint(result, worker, locs) -> list[torch.Tensor]:
-    """The step outputs the check compares, as raw bits (NaNs compare equal)."""
-    out = [getattr(result, name) for name in CLONED] + [result.next_draft_input.bonus_tokens]
-    return [_bits(t) for t in out if t is not None] + draft_kv_rows(worker, locs, result.accept_lens)
+    """The step outputs the check compares, as raw bits (NaNs compare equal), and the draft KV rows
+    the step committed in the verify window ``locs`` (``step_graph_core.draft_kv_rows``)."""
+    return core.fingerprint(result, CLONED, core.draft_kv_rows(worker, locs, result.accept_lens))
 
 
-@dataclass
-class Route(es.Route):
-    """``eagle_step_graph``'s per-process state, logging under this slot's name."""
-
-    def count_eager(self, reason: str) -> None:
-        n = self.eager.get(reason, 0) + 1
-        self.eager[reason] = n
-        if n in (1, 100) or n % 10000 == 0:
-            logger.info("hostsync: %s: %d steps stayed eager: %s (%d replayed so far)", NAME, n, reason, self.replays)
-
-    def drop(self, why: str) -> None:
-        if not self.graphs and not self.warm:
-            return
-        logger.info("hostsync: %s: %s: dropping %s", NAME, why, self.held())
-        for sg in self.graphs.values():
-            self.driver.destroy(sg.parent, sg.exe)
-        self.graphs.clear()
-        self.warm.clear()
-        self.skip.clear()
-        self.pool, self.pool_bytes = None, 0
-
-
+# ``eagle_step_graph``'s per-process state, logging under this slot's name.
+Route = functools.partial(es.Route, name=NAME)
 _route = Route()
 
 
@@ -371,38 +331,8 @@ _route = Route()
 
 
 def ineligible(worker, batch, coordination_plan) -> str | None:
-    """Why this step must run SGLang's eager function, or None."""
-    mode = batch.forward_mode
-    if mode.is_extend() or batch.is_extend_in_batch or mode.is_idle() or not mode.is_decode():
-        return "not a decode step"
-    spec, info = batch.spec_info, batch.sampling_info
-    if spec is None or info is None or coordination_plan is not None:
-        return "no draft input or sampling info (or a DP prefill coordination plan)"
-    if batch.return_logprob or batch.return_hidden_states:
-        return "logprobs or hidden states requested"
-    if batch.has_grammar:
-        return "a grammar"
-    if not info.is_all_greedy:
-        return "non-greedy sampling"
-    if info.has_custom_logit_processor:
-        return "a custom logit processor"
-    penalizer = getattr(info, "penalizer_orchestrator", None)
-    if (info.acc_additive_penalties is not None or info.acc_scaling_penalties is not None
-            or getattr(info, "acc_linear_penalties", None) is not None  # (read by U:236; no field in 0.5.23)
-            or (penalizer is not None and penalizer.is_required)  # (verify_logits_adjustments_are_noop)
-            or info.logit_bias is not None or info.has_watermark_candidates):
-        return "penalties, logit bias or watermark"
-    if info.sampling_mask_batch_indices is not None or info.grammar_mask is not None:
-        return "sampling masks"
-    if batch.hisparse_coordinator is not None or batch.mamba_track_indices is not None:
-        return "hisparse or mamba state"
-    if batch.seq_lens_cpu is not None:  # (the window's and the draft's host bounds, DW:1022, DD:593)
-        return "host sequence lengths (seq_lens_cpu)"
-    if spec.nxt_kv_lens_cpu is None:  # (else the draft raises, DD:600)
-        return "no host KV bound (nxt_kv_lens_cpu)"
-    if any(mm is not None for mm in batch.multimodal_inputs or ()):
-        return "multimodal inputs"
-    return None
+    """Why this step must run SGLang's eager function, or None (``step_graph_core.ineligible``)."""
+    return core.ineligible(batch, coordination_plan, "a DP prefill coordination plan")
 
 
 def observers_on(worker) -> str | None:
@@ -445,53 +375,25 @@ def worker_unsupported(worker) -> str | None:
     why = observers_on(worker)
     if why:
         return why
-    runners = (("target", worker.model_runner), ("draft", worker.draft_model_runner))
-    for which, runner in runners:
-        graphs = runner.decode_cuda_graph_runner
-        if graphs is not None and graphs._metadata_glue is not None:
-            return f"the {which} runner's metadata glue graph (its own replay inside the step)"
-        if runner.kv_index_translator.is_translating:
-            return f"the {which}'s translated KV pool (its read table is sized from host lengths)"
-    kinds = set().union(*(attention_kind(runner.attn_backend) for _, runner in runners))
-    if kinds not in ({"triton"}, {"fa3"}):
-        return (f"attention {', '.join(sorted(kinds))}: the step graph is built for triton or FA3, target and "
-                "draft alike")
+    return core.runners_unsupported(worker, metadata_glue)
+
+
+def metadata_glue(which, runner) -> str | None:
+    graphs = runner.decode_cuda_graph_runner
+    if graphs is not None and graphs._metadata_glue is not None:
+        return f"the {which} runner's metadata glue graph (its own replay inside the step)"
     return None
 
 
 def unsupported(worker) -> str | None:
     """Server-wide settings under which the step decides per step on values a graph would freeze,
-    or returns outputs a replay would hand out stale (``dflash_step_graph.unsupported``'s server
-    part, which calls its own worker rules, plus token-count staging)."""
-    from sglang.srt.model_executor.cuda_graph_config import Backend
+    or returns outputs a replay would hand out stale (``step_graph_core.server_unsupported``, plus
+    token-count staging), then the worker's rules."""
     from sglang.srt.model_executor.forward_batch_info import enable_num_token_non_padded
-    from sglang.srt.runtime_context import get_exec, get_parallel, get_schedule, get_spec
-    from sglang.srt.utils import get_bool_env_var
 
-    par = get_parallel()
-    if par.pp_size > 1:
-        return "pipeline parallelism"
-    if par.tp_size > 1 or par.attn_dp_enabled:
-        return "tensor parallelism or attention DP (collectives and DP guards in the step)"
-    if get_schedule().disable_overlap_schedule:
-        return "--disable-overlap-schedule (the step stages the host sequence lengths)"
-    if get_spec().speculative_adaptive:
-        return "--speculative-adaptive (the verify width changes at run time)"
-    if get_exec().overlap.enable_two_batch_overlap:
-        return "two-batch overlap"
-    features = get_exec().features
-    if features.enable_return_routed_experts or features.enable_return_indexer_topk:
-        return "--enable-return-routed-experts / --enable-return-indexer-topk (per-step capture outputs)"
-    if get_exec().moe.expert_distribution_recorder_mode is not None:
-        return "expert distribution recording or EPLB (per-forward host bookkeeping)"
-    graph = get_exec().graph.cuda_graph_config
-    backend = graph.decode.backend if graph is not None else Backend.FULL  # (resolve_decode_backend's default)
-    if backend != Backend.FULL:
-        return (f"the decode CUDA-graph backend is {backend!r}, not 'full' (the runners' replays this slot cuts at "
-                "are FullCudaGraphBackend's)")
-    if features.enable_memory_saver and get_bool_env_var("SGLANG_MEMORY_SAVER_CUDA_GRAPH"):
-        return ("--enable-memory-saver with SGLANG_MEMORY_SAVER_CUDA_GRAPH (the runner graphs are captured into "
-                "the saver's pausable memory; a joined graph's own pool is not)")
+    why = core.server_unsupported()
+    if why:
+        return why
     if enable_num_token_non_padded():
         return "token-count staging (EP, an all-to-all backend, DP gather: a pinned H2D copy in the draft step)"
     return worker_unsupported(worker)
@@ -505,20 +407,9 @@ def capture(original, worker, batch, tensors, key) -> StepGraph | None:
     caller runs SGLang's step."""
     r = _route
     bs = len(batch.seq_lens)
-    r.disabled = unsupported(worker) or ""
-    if r.disabled:
-        logger.info("hostsync: %s: no step graph: %s", NAME, r.disabled)
+    if not core.begin(r, NAME, unsupported(worker)):
         return None
     objs = owners(batch)
-    if r.driver is None:
-        try:
-            r.driver, r.stream = Driver(), torch.cuda.Stream()
-        except Exception as exc:  # noqa: BLE001 (no driver graph API: SGLang's step, never a failed server)
-            r.driver, r.disabled = None, f"the CUDA driver's graph API is not reachable: {type(exc).__name__}: {exc}"
-            logger.warning("hostsync: %s: %s; SGLang's eager step from now on", NAME, r.disabled)
-            return None
-    if r.pool is None:
-        r.pool = torch.cuda.graph_pool_handle()
     slots = [t.clone() for t in tensors]
     saved = _snapshot(objs)
     lazy = lazy_state(worker)
@@ -541,28 +432,12 @@ def capture(original, worker, batch, tensors, key) -> StepGraph | None:
         if changed:
             raise RuntimeError(f"SGLang built {', '.join(changed)} during the capture (the step's first use of "
                                "it); put back, built again by an eager step")
-        children = sum(p[0] == "child" for p in cap.parts)
-        if children != CHILDREN:
-            # A runner ran eagerly (its graph cannot take this batch): leave this batch size to SGLang.
-            r.skip.add(bs)
-            r.count_eager(f"bs {bs}: {children} of the {CHILDREN} runner graphs replayed")
+        joined = core.join(r, NAME, cap, result, bs, CHILDREN, side_output)
+        if joined is None:
             return None
-        side = side_output(result)
-        if side:
-            r.disabled = f"the step returns {side}, which a replay would hand out as the capture step's"
-            logger.warning("hostsync: %s: %s; SGLang's eager step from now on", NAME, r.disabled)
-            return None
-        handles = [p[-1].raw_cuda_graph() for p in cap.parts]
-        parent, exe = r.driver.chain([h for h in handles if r.driver.nodes(h)])
+        parent, exe = joined
     except Exception as exc:  # noqa: BLE001 (any failure leaves this step, and this key for a while, to SGLang)
-        r.failures[key] = n = r.failures.get(key, 0) + 1
-        r.failed += 1
-        r.pool = None  # the next capture takes a fresh pool, whatever torch left routed to this one
-        if r.failed >= es.MAX_FAILED:
-            r.disabled = f"{r.failed} captures failed, the last: {type(exc).__name__}: {exc}"
-        logger.warning("hostsync: %s: capturing the bs %d step failed (%d of %d for its layout, %d in all); %s",
-                       NAME, bs, n, es.MAX_FAILURES, r.failed,
-                       "capturing is off" if r.disabled else "SGLang's eager step for it", exc_info=True)
+        core.failed(r, NAME, key, bs, exc)
         return None
     finally:
         r.capture = None
@@ -571,8 +446,7 @@ def capture(original, worker, batch, tensors, key) -> StepGraph | None:
         forget_staged_params(worker)
         if before is not None:
             r.pool_bytes += max(0, reserved() - before)
-    logger.info("hostsync: %s: bs %d step captured: %d segments around the %d runner graphs; inputs %s; %s", NAME,
-                bs, len(cap.parts) - CHILDREN, CHILDREN, ", ".join(present(objs)), r.held(new=1))
+    core.captured(r, NAME, bs, cap, CHILDREN, present(objs))
     return StepGraph(bs, slots, result, cap.parts, parent, exe, state=worker_state(worker),
                      held=tuple(value for _, _, value in lazy), publish=published)
 
@@ -584,9 +458,7 @@ def launch(worker, sg: StepGraph, batch, copies, on_publish):
     torch._foreach_copy_(*copies)
     r.driver.launch(sg.exe, stream_handle())
     forget_staged_params(worker)
-    r.replays += 1
-    if r.replays in (1, 100) or r.replays % 10000 == 0:
-        logger.info("hostsync: %s: %d steps replayed (%s); eager: %s", NAME, r.replays, r.held(), r.eager or "none")
+    core.replayed(r, NAME)
     out = sg.output()
     if on_publish is not None:
         on_publish(out.new_seq_lens, **(sg.publish or {}))
@@ -612,125 +484,41 @@ def checked(original, worker, batch, sg: StepGraph, copies, on_publish):
     return out
 
 
+_THIS = sys.modules[__name__]
+
+
 def step_hook(original, self, batch, on_publish=None, grammar_barrier=None, coordination_plan=None):
-    r = _route
-    if r.capture is not None:
-        return original(self, batch, on_publish, grammar_barrier, coordination_plan)
-    if r.disabled:  # (before the per-step rules and the stray scan: none of them matters any more)
-        r.count_eager("capture off")
-        return original(self, batch, on_publish, grammar_barrier, coordination_plan)
-    reason = ineligible(self, batch, coordination_plan)
-    if not reason:
-        stray = stray_input(owners(batch))
-        reason = stray and f"the step reads {stray}"
-    if reason:
-        r.count_eager(reason)
-        return original(self, batch, on_publish, grammar_barrier, coordination_plan)
-    bs = len(batch.seq_lens)
-    if bs in r.skip:
-        r.count_eager(f"bs {bs} has no step graph")
-        return original(self, batch, on_publish, grammar_barrier, coordination_plan)
-    layout, tensors = gather(owners(batch))
-    key = (bs, layout)
-    if r.failures.get(key, 0) >= es.MAX_FAILURES:
-        r.count_eager(f"bs {bs}: its capture failed {es.MAX_FAILURES} times")
-        return original(self, batch, on_publish, grammar_barrier, coordination_plan)
-    sg = r.graphs.get(key)
-    if sg is not None and not sg.current(self):  # a runner re-captured, or the worker changed: capture again
-        drop_stale(self)
-        sg = None
-    if sg is None:
-        if len(r.graphs) >= r.max_graphs:
-            r.count_eager(f"{r.max_graphs} step graphs held already ({es.ENV_MAX})")
-            return original(self, batch, on_publish, grammar_barrier, coordination_plan)
-        r.warm[key] = r.warm.get(key, 0) + 1
-        if r.warm[key] == 1:  # (before the warm-ups: they run on the buffer the capture records)
-            presize(self, largest_bs(self, bs), batch.seq_lens.device)
-        if r.warm[key] > es.WARMUPS:
-            sg = capture(original, self, batch, tensors, key)
-            if sg is None:
-                r.warm[key] = 0  # (a failed capture: try again after as many eager steps, not on every one)
-        if sg is None:
-            return original(self, batch, on_publish, grammar_barrier, coordination_plan)
-        r.graphs[key] = sg
-    copies = (sg.slots, tensors)
-    if r.check and (r.replays + 1) % r.check == 0:
-        return checked(original, self, batch, sg, copies, on_publish)
-    return launch(self, sg, batch, copies, on_publish)
-
-
-def drop_stale(worker) -> None:
-    """Destroy every graph that is not current (``worker_state`` is the whole worker's: a grown
-    buffer or a rebuilt object makes every graph captured before it stale); their keys warm up again."""
-    r = _route
-    for key, sg in list(r.graphs.items()):
-        if not sg.current(worker):
-            del r.graphs[key]
-            r.driver.destroy(sg.parent, sg.exe)
-            r.warm[key] = 0
+    return core.step_hook(_THIS, original, self, batch, on_publish, grammar_barrier, coordination_plan)
 
 
 def replay_hook(original, self, shape_key, static_forward_batch, **kwargs):
-    cap = _route.capture
-    if cap is None:
-        return original(self, shape_key, static_forward_batch, **kwargs)
-    cap.cut(self, shape_key)
-    return self._outputs[shape_key]
+    return core.replay_hook(_route, original, self, shape_key, static_forward_batch, **kwargs)
 
 
 def keep_hook(original, self, shape_key, forward_fn, capture_inputs=None, post_warmup_hook=None):
-    # A runner capturing after startup (a weight update with recapture_cuda_graph): this slot's graphs
-    # go, with what they hold. eagle_step_graph's hook then keeps the runner's graph (its own route is
-    # empty wherever this slot acts, so its drop is a no-op).
-    _route.drop("a runner is capturing its graphs")
-    return es.keep_hook(original, self, shape_key, forward_fn, capture_inputs, post_warmup_hook)
+    return core.keep_hook(_route, original, self, shape_key, forward_fn, capture_inputs, post_warmup_hook)
 
 
 # --- startup ---
 
 
 def inert(f: ServingFacts) -> str | None:
-    from sglang.srt.server_args import DRAFT_ATTENTION_BACKEND_CHOICES
-
     from ..switches import env_value
 
     if not (f.speculative_algorithm and f.is_dspark()):
         return not_speculative(f, "only DSpark's v2 worker runs this step (DFlash's is another function)", False)
-    if f.disable_cuda_graph:
-        return "inert because --disable-cuda-graph is set (no runner graphs to join)"
-    if f.dp_attention or f.tp_size > 1:
-        return "inert because attention DP or tensor parallelism is on (not built for collectives in the step)"
-    for on, what in ((f.two_batch_overlap, "two-batch overlap"), (f.enable_pdmux, "pdmux"), (f.enable_lora, "LoRA"),
-                     (f.moe_counts, "an MoE setting that stages token counts (EP, all-to-all, dense TP, elastic EP)")):
-        if on:
-            return f"inert because {what} is on"
-    prefill, decode = f.attention_backends
-    draft = f.draft_attention_backend or prefill
-    if draft is not None and draft not in DRAFT_ATTENTION_BACKEND_CHOICES:
-        draft = "flashinfer"  # (resolve_draft_worker_attention_backend's CUDA fallback)
-    backends = {prefill, decode, draft}
-    if None not in backends and backends not in ({"triton"}, {"fa3"}):
-        return (f"inert because the attention backends are {', '.join(sorted(backends))}; the step graph is built "
-                "for triton or FA3, target and draft alike")
     # The same rules as ``unsupported``, which the scheduler applies again to SGLang's resolved settings.
     mode = env_value("SGLANG_RAGGED_VERIFY_MODE", f.env)
     observers = observer_envs(f.env)
-    for on, why in ((f.disable_overlap_schedule, "--disable-overlap-schedule (the step stages the host sequence "
-                     "lengths)"),
-                    (f.speculative_adaptive, "--speculative-adaptive (the verify width changes at run time)"),
-                    (f.returns_capture_outputs, "--enable-return-routed-experts / --enable-return-indexer-topk "
-                     "(per-step capture outputs)"),
-                    (f.expert_distribution, "expert distribution recording or EPLB (per-forward host bookkeeping)"),
-                    (mode != "static", f"SGLANG_RAGGED_VERIFY_MODE={mode} (the verify budget and layout are planned "
-                     "from host reads)"),
-                    (not env_value("SGLANG_DSPARK_FOLDED_PROPOSAL", f.env), "SGLANG_DSPARK_FOLDED_PROPOSAL=0 (the "
-                     "Markov proposal runs eagerly, outside the draft graph)"),
-                    (env_value("SGLANG_OPT_DSV41_TARGET_METADATA_EARLY", f.env), "SGLANG_OPT_DSV41_TARGET_METADATA_"
-                     "EARLY (an event and a glue graph on a side stream)"),
-                    (observers, f"{', '.join(observers)} (DSpark's step observers: host bookkeeping per step)")):
-        if on:
-            return f"inert because of {why}"
-    return None  # (simulated acceptance: any length; its draw runs outside the graph)
+    return core.startup_rules(f, (
+        (mode != "static", f"SGLANG_RAGGED_VERIFY_MODE={mode} (the verify budget and layout are planned from host "
+         "reads)"),
+        (not env_value("SGLANG_DSPARK_FOLDED_PROPOSAL", f.env), "SGLANG_DSPARK_FOLDED_PROPOSAL=0 (the Markov proposal "
+         "runs eagerly, outside the draft graph)"),
+        (env_value("SGLANG_OPT_DSV41_TARGET_METADATA_EARLY", f.env), "SGLANG_OPT_DSV41_TARGET_METADATA_EARLY (an "
+         "event and a glue graph on a side stream)"),
+        (observers, f"{', '.join(observers)} (DSpark's step observers: host bookkeeping per step)"),
+    ))  # (simulated acceptance: any length; its draw runs outside the graph)
 
 
 def observer_envs(env) -> list[str]:
@@ -744,11 +532,7 @@ def observer_envs(env) -> list[str]:
 
 
 def prepare(facts) -> str:
-    _route.check, _route.max_graphs = es.settings()
-    notes = [f"at most {_route.max_graphs} step graphs"]
-    if _route.check:
-        notes.append(f"eager check every {_route.check} replayed steps")
-    return "; ".join(notes)
+    return core.prepare(_route)
 
 
 OWN_GRAPH = "replays a graph of its own inside the step, which a step capture cannot hold"

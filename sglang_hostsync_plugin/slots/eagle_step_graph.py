@@ -365,6 +365,7 @@ def fingerprint(result) -> list[torch.Tensor]:
 
 @dataclass
 class Route:
+    name: str = NAME  # the slot the log lines name (dflash_step_graph / dspark_step_graph reuse this class)
     check: int = 0
     max_graphs: int = MAX_GRAPHS
     graphs: dict = field(default_factory=dict)  # (batch size, input layout) -> StepGraph
@@ -391,7 +392,8 @@ class Route:
         n = self.eager.get(reason, 0) + 1
         self.eager[reason] = n
         if n in (1, 100) or n % 10000 == 0:
-            logger.info("hostsync: %s: %d steps stayed eager: %s (%d replayed so far)", NAME, n, reason, self.replays)
+            logger.info("hostsync: %s: %d steps stayed eager: %s (%d replayed so far)", self.name, n, reason,
+                        self.replays)
 
     def held(self, new: int = 0) -> str:
         return f"{len(self.graphs) + new} graphs, pool {self.pool_bytes / 2**20:.1f} MiB"
@@ -401,7 +403,7 @@ class Route:
         (warm-up, batch sizes left to SGLang, a fresh pool: the old one is freed with its graphs)."""
         if not self.graphs and not self.warm:
             return
-        logger.info("hostsync: %s: %s: dropping %s", NAME, why, self.held())
+        logger.info("hostsync: %s: %s: dropping %s", self.name, why, self.held())
         for sg in self.graphs.values():
             self.driver.destroy(sg.parent, sg.exe)
         self.graphs.clear()
