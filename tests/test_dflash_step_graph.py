@@ -932,6 +932,22 @@ def test_a_changed_worker_drops_every_graph_captured_before_the_change(flow):
     assert len(r.graphs) == 3 and all(g.current(worker) for g in r.graphs.values())
 
 
+def test_stale_graphs_at_the_limit_make_room_for_a_new_key(flow):
+    """A grown buffer makes every held graph stale; a new key at the graph limit drops them instead of
+    staying eager behind graphs that can never replay."""
+    r, captured, worker = flow
+    r.max_graphs = 2
+    original, calls = eager_step()
+    for bs in (1, 2) * (es.WARMUPS + 1):
+        dsg.step_hook(original, worker, batch(bs))
+    assert len(r.graphs) == 2
+    worker._fused_kv_helper._ensure_workspace(1000, worker._fused_kv_helper.flat_kv_weight_t.dtype)
+    for _ in range(es.WARMUPS + 1):
+        dsg.step_hook(original, worker, batch(3))
+    assert sorted(r.driver.destroyed) == [100, 101] and [k[0] for k in r.graphs] == [3], r.eager
+    assert not any("step graphs held already" in k for k in r.eager), r.eager
+
+
 def test_with_capture_off_a_step_reads_no_rule(flow, monkeypatch):
     """Capture off for good: SGLang's step at once, the per-step rules and the stray scan unread."""
     r, captured, worker = flow
@@ -1080,6 +1096,7 @@ def test_the_accept_state_names_are_sglangs_buffer_pairs():
     ({"expert_distribution_recorder_mode": "stat"}, "expert distribution"),
     ({"enable_two_batch_overlap": True}, "two-batch overlap"),
     ({"tp_size": 2}, "tensor parallelism"),
+    ({"enable_unified_memory": True}, "--enable-unified-memory"),
 ])
 def test_server_settings_that_keep_sglangs_step(args, reason):
     from sglang.srt.runtime_context import get_context

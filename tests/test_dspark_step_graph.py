@@ -834,6 +834,9 @@ def sglang_step(fail_at=None, build=None, runners=RUNNERS, out=None):
 
 
 def test_the_block_ids_are_presized_to_the_largest_decode_graph_before_the_first_warm_up(gpu):
+    from sglang.srt.speculative.dspark_components import dspark_draft
+
+    dspark_draft._zero.cache_clear()
     r, side = gpu
     worker = Worker(max_bs=4)
     step, calls = sglang_step()
@@ -843,6 +846,7 @@ def test_the_block_ids_are_presized_to_the_largest_decode_graph_before_the_first
     buf = worker._proposer._draft_block_ids_buf
     assert buf.shape == (4, WIDTH) and bool((buf[:, 1:] == MASK).all())
     assert len(set(step.ptrs)) == 1 and step.ptrs[0] == dspk.buffer_pointers(worker)  # warm-ups on the captured one
+    assert dspark_draft._zero.cache_info().currsize == 1  # the cached scalar the draft reads, built before a capture
     (graph,) = r.graphs.values()
     for _ in range(es.WARMUPS + 1):
         dspk.step_hook(step, worker, batch(4))  # bs 4's warm-ups and capture: no growth, the bs 1 graph stays
@@ -1197,6 +1201,7 @@ def test_sglang_calls_the_hooked_decode_function_positionally():
     ({"expert_distribution_recorder_mode": "stat"}, "expert distribution"),
     ({"enable_two_batch_overlap": True}, "two-batch overlap"),
     ({"tp_size": 2}, "tensor parallelism"),
+    ({"enable_unified_memory": True}, "--enable-unified-memory"),
 ])
 def test_server_settings_that_keep_sglangs_step(args, reason):
     from sglang.srt.runtime_context import get_context

@@ -198,7 +198,10 @@ def upstream_pins() -> str | None:
 def presize(worker, bs: int, device) -> None:
     """Grow the proposer's draft block ids to ``bs`` rows now (SGLang's own growth, on the device
     the step passes it: the batch's), so a capture does not hold the pointer a larger step frees."""
+    from sglang.srt.speculative.dspark_components import dspark_draft
+
     worker._proposer.draft_block_ids_view(bs=bs, device=device)
+    dspark_draft._zero(device)  # (a cached device scalar: built under a capture it would hold a never-filled block)
 
 
 def presize_for(worker, batch, bs: int) -> None:
