@@ -565,6 +565,7 @@ def test_sglang_stages_host_lengths_and_mrope_deltas_on_those_fields():
     ({"enable_return_routed_experts": True}, "--enable-return-routed-experts"),
     ({"enable_return_indexer_topk": True}, "--enable-return-indexer-topk"),
     ({"expert_distribution_recorder_mode": "stat"}, "expert distribution"),  # (EPLB's resolution sets it too)
+    ({"enable_unified_memory": True}, "--enable-unified-memory"),
 ])
 def test_server_settings_that_keep_sglangs_step(args, reason):
     """Checked in the scheduler against SGLang's published config (the startup facts ``inert`` sees

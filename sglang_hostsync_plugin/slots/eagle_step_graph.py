@@ -26,7 +26,8 @@ on every step: one pass over the three objects' attributes, a few µs). Server-w
 in the scheduler before the first capture (their facts are not among the startup facts the slot's
 ``inert`` sees): PP, rejection sampling, DSA top-k seeding, no overlap scheduling,
 ``--speculative-adaptive`` (it changes the step count at run time), a decode CUDA-graph backend
-other than ``full`` or runner graphs in the memory saver's memory, and what a replay would hand
+other than ``full`` or runner graphs in the memory saver's memory, ``--enable-unified-memory`` (the
+scheduler reads the ``out_cache_loc`` a replay leaves unset), and what a replay would hand
 out stale (``--enable-return-routed-experts``, ``--enable-return-indexer-topk``, expert
 distribution recording / EPLB). A captured step whose result carries any other output the
 scheduler reads (``GenerationBatchResult.copy_to_cpu``) besides the three cloned ones turns the
@@ -473,6 +474,17 @@ def runner_graphs_unsupported() -> str | None:
     return None
 
 
+def unified_memory_unsupported() -> str | None:
+    """Under unified memory the scheduler hands its allocator the ``batch.out_cache_loc`` the step's
+    branch set (its write set); a replay does not set it."""
+    from sglang.srt.runtime_context import get_memory
+
+    if get_memory().enable_unified_memory:
+        return ("--enable-unified-memory (the scheduler hands its allocator the step's batch.out_cache_loc, which "
+                "the branch sets and a replay does not)")
+    return None
+
+
 def unsupported(worker) -> str | None:
     """Server-wide settings under which the branch decides per step on values a graph would freeze,
     or returns outputs a replay would hand out stale."""
@@ -493,7 +505,7 @@ def unsupported(worker) -> str | None:
         return "--enable-return-routed-experts / --enable-return-indexer-topk (per-step capture outputs)"
     if get_exec().moe.expert_distribution_recorder_mode is not None:
         return "expert distribution recording or EPLB (per-forward host bookkeeping)"
-    return runner_graphs_unsupported()
+    return unified_memory_unsupported() or runner_graphs_unsupported()
 
 
 def capture(original, worker, batch, tensors, key) -> StepGraph | None:

@@ -100,7 +100,7 @@ def runners_unsupported(worker, per_runner=None) -> str | None:
 def server_unsupported() -> str | None:
     """Server-wide settings under which the step decides per step on values a graph would freeze,
     or returns outputs a replay would hand out stale (the worker's rules are the slot's own)."""
-    from sglang.srt.runtime_context import get_exec, get_memory, get_parallel, get_schedule, get_spec
+    from sglang.srt.runtime_context import get_exec, get_parallel, get_schedule, get_spec
 
     par = get_parallel()
     if par.pp_size > 1:
@@ -118,10 +118,7 @@ def server_unsupported() -> str | None:
         return "--enable-return-routed-experts / --enable-return-indexer-topk (per-step capture outputs)"
     if get_exec().moe.expert_distribution_recorder_mode is not None:
         return "expert distribution recording or EPLB (per-forward host bookkeeping)"
-    if get_memory().enable_unified_memory:
-        return ("--enable-unified-memory (the scheduler hands its allocator the step's batch.out_cache_loc, which "
-                "the branch sets and a replay does not)")
-    return es.runner_graphs_unsupported()
+    return es.unified_memory_unsupported() or es.runner_graphs_unsupported()
 
 
 def startup_rules(f, extra=()) -> str | None:
