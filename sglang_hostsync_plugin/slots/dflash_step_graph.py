@@ -190,47 +190,24 @@ _INPUT_SETS = tuple(frozenset(n) | frozenset(i) for n, i in zip(INPUTS, IGNORED)
 
 
 def stray_input(objs) -> str | None:
-    """A CUDA tensor on ``objs`` that is neither a named input nor ignored (the step might read it),
-    or None. Every step: ``type(v) is Tensor`` first, as ``eagle_step_graph`` does."""
-    tensor = torch.Tensor
-    for obj, names in zip(objs, _INPUT_SETS):
-        state = vars(obj)
-        for key in [k for k, v in state.items() if type(v) is tensor]:
-            if key not in names and on_device(state[key]):
-                return f"{type(obj).__name__}.{key}"
-    return None
+    """A CUDA tensor on ``objs`` that is neither a named input nor ignored (the step might read it), or None."""
+    return es.stray_input(objs, _INPUT_SETS, on_device)
 
 
 def named(objs):
-    """(object, name, value or None) for every named input, in ``INPUTS`` order."""
-    for obj, names in zip(objs, INPUTS):
-        for name in names:
-            yield obj, name, getattr(obj, name, None)
+    return es.named(objs, INPUTS)
 
 
 def gather(objs) -> tuple[tuple, list]:
-    """This step's inputs: their layout (None or (shape, dtype) per name, part of a graph's key)
-    and the tensors present, in name order."""
-    layout, tensors = [], []
-    for _, _, value in named(objs):
-        if value is None:
-            layout.append(None)
-        else:
-            layout.append((value.shape, value.dtype))
-            tensors.append(value)
-    return tuple(layout), tensors
+    return es.gather(objs, INPUTS)
 
 
 def present(objs) -> list[str]:
-    return [f"{name}{list(value.shape)}" for _, name, value in named(objs) if value is not None]
+    return es.present(objs, INPUTS)
 
 
 def install(objs, tensors) -> None:
-    """Put ``tensors`` (in ``gather``'s order) in place of the inputs present on ``objs``."""
-    it = iter(tensors)
-    for obj, name, value in list(named(objs)):
-        if value is not None:
-            setattr(obj, name, next(it))
+    es.install(objs, tensors, INPUTS)
 
 
 # --- the worker's buffers and flags ---
@@ -413,14 +390,7 @@ def capture(original, worker, batch, tensors, key) -> StepGraph | None:
         accept = own_accept_buffers(worker, bs)
         install(objs, slots)
         before = reserved()
-        with side_stream(r.stream):
-            try:
-                cap.open()
-                result = original(worker, batch, None, None, None)
-                cap.close()
-            except BaseException:
-                cap.abort(r.driver)  # on the capture's stream: torch ends a capture only there
-                raise
+        result = core.run_captured(r, cap, lambda: original(worker, batch, None, None, None), side_stream(r.stream))
         changed = changed_flags(flags)
         if changed:
             raise RuntimeError(f"SGLang turned {', '.join(changed)} off during the capture (a fallback swallowed "

@@ -423,14 +423,8 @@ def capture(original, worker, batch, tensors, key) -> StepGraph | None:
     try:
         install(objs, slots)  # (on the scheduler's stream, before the capture)
         before = reserved()
-        with side_stream(r.stream), draw_outside(worker):
-            try:
-                cap.open()
-                result = original(worker, batch, recorder(published), None, None)
-                cap.close()
-            except BaseException:
-                cap.abort(r.driver)  # on the capture's stream: torch ends a capture only there
-                raise
+        result = core.run_captured(r, cap, lambda: original(worker, batch, recorder(published), None, None),
+                                   side_stream(r.stream), draw_outside(worker))
         changed = changed_state(lazy)
         if changed:
             raise RuntimeError(f"SGLang built {', '.join(changed)} during the capture (the step's first use of "

@@ -275,11 +275,13 @@ def on_device(value) -> bool:
 _INPUT_SETS = tuple(map(frozenset, INPUTS))
 
 
-def stray_input(objs) -> str | None:
-    """A CUDA tensor on ``objs`` that is not one of the named inputs (the step might read it), or None.
-    Every step: ``type(v) is Tensor`` first (``isinstance`` goes through torch's metaclass, 3x slower)."""
+def stray_input(objs, sets=_INPUT_SETS, on_device=None) -> str | None:
+    """A CUDA tensor on ``objs`` that is not one of the named inputs (``sets``: the names allowed per
+    object) (the step might read it), or None. Every step: ``type(v) is Tensor`` first (``isinstance``
+    goes through torch's metaclass, 3x slower)."""
+    on_device = on_device or globals()["on_device"]
     tensor = torch.Tensor
-    for obj, names in zip(objs, _INPUT_SETS):
+    for obj, names in zip(objs, sets):
         state = vars(obj)
         for key in [k for k, v in state.items() if type(v) is tensor]:
             if key not in names and on_device(state[key]):
@@ -287,18 +289,18 @@ def stray_input(objs) -> str | None:
     return None
 
 
-def named(objs):
-    """(object, name, value or None) for every named input, in ``INPUTS`` order."""
-    for obj, names in zip(objs, INPUTS):
+def named(objs, inputs=INPUTS):
+    """(object, name, value or None) for every named input, in ``inputs`` order."""
+    for obj, names in zip(objs, inputs):
         for name in names:
             yield obj, name, getattr(obj, name, None)
 
 
-def gather(objs) -> tuple[tuple, list]:
+def gather(objs, inputs=INPUTS) -> tuple[tuple, list]:
     """This step's named inputs: their layout (None or (shape, dtype) per name, part of a graph's
     key: a branch may test an input's presence) and the tensors present, in name order."""
     layout, tensors = [], []
-    for _, _, value in named(objs):
+    for _, _, value in named(objs, inputs):
         if value is None:
             layout.append(None)
         else:
@@ -307,15 +309,15 @@ def gather(objs) -> tuple[tuple, list]:
     return tuple(layout), tensors
 
 
-def present(objs) -> list[str]:
+def present(objs, inputs=INPUTS) -> list[str]:
     """The named inputs present on ``objs``, with their shapes (for the log)."""
-    return [f"{name}{list(value.shape)}" for _, name, value in named(objs) if value is not None]
+    return [f"{name}{list(value.shape)}" for _, name, value in named(objs, inputs) if value is not None]
 
 
-def install(objs, tensors) -> None:
+def install(objs, tensors, inputs=INPUTS) -> None:
     """Put ``tensors`` (in ``gather``'s order) in place of the inputs present on ``objs``."""
     it = iter(tensors)
-    for obj, name, value in list(named(objs)):
+    for obj, name, value in list(named(objs, inputs)):
         if value is not None:
             setattr(obj, name, next(it))
 

@@ -10,6 +10,7 @@ The routing functions take the slot's module and read its attributes at call tim
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 
@@ -228,6 +229,22 @@ def begin(r, name: str, why: str | None) -> bool:
     if r.pool is None:
         r.pool = torch.cuda.graph_pool_handle()
     return True
+
+
+def run_captured(r, cap, call, *contexts):
+    """``call()`` as one captured step in ``cap`` (its segments), inside ``contexts`` (the capture's side
+    stream first); a failure ends the open segment's capture on that stream and propagates."""
+    with contextlib.ExitStack() as stack:
+        for ctx in contexts:
+            stack.enter_context(ctx)
+        try:
+            cap.open()
+            result = call()
+            cap.close()
+        except BaseException:
+            cap.abort(r.driver)  # on the capture's stream: torch ends a capture only there
+            raise
+    return result
 
 
 def join(r, name: str, cap, result, bs: int, children: int, side_output):
