@@ -6,7 +6,8 @@
 #                                           # real-traffic pass + 6 rounds c1/c8; GPU tests of the FlashInfer
 #                                           # plan slots and the certified-plan port (no server)
 #   CALL=2 bash scripts/device_pending.sh   # triton: NGRAM page 1, EAGLE3 topk 1 page 16, STANDALONE topk 4
-#                                           # page 1 with stock, default, auto (+ eagle_host at page 1)
+#                                           # page 1 with stock, default, auto (+ eagle_host at page 1); then
+#                                           # eagle_step_graph's GPU tests (no server)
 #   CALL=2a / CALL=2b                       # CALL=2's NGRAM + EAGLE3 (2a, ~7 min) or NGRAM alone (2b, ~5 min)
 #   CALL=3 bash scripts/device_pending.sh   # eagle_step_graph weight update / forced capture failures
 #                                           # (benchmarks/step_graph_weights.py), then the NGRAM device-draft
@@ -25,13 +26,15 @@
 #                                           # STANDALONE topk 1 page 16 triton, real-traffic pass first
 #   CALL=8 bash scripts/device_pending.sh   # issue 65's benchmark: NGRAM page 1 triton on repeated-passage
 #                                           # prompts, stock vs auto's set (ngram_host) vs ngram_device_draft
-#                                           # (registered for the run), real acceptance, 6 rounds c1/c8
+#                                           # (registered for the run), real acceptance, 6 rounds c1/c8, audited
+#                                           # arms and speed arms; then the slot's GPU tests whole, checking this
+#                                           # e2e (CALL=6 runs them with an e2e of their own)
 #   CALL=9 / CALL=9b bash scripts/device_pending.sh  # issue 67's step graphs (unregistered), each with its
 #                                           # real server: 9 dflash_step_graph on dflash-p16, 9b dspark_step_graph
 #                                           # on dspark-p16 (stock / default / the slot, self-check on)
 # Calls 1-3 ran on 2026-12-06 (benchmarks/results/2026-12-06-h100-final/; call 1's topk-4 half and call 3's
 # certified-plan e2e were cut by their limits). On 2026-12-07 no machine started (7 tries, all refused): the
-# order to run them next is 2 (issue 61), 6 and 8 (65), 9 and 9b (67), 7 and 5 (63), 4 (67), 6b (64).
+# order to run them next is 2 (issue 61), 8 (65; it runs 6's tests too), 9 and 9b (67), 7 and 5 (63), 4 (67), 6b (64).
 # The device tool: carry [".device-bundle-fi"], timeout 590, and start the next call within the
 # machine's 30 s idle release.
 set -u
@@ -48,9 +51,9 @@ the_port_equals_flashinfers_planner_on_tensor_core_draft_decode_plans a_certifie
 the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/test_gpu_flashinfer_certified_plan.py::test_$t "; done)" \
       TESTS_TIMEOUT=110 bash scripts/device_call.sh ;;
   2)
-    NAME=triton E2E_TIMEOUT=520 E2E_ARGS="--configs ngram-p1,eagle3-t1-p16,standalone-t4-p1 --arms stock \
---slots default,-audit --slots auto,-audit --slots default,eagle_host,-audit $COMMON --time-budget 500" \
-      bash scripts/device_call.sh ;;
+    NAME=triton E2E_TIMEOUT=470 E2E_ARGS="--configs ngram-p1,eagle3-t1-p16,standalone-t4-p1 --arms stock \
+--slots default,-audit --slots auto,-audit --slots default,eagle_host,-audit $COMMON --time-budget 450" \
+      GPU_TESTS="tests/test_gpu_eagle_step_graph.py" TESTS_TIMEOUT=60 bash scripts/device_call.sh ;;
   2a)  # CALL=2's first two configurations, for a session with under 10 minutes of device time left
     NAME=triton E2E_TIMEOUT=400 E2E_ARGS="--configs ngram-p1,eagle3-t1-p16 --arms stock \
 --slots default,-audit --slots auto,-audit --slots default,eagle_host,-audit $COMMON --time-budget 380" \
@@ -84,11 +87,13 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
     NAME=t1set E2E_TIMEOUT=540 E2E_ARGS="--configs eagle3-t1-p16,standalone-t1-p16 --arms stock \
 --slots default,eagle_step_graph,-audit --slots $COMBINED,-audit --slots default,eagle_host,-audit $COMMON \
 --time-budget 520" bash scripts/device_call.sh ;;
-  8)
-    NAME=ngram_bench E2E_TIMEOUT=540 SLOT_DISTS="ngram_device_draft:hostsync_ngram_slot" E2E_ARGS="--configs ngram-p1 \
---arms stock --slots default,eagle_host,ngram_host --slots default,ngram_full_mask,ngram_device_draft \
---slots default,eagle_host,ngram_full_mask,ngram_device_draft --prompt-kind repeated $COMMON --time-budget 520" \
-      bash scripts/device_call.sh ;;
+  8)  # audited arms (syncs, run-ahead) and unaudited ones (speed); then the slot's GPU tests check this e2e
+    NAME=ngram_bench E2E_TIMEOUT=420 SLOT_DISTS="ngram_device_draft:hostsync_ngram_slot" E2E_ARGS="--configs ngram-p1 \
+--arms stock,audit --slots default,ngram_full_mask --slots default,ngram_full_mask,ngram_device_draft \
+--slots default,eagle_host,ngram_host --slots default,eagle_host,ngram_host,-audit \
+--slots default,eagle_host,ngram_full_mask,ngram_device_draft,-audit --prompt-kind repeated $COMMON --time-budget 400" \
+      HOSTSYNC_NGRAM_E2E_DIR=/tmp/hostsync-ngram_bench/run/e2e GPU_TESTS="tests/test_gpu_ngram_device_draft.py" \
+      TESTS_TIMEOUT=120 bash scripts/device_call.sh ;;
   9)
     NAME=dflash_graph GPU_TESTS="tests/test_gpu_dflash_step_graph.py" TESTS_TIMEOUT=575 bash scripts/device_call.sh ;;
   9b)

@@ -14,7 +14,8 @@ the slot applied, and the audit's syncs per step at c1 below the base arm's (par
 seq-lens wait on triton); accept length and run-ahead are printed. The slot is not in the catalogue:
 the e2e and its servers get it through an entry-point package on ``PYTHONPATH``
 (``helpers.write_slot_dist``). ``HOSTSYNC_NGRAM_E2E_DIR``: check an e2e output directory made by the
-same command instead of starting the servers here.
+same command, or by one with these arms among others and other concurrencies (c1 among them:
+``CALL=8 bash scripts/device_pending.sh``), instead of starting the servers here.
 
 Skipped without CUDA (CI); run by scripts/gpu_run.sh."""
 
@@ -205,7 +206,9 @@ def test_the_real_traffic_mix_is_identical_to_stock_with_the_device_draft(e2e):
 
 def test_the_device_draft_removes_the_per_step_wait(e2e):
     cells = {(c["arm"], c["concurrency"]): c for c in e2e["cells"] if c["config"] == CONFIG}
-    for conc in (1, 4):
+    concs = sorted(c for a, c in cells if a == f"slots:{BASE_SPEC}")  # 1 and 4 here; a reused run may have others
+    assert concs[:1] == [1] and len(concs) >= 2, sorted(cells)
+    for conc in concs:
         base, dev = cells.get((f"slots:{BASE_SPEC}", conc)), cells.get((f"slots:{DEV_SPEC}", conc))
         assert base and dev and base["audit"] and dev["audit"], sorted(cells)
         b, d = base["audit"], dev["audit"]
