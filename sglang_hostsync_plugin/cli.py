@@ -42,11 +42,15 @@ def prepare_server_args_hook(original, argv, *args, **kwargs):
     server_args = original(argv, *args, **kwargs)
     if config.plugin_enabled():
         from . import runtime
+        from .slot import Status
 
         plan = runtime.validate(server_args)
         if plan.auto_pending:
             logger.info("hostsync: enabled; slots: auto, picked once SGLang has resolved the server arguments")
         else:
-            logger.info("hostsync: enabled; slots: %s", ", ".join(v.name for v in plan.verdicts if v.selected
-                                                                  and not v.left_out_by_auto) or "none")
+            chosen = [v for v in plan.verdicts if v.selected and not v.left_out_by_auto]
+            live = [v.name for v in chosen if v.status is not Status.SKIPPED]
+            inert = len(chosen) - len(live)
+            logger.info("hostsync: enabled; slots: %s%s", ", ".join(live) or "none",
+                        f" ({inert} more selected, inert for these server arguments)" if inert else "")
     return server_args

@@ -51,7 +51,10 @@ def test_disabled_registers_only_cli_shim_and_launcher_gate_and_flag_sets_env():
                                "sglang.srt.server_args.prepare_server_args"]
     assert res["n"] == res["again"] == 1
     assert res["before"] is None and res["after"] == "1" and res["type"] == "ServerArgs"
-    assert "hostsync: enabled; slots: dspark_dp_meta" in proc.stderr + proc.stdout
+    # The line names the slots that act; the inert ones (dspark_dp_meta without DSpark) only as a count.
+    enabled = next(ln for ln in (proc.stderr + proc.stdout).splitlines() if "hostsync: enabled; slots: " in ln)
+    assert "event_ring" in enabled and "dspark_dp_meta" not in enabled, enabled
+    assert "more selected, inert for these server arguments)" in enabled, enabled
 
 
 def test_bad_slot_token_fails_argument_preparation():

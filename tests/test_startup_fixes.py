@@ -36,7 +36,10 @@ def test_env_switch_launch_passes_argument_preparation_strict():
     assert proc.returncode == 0, out(proc)
     assert json.loads(proc.stdout.split("RESULT", 1)[1])["err"] is None, out(proc)
     log = proc.stderr + proc.stdout
-    assert "hostsync: enabled; slots: dspark_dp_meta" in log, out(proc)
+    # The line names the slots that act; the inert ones (dspark_dp_meta without DSpark) only as a count.
+    enabled = next(ln for ln in log.splitlines() if "hostsync: enabled; slots: " in ln)
+    assert "event_ring" in enabled and "dspark_dp_meta" not in enabled, enabled
+    assert "more selected, inert for these server arguments)" in enabled, enabled
     # The env warnings and the version line are logged once, by activate().
     assert log.count("upstream shape changed") == 0
 
