@@ -499,12 +499,17 @@ def test_forward_hook_leaves_a_device_triton_cannot_launch_on_to_sglang(monkeypa
 
 # --- the step: history kept equal to each request's tokens ----------------------------------------
 
-class Req:
-    def __init__(self, rid, ids, row):
-        self.rid, self.ids, self.req_pool_idx = rid, array("q", ids), row
+def Req(rid, ids, row):
+    """SGLang's own ``Req`` at an extend of its whole prompt ``ids`` into pool row ``row`` (the slot reads
+    the fill ids and ``Req.kv.req_pool_idx``: a stand-in with another layout hid a wrong attribute)."""
+    from sglang.srt.managers.schedule_batch import Req as SglangReq
+    from sglang.srt.sampling.sampling_params import SamplingParams
 
-    def get_fill_ids(self):
-        return self.ids
+    r = SglangReq(rid, "", array("q", ids), SamplingParams(max_new_tokens=1 << 20))
+    r.refresh_fill_ids()
+    r.extend_end = len(ids)
+    r.kv.req_pool_idx = row
+    return r
 
 
 def greedy_accept(truth, seq_len, tokens, next_token, next_sibling, d):
@@ -546,7 +551,7 @@ def test_steps_keep_the_history_equal_to_each_requests_tokens(ngram_worker):
 
     def extend(reqs, lens, garbage=False):
         batch = types.SimpleNamespace(forward_mode=w.ForwardMode.EXTEND, reqs=reqs,
-                                      req_pool_indices=torch.tensor([r.req_pool_idx for r in reqs]),
+                                      req_pool_indices=torch.tensor([r.kv.req_pool_idx for r in reqs]),
                                       seq_lens=torch.tensor(lens))
 
         def forward(self, batch, **kw):  # NGRAM's extend branch: accept_tokens[:, 0] = the sampled token
@@ -559,7 +564,7 @@ def test_steps_keep_the_history_equal_to_each_requests_tokens(ngram_worker):
 
         ndd.forward_hook(forward, worker, batch)
         for r, n in zip(reqs, lens):
-            state[r.rid] = (r.req_pool_idx, n)
+            state[r.rid] = (r.kv.req_pool_idx, n)
 
     def step(rids):
         before = {r: state[r][1] for r in rids}
