@@ -131,10 +131,11 @@ def test_recompiled_prepare_hands_verify_stocks_input_on_the_device(monkeypatch)
             hist.ready[r] = True
             hist.generation[r] = worker.req_to_token_pool.req_generation[r].item()  # the row's current owner
         verify_input(w, lambda *a: ndd.edited(original)(*a), worker, batch())  # compiles
+        step = batch()  # the test's own H2D copies of the batch (pageable) sync; SGLang's batch is on the device
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            plugin = verify_input(w, lambda *a: ndd.edited(original)(*a), worker, batch())
+            plugin = verify_input(w, lambda *a: ndd.edited(original)(*a), worker, step)
         finally:
             torch.cuda.set_sync_debug_mode("default")
         for key, want in stock.items():
