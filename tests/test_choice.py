@@ -85,6 +85,18 @@ def test_no_pick_holds_a_conflicting_or_unsafe_pair():
             assert not set(CATALOGUE[name].conflicts) & names, (row.choice.spec, name)
 
 
+def test_every_pick_names_results_folders_that_exist_with_a_readme():
+    import os
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for row in choice.ROWS:
+        folders = [p.strip() for p in row.choice.evidence.split(",")]
+        assert folders and row.choice.gain, row.choice
+        for folder in folders:
+            assert folder.startswith("benchmarks/results/"), (row.choice.label, folder)
+            assert os.path.isfile(os.path.join(repo, folder, "README.md")), (row.choice.label, folder)
+
+
 def test_the_conflict_cases_are_left_to_the_pick():
     # FlashInfer topk 4: eagle_host's glue graph would freeze the host-planned verify.
     fi4 = facts("EAGLE", 4, backend="flashinfer")
