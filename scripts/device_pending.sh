@@ -29,12 +29,20 @@
 #                                           # (registered for the run), real acceptance, 6 rounds c1/c8, audited
 #                                           # arms and speed arms; then the slot's GPU tests whole, checking this
 #                                           # e2e (CALL=6 runs them with an e2e of their own)
+#   CALL=8b bash scripts/device_pending.sh  # CALL=8's arms on dummy weights (1B-shaped, real acceptance): outputs
+#                                           # that repeat themselves, where n-gram drafting has something to copy
+#                                           # (the random-weight target copied nothing on 2026-12-07: accept 1.12)
 #   CALL=9 / CALL=9b bash scripts/device_pending.sh  # issue 67's step graphs (unregistered), each with its
 #                                           # real server: 9 dflash_step_graph on dflash-p16, 9b dspark_step_graph
 #                                           # on dspark-p16 (stock / default / the slot, self-check on)
+#   CALL=10 bash scripts/device_pending.sh  # issue 67's must-show run: DFlash and DSpark p16, stock, stock code
+#                                           # audited, default, both step graphs (each inert in the other's
+#                                           # configuration) audited and not, real-traffic pass, 6 rounds c1/c8
 # Calls 1-3 ran on 2026-12-06 (benchmarks/results/2026-12-06-h100-final/; call 1's topk-4 half and call 3's
-# certified-plan e2e were cut by their limits). On 2026-12-07 no machine started (7 tries, all refused): the
-# order to run them next is 2 (issue 61), 8 (65; it runs 6's tests too), 9 and 9b (67), 7 and 5 (63), 4 (67), 6b (64).
+# certified-plan e2e were cut by their limits). On 2026-12-07 (benchmarks/results/2026-12-07-h100/) 2 ran (its
+# standalone-t4-p1 cut by the limit), 8 ran with the device draft's servers failing (a Req attribute, fixed
+# since), 9 and 9b ran (their acceptance check failed: accept length 1.00). Next: 8 and 8b (65), 4 (67: does
+# the draft accept on dummy weights?), 10 (67), 7 and 5 (63), 6b (64).
 # The device tool: carry [".device-bundle-fi"], timeout 590, and start the next call within the
 # machine's 30 s idle release.
 set -u
@@ -94,10 +102,22 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
 --slots default,eagle_host,ngram_full_mask,ngram_device_draft,-audit --prompt-kind repeated $COMMON --time-budget 400" \
       HOSTSYNC_NGRAM_E2E_DIR=/tmp/hostsync-ngram_bench/run/e2e GPU_TESTS="tests/test_gpu_ngram_device_draft.py" \
       TESTS_TIMEOUT=120 bash scripts/device_call.sh ;;
+  8b)  # the copying workload: dummy weights, whose greedy outputs repeat themselves
+    NAME=ngram_copy E2E_TIMEOUT=540 SLOT_DISTS="ngram_device_draft:hostsync_ngram_slot" E2E_ARGS="--configs ngram-p1 \
+--weights dummy --dummy-shape llama-1b --arms stock,audit --slots default,eagle_host,ngram_host \
+--slots default,ngram_full_mask,ngram_device_draft --slots default,eagle_host,ngram_host,-audit \
+--slots default,eagle_host,ngram_full_mask,ngram_device_draft,-audit --prompt-kind repeated $COMMON --time-budget 500" \
+      bash scripts/device_call.sh ;;
+  10)  # each step graph is inert in the other's configuration, so one arm holds both
+    GRAPHS=default,dflash_step_graph,dspark_step_graph
+    NAME=block_graphs E2E_TIMEOUT=545 E2E_ARGS="--configs dflash-p16,dspark-p16 --arms stock,audit --slots default,-audit \
+--slots $GRAPHS,-audit --slots $GRAPHS --plugin-env SGLANG_HOSTSYNC_STEP_GRAPH_CHECK=16 $COMMON --time-budget 525" \
+      SLOT_DISTS="dflash_step_graph:hostsync_dflash_graph_slot dspark_step_graph:hostsync_dspark_graph_slot" \
+      bash scripts/device_call.sh ;;
   9)
     NAME=dflash_graph GPU_TESTS="tests/test_gpu_dflash_step_graph.py" TESTS_TIMEOUT=575 bash scripts/device_call.sh ;;
   9b)
     NAME=dspark_graph GPU_TESTS="tests/test_gpu_dspark_step_graph.py" TESTS_TIMEOUT=575 bash scripts/device_call.sh ;;
   *)
-    sed -n '2,39p' "$0"; exit 2 ;;
+    sed -n '2,47p' "$0"; exit 2 ;;
 esac
