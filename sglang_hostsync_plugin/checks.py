@@ -10,6 +10,7 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import os
 import pkgutil
 from collections.abc import Iterable, Mapping
 
@@ -130,6 +131,24 @@ def file_pins(pins, what: str = "") -> str | None:
         got = hashlib.sha256(source.encode()).hexdigest()[:16]
         if sha is not None and got != sha:
             return f"upstream shape changed: {path} source sha {got}, expected {sha}" + (f" ({what})" if what else "")
+    return None
+
+
+def package_file_pins(pins, what: str = "") -> str | None:
+    """``file_pins`` for non-Python files shipped in a package (``"sglang/kernels/.../x.cuh"``): None when
+    each still hashes to its ``sha`` (the whole file, read without importing the package)."""
+    for rel, sha in pins:
+        top, _, inner = rel.partition("/")
+        spec = importlib.util.find_spec(top)
+        if spec is None or not spec.submodule_search_locations:
+            return f"target missing: {rel} (no package {top})"
+        try:
+            with open(os.path.join(spec.submodule_search_locations[0], inner), "rb") as f:
+                got = hashlib.sha256(f.read()).hexdigest()[:16]
+        except OSError as exc:
+            return f"target missing: {rel} ({type(exc).__name__}: {exc})"
+        if got != sha:
+            return f"upstream shape changed: {rel} sha {got}, expected {sha}" + (f" ({what})" if what else "")
     return None
 
 

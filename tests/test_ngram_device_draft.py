@@ -771,3 +771,13 @@ def test_a_history_too_large_for_the_free_memory_is_not_made_and_the_host_draft_
         hist = ndd.history_of(worker)
     assert hist is not None and ndd.history_of(worker) is hist and tuple(hist.tokens.shape) == (16, 4101)
     assert [r.levelname for r in caplog.records] == ["INFO"] and "0.3 MiB outside" in caplog.text
+
+
+def test_the_pins_hold_and_name_a_changed_layout_source(monkeypatch):
+    """The chain restates how SGLang derives verify indices from a tree mask: the Triton kernel (XPU) and
+    the CUDA kernel that servers run (``ngram.cuh``, a package file); a change to either refuses the slot."""
+    assert ndd.check_pins() is None
+    monkeypatch.setattr(ndd, "RECONSTRUCT_CUDA", (ndd.RECONSTRUCT_CUDA[0], "0" * 16))
+    assert "ngram.cuh sha" in ndd.check_pins() and "expected 0000000000000000" in ndd.check_pins()
+    monkeypatch.setattr(ndd, "RECONSTRUCT_CUDA", ("sglang/kernels/jit/include/none.cuh", "0" * 16))
+    assert ndd.check_pins().startswith("target missing: sglang/kernels/jit/include/none.cuh")

@@ -76,7 +76,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..checks import file_pins
+from ..checks import file_pins, package_file_pins
 from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck, not_speculative
 from .edit_sites import NGRAM_PREPARE_SITE
 from . import ngram_full_mask
@@ -95,6 +95,8 @@ DECIDE_SHA = "7dc8e698341bcb8c"  # its rule is restated in decide_hook: pin it
 # SGLang code whose layout the chain restates: the trie result's tree (fillResult, C++, read in
 # tests/test_ngram_device_draft.py against a real corpus) and the verify indices derived from it.
 RECONSTRUCT = ("sglang.kernels.ops.speculative.reconstruct_tree._reconstruct_tree_mask_kernel", "6815dc66e045b46d")
+# What CUDA runs instead of that Triton kernel (XPU only): reconstructIndicesFromTreeMask, JIT-built from this file.
+RECONSTRUCT_CUDA = ("sglang/kernels/jit/include/sgl_kernel/speculative/ngram.cuh", "1fc0eea1eed7b9e0")
 
 MIN_N = 1  # a one-token match still drafts: the verify checks D tokens per request whatever the draft
 BLOCK = 512  # history positions per scan step
@@ -503,7 +505,8 @@ def check_pins() -> str | None:
     """The edit applies to the installed SGLang, and SGLang's derivation of the verify indices
     from a tree mask (what the chain restates) is the one the chain was written against. Read from
     the files: ``ngram_worker`` and ``reconstruct_tree`` import only beside ``sgl_kernel`` on a CPU box."""
-    return PREPARE_ONCE.check() or file_pins([RECONSTRUCT], "the chain layout restates it")
+    return (PREPARE_ONCE.check() or file_pins([RECONSTRUCT], "the chain layout restates it")
+            or package_file_pins([RECONSTRUCT_CUDA], "the chain layout restates it"))
 
 
 # Why each conflict: a reason per slot (the Slot takes only the names).
