@@ -38,6 +38,9 @@
 #   CALL=11 / 11b / 11c bash scripts/device_pending.sh  # issue 63's matrix rows nobody measured: FlashInfer page 1
 #                                           # (11: STANDALONE topk 1 / 4), FlashInfer NGRAM (11b), triton STANDALONE
 #                                           # topk 1 page 1 (11c): stock, default, auto and each candidate set
+#   CALL=12 bash scripts/device_pending.sh  # issue 67's step graphs at accept length 3 (SGLANG_SIMULATE_ACC_LEN, integral,
+#                                           # match-expected): multi-token accepts, which the random drafts never
+#                                           # gave on 2026-12-07, under the eager self-check every 4th replay
 #   CALL=10 bash scripts/device_pending.sh  # issue 67's must-show run: DFlash and DSpark p16, stock, stock code
 #                                           # audited, default, both step graphs (each inert in the other's
 #                                           # configuration) audited and not, real-traffic pass, 6 rounds c1/c8
@@ -45,7 +48,7 @@
 # certified-plan e2e were cut by their limits). On 2026-12-07 (benchmarks/results/2026-12-07-h100/) 2 ran (its
 # standalone-t4-p1 cut by the limit), 8 ran with the device draft's servers failing (a Req attribute, fixed
 # since), 9 and 9b ran (their acceptance check failed: accept length 1.00). Next: 8 and 8b (65), 4 (67: does
-# the draft accept on dummy weights?), 10 (67), 7, 5 and 11-11c (63), 6b (64).
+# the draft accept on dummy weights?), 12 and 10 (67), 7, 5 and 11-11c (63), 6b (64).
 # The device tool: carry [".device-bundle-fi"], timeout 590, and start the next call within the
 # machine's 30 s idle release.
 set -u
@@ -117,6 +120,13 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
 --slots $GRAPHS,-audit --slots $GRAPHS --plugin-env SGLANG_HOSTSYNC_STEP_GRAPH_CHECK=16 $COMMON --time-budget 525" \
       SLOT_DISTS="dflash_step_graph:hostsync_dflash_graph_slot dspark_step_graph:hostsync_dspark_graph_slot" \
       bash scripts/device_call.sh ;;
+  12)  # the self-check's mismatch counts are in each server log's last check line (the e2e's "Slot self-checks")
+    NAME=graphs_sim E2E_TIMEOUT=420 E2E_ARGS="--configs dflash-p16,dspark-p16 --simulate-acc-len 3 --arms stock \
+--slots default --slots default,dflash_step_graph,dspark_step_graph --plugin-env SGLANG_HOSTSYNC_STEP_GRAPH_CHECK=4 \
+--concurrency 1 4 --rounds 2 --requests 2 --max-new-tokens 128 --traffic off --top-logprobs 0 \
+--server-arg=--disable-prefill-cuda-graph --ready-timeout 300 --time-budget 400" \
+      SLOT_DISTS="dflash_step_graph:hostsync_dflash_graph_slot dspark_step_graph:hostsync_dspark_graph_slot" \
+      bash scripts/device_call.sh ;;
   11)
     NAME=fi_p1 E2E_TIMEOUT=545 E2E_ARGS="--configs standalone-t1-p1,standalone-t4-p1 --attention-backend flashinfer \
 --arms stock --slots default,-audit --slots auto,-audit --slots default,flashinfer,eagle_host,-metadata_glue_graph,-audit \
@@ -134,5 +144,5 @@ $COMMON --time-budget 525" bash scripts/device_call.sh ;;
   9b)
     NAME=dspark_graph GPU_TESTS="tests/test_gpu_dspark_step_graph.py" TESTS_TIMEOUT=575 bash scripts/device_call.sh ;;
   *)
-    sed -n '2,50p' "$0"; exit 2 ;;
+    sed -n '2,53p' "$0"; exit 2 ;;
 esac
