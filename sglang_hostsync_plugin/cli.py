@@ -42,15 +42,23 @@ def prepare_server_args_hook(original, argv, *args, **kwargs):
     server_args = original(argv, *args, **kwargs)
     if config.plugin_enabled():
         from . import runtime
-        from .slot import Status
 
         plan = runtime.validate(server_args)
         if plan.auto_pending:
             logger.info("hostsync: enabled; slots: auto, picked once SGLang has resolved the server arguments")
         else:
-            chosen = [v for v in plan.verdicts if v.selected and not v.left_out_by_auto]
-            live = [v.name for v in chosen if v.status is not Status.SKIPPED]
-            inert = len(chosen) - len(live)
-            logger.info("hostsync: enabled; slots: %s%s", ", ".join(live) or "none",
-                        f" ({inert} more selected, inert for these server arguments)" if inert else "")
+            logger.info("hostsync: enabled; slots: %s", enabled_line(plan))
     return server_args
+
+
+def enabled_line(plan) -> str:
+    """The selected slots that act, then how many selected ones are inert for the server
+    arguments or refused (the status block names them)."""
+    from .slot import Status
+
+    chosen = [v for v in plan.verdicts if v.selected and not v.left_out_by_auto]
+    live = [v.name for v in chosen if v.status in (Status.APPLIED, Status.WOULD_APPLY, Status.UPSTREAM)]
+    counts = [(sum(v.status is status for v in chosen), what) for status, what in (
+        (Status.SKIPPED, "inert for these server arguments"), (Status.FAILED, "refused"))]
+    rest = "; ".join(f"{n} {what}" for n, what in counts if n)
+    return (", ".join(live) or "none") + (f" (also selected: {rest})" if rest else "")

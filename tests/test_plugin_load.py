@@ -54,7 +54,28 @@ def test_disabled_registers_only_cli_shim_and_launcher_gate_and_flag_sets_env():
     # The line names the slots that act; the inert ones (dspark_dp_meta without DSpark) only as a count.
     enabled = next(ln for ln in (proc.stderr + proc.stdout).splitlines() if "hostsync: enabled; slots: " in ln)
     assert "event_ring" in enabled and "dspark_dp_meta" not in enabled, enabled
-    assert "more selected, inert for these server arguments)" in enabled, enabled
+    assert "(also selected: " in enabled and " inert for these server arguments)" in enabled, enabled
+
+
+def test_the_enabled_line_names_acting_slots_and_counts_inert_and_refused_ones():
+    from types import SimpleNamespace
+
+    from sglang_hostsync_plugin.cli import enabled_line
+    from sglang_hostsync_plugin.plan import NOT_PICKED, Verdict
+    from sglang_hostsync_plugin.slot import Status
+
+    def line(*verdicts):
+        return enabled_line(SimpleNamespace(verdicts=verdicts))
+
+    acts = (Verdict("a", True, Status.WOULD_APPLY), Verdict("b", True, Status.UPSTREAM), Verdict("c", True, Status.APPLIED))
+    inert = Verdict("d", True, Status.SKIPPED, "inert because --speculative-algorithm is unset")
+    refused = Verdict("e", True, Status.FAILED, "upstream shape changed: x")
+    others = (Verdict("f", False, Status.WOULD_APPLY), Verdict("g", True, Status.SKIPPED, f"{NOT_PICKED} for x"))
+    assert line(*acts, *others) == "a, b, c"
+    assert line(*acts, inert, refused, *others) == \
+        "a, b, c (also selected: 1 inert for these server arguments; 1 refused)"
+    assert line(inert, refused, *others) == "none (also selected: 1 inert for these server arguments; 1 refused)"
+    assert line(*others) == "none"
 
 
 def test_bad_slot_token_fails_argument_preparation():

@@ -39,7 +39,7 @@ def test_env_switch_launch_passes_argument_preparation_strict():
     # The line names the slots that act; the inert ones (dspark_dp_meta without DSpark) only as a count.
     enabled = next(ln for ln in log.splitlines() if "hostsync: enabled; slots: " in ln)
     assert "event_ring" in enabled and "dspark_dp_meta" not in enabled, enabled
-    assert "more selected, inert for these server arguments)" in enabled, enabled
+    assert "(also selected: " in enabled and " inert for these server arguments)" in enabled, enabled
     # The env warnings and the version line are logged once, by activate().
     assert log.count("upstream shape changed") == 0
 
