@@ -136,18 +136,19 @@ def file_pins(pins, what: str = "") -> str | None:
 
 def package_file_pins(pins, what: str = "") -> str | None:
     """``file_pins`` for non-Python files shipped in a package (``"sglang/kernels/.../x.cuh"``): None when
-    each still hashes to its ``sha`` (the whole file, read without importing the package)."""
+    each still hashes to its ``sha`` (the whole file; None: only that it exists), read without importing
+    the package, from whichever of its locations holds it."""
     for rel, sha in pins:
         top, _, inner = rel.partition("/")
         spec = importlib.util.find_spec(top)
         if spec is None or not spec.submodule_search_locations:
             return f"target missing: {rel} (no package {top})"
-        try:
-            with open(os.path.join(spec.submodule_search_locations[0], inner), "rb") as f:
-                got = hashlib.sha256(f.read()).hexdigest()[:16]
-        except OSError as exc:
-            return f"target missing: {rel} ({type(exc).__name__}: {exc})"
-        if got != sha:
+        found = [p for p in (os.path.join(d, inner) for d in spec.submodule_search_locations) if os.path.isfile(p)]
+        if not found:
+            return f"target missing: {rel} (not in {', '.join(spec.submodule_search_locations)})"
+        with open(found[0], "rb") as f:
+            got = hashlib.sha256(f.read()).hexdigest()[:16]
+        if sha is not None and got != sha:
             return f"upstream shape changed: {rel} sha {got}, expected {sha}" + (f" ({what})" if what else "")
     return None
 
