@@ -499,7 +499,7 @@ def test_forward_hook_leaves_a_device_triton_cannot_launch_on_to_sglang(monkeypa
 
 # --- the step: history kept equal to each request's tokens ----------------------------------------
 
-def Req(rid, ids, row):
+def make_req(rid, ids, row):
     """SGLang's own ``Req`` at an extend of its whole prompt ``ids`` into pool row ``row`` (the slot reads
     the fill ids and ``Req.kv.req_pool_idx``: a stand-in with another layout hid a wrong attribute)."""
     from sglang.srt.managers.schedule_batch import Req as SglangReq
@@ -598,21 +598,21 @@ def test_steps_keep_the_history_equal_to_each_requests_tokens(ngram_worker):
         for rid, n in zip(rids, out["new"].tolist()):
             state[rid] = (state[rid][0], n)
 
-    extend([Req("a", truths["a"][:30], 3), Req("b", truths["b"][:12], 7)], [30, 12])
+    extend([make_req("a", truths["a"][:30], 3), make_req("b", truths["b"][:12], 7)], [30, 12])
     for _ in range(4):
         step(["a", "b"])
     # "c": a two-chunk prefill; the first chunk's sampled token (-5) lands where the second writes.
-    extend([Req("c", truths["c"][:20], 9)], [20], garbage=True)
-    extend([Req("c", truths["c"][:45], 9)], [45])
+    extend([make_req("c", truths["c"][:20], 9)], [20], garbage=True)
+    extend([make_req("c", truths["c"][:45], 9)], [45])
     for _ in range(4):
         step(["a", "b", "c"])
     # "b" leaves (abort or finish); "e" takes its row with a shorter prompt than b's history.
-    extend([Req("e", truths["e"][:5], 7)], [5])
+    extend([make_req("e", truths["e"][:5], 7)], [5])
     for _ in range(4):
         step(["e", "a", "c"])
     # "a" retracted and re-prefilled with its prompt and output, in another row.
     n = state["a"][1]
-    extend([Req("a", truths["a"][:n], 11)], [n])
+    extend([make_req("a", truths["a"][:n], 11)], [n])
     for _ in range(3):
         step(["c", "a", "e"])
     hist = ndd.history(worker)
@@ -652,7 +652,7 @@ def test_a_reused_row_is_not_ready_until_its_new_owners_prompt_is_written():
     worker = make_worker(4)
     pool = worker.req_to_token_pool
     hist = ndd.history_of(worker)
-    batch = types.SimpleNamespace(reqs=[Req("a", [1, 2, 3], 2), Req("b", [4, 5], 5)],
+    batch = types.SimpleNamespace(reqs=[make_req("a", [1, 2, 3], 2), make_req("b", [4, 5], 5)],
                                   req_pool_indices=torch.tensor([2, 5]))
     ndd.write_prompts(hist, batch, pool)
     ndd.clear_stale(hist, pool, [2, 5])
@@ -660,7 +660,7 @@ def test_a_reused_row_is_not_ready_until_its_new_owners_prompt_is_written():
     pool.req_generation[5] += 1  # "b" freed, row 5 handed to another request (PD transfer: no prefill here)
     ndd.clear_stale(hist, pool, [2, 5])
     assert hist.ready[[2, 5]].tolist() == [True, False]
-    ndd.write_prompts(hist, types.SimpleNamespace(reqs=[Req("c", [7], 5)], req_pool_indices=torch.tensor([5])), pool)
+    ndd.write_prompts(hist, types.SimpleNamespace(reqs=[make_req("c", [7], 5)], req_pool_indices=torch.tensor([5])), pool)
     ndd.clear_stale(hist, pool, [2, 5])
     assert hist.ready[[2, 5]].tolist() == [True, True]
 
