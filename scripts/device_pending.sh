@@ -29,15 +29,17 @@
 #                                           # (registered for the run), real acceptance, 6 rounds c1/c8, audited
 #                                           # arms and speed arms; then the slot's GPU tests whole, checking this
 #                                           # e2e (CALL=6 runs them with an e2e of their own)
-#   CALL=8b bash scripts/device_pending.sh  # CALL=8's arms on dummy weights (1B-shaped, real acceptance): outputs
-#                                           # that repeat themselves, where n-gram drafting has something to copy
-#                                           # (the random-weight target copied nothing on 2026-12-07: accept 1.12)
+#   CALL=8b bash scripts/device_pending.sh  # CALL=8's arms but its base one (no GPU tests) on dummy weights
+#                                           # (1B-shaped, real acceptance): outputs that repeat themselves, where
+#                                           # n-gram drafting has something to copy (the random-weight target
+#                                           # copied nothing on 2026-12-07: accept length 1.12)
 #   CALL=9 / CALL=9b bash scripts/device_pending.sh  # issue 67's step graphs (unregistered), each with its
 #                                           # real server: 9 dflash_step_graph on dflash-p16, 9b dspark_step_graph
 #                                           # on dspark-p16 (stock / default / the slot, self-check on)
 #   CALL=11 / 11b / 11c bash scripts/device_pending.sh  # issue 63's matrix rows nobody measured: FlashInfer page 1
 #                                           # (11: STANDALONE topk 1 / 4), FlashInfer NGRAM (11b), triton STANDALONE
-#                                           # topk 1 page 1 (11c): stock, default, auto and each candidate set
+#                                           # topk 1 page 1 (11c): stock, default, each candidate set, and auto (which
+#                                           # picks default there: an A/A pair, and auto's own never-below-stock row)
 #   CALL=12 bash scripts/device_pending.sh  # issue 67's step graphs at accept length 3 (SGLANG_SIMULATE_ACC_LEN, integral,
 #                                           # match-expected): multi-token accepts, which the random drafts never
 #                                           # gave on 2026-12-07, under the eager self-check every 4th replay
@@ -114,10 +116,10 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
 --slots default,ngram_full_mask,ngram_device_draft --slots default,eagle_host,ngram_host,-audit \
 --slots default,eagle_host,ngram_full_mask,ngram_device_draft,-audit --prompt-kind repeated $COMMON --time-budget 500" \
       bash scripts/device_call.sh ;;
-  10)  # each step graph is inert in the other's configuration, so one arm holds both
+  10)  # each step graph is inert in the other's configuration, so one arm holds both; no self-check (CALL=12 runs it)
     GRAPHS=default,dflash_step_graph,dspark_step_graph
     NAME=block_graphs E2E_TIMEOUT=545 E2E_ARGS="--configs dflash-p16,dspark-p16 --arms stock,audit --slots default,-audit \
---slots $GRAPHS,-audit --slots $GRAPHS --plugin-env SGLANG_HOSTSYNC_STEP_GRAPH_CHECK=16 $COMMON --time-budget 525" \
+--slots $GRAPHS,-audit --slots $GRAPHS $COMMON --time-budget 525" \
       SLOT_DISTS="dflash_step_graph:hostsync_dflash_graph_slot dspark_step_graph:hostsync_dspark_graph_slot" \
       bash scripts/device_call.sh ;;
   12)  # the self-check's mismatch counts are in each server log's last check line (the e2e's "Slot self-checks")
@@ -133,8 +135,8 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
 $COMMON --time-budget 525" bash scripts/device_call.sh ;;
   11b)
     NAME=fi_ngram E2E_TIMEOUT=545 E2E_ARGS="--configs ngram-p1 --attention-backend flashinfer --arms stock \
---slots default,-audit --slots auto,-audit --slots default,flashinfer,eagle_host,ngram_host,-metadata_glue_graph,-audit \
---slots default,eagle_host,ngram_host,-audit $COMMON --time-budget 525" bash scripts/device_call.sh ;;
+--slots default,-audit --slots auto,-audit --slots default,eagle_host,ngram_host,-audit $COMMON --time-budget 525" \
+      bash scripts/device_call.sh ;;
   11c)
     NAME=t1p1 E2E_TIMEOUT=545 E2E_ARGS="--configs standalone-t1-p1 --arms stock --slots default,-audit \
 --slots auto,-audit --slots default,eagle_host,-audit --slots default,eagle_step_graph,-audit $COMMON --time-budget 525" \
@@ -144,5 +146,5 @@ $COMMON --time-budget 525" bash scripts/device_call.sh ;;
   9b)
     NAME=dspark_graph GPU_TESTS="tests/test_gpu_dspark_step_graph.py" TESTS_TIMEOUT=575 bash scripts/device_call.sh ;;
   *)
-    sed -n '2,53p' "$0"; exit 2 ;;
+    sed -n '2,55p' "$0"; exit 2 ;;
 esac
