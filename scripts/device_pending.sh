@@ -109,7 +109,7 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
 --slots default,eagle_host,ngram_host --slots default,eagle_host,ngram_host,-audit \
 --slots default,eagle_host,ngram_full_mask,ngram_device_draft,-audit --prompt-kind repeated $COMMON --time-budget 400" \
       HOSTSYNC_NGRAM_E2E_DIR=/tmp/hostsync-ngram_bench/run/e2e GPU_TESTS="tests/test_gpu_ngram_device_draft.py" \
-      TESTS_TIMEOUT=120 bash scripts/device_call.sh ;;
+      TESTS_TIMEOUT=100 bash scripts/device_call.sh ;;
   8b)  # the copying workload: dummy weights, whose greedy outputs repeat themselves
     NAME=ngram_copy E2E_TIMEOUT=540 SLOT_DISTS="ngram_device_draft:hostsync_ngram_slot" E2E_ARGS="--configs ngram-p1 \
 --weights dummy --dummy-shape llama-1b --arms stock,audit --slots default,eagle_host,ngram_host \
