@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU runs that open work waits for, as device calls of under 10 minutes each (one H100 or
 # H200; any CUDA machine with SGLang 0.5.23 and FlashInfer 0.7.2 works the same). Each lands in
-# $OUT (gpu_out/ elsewhere) as <name>.tar.xz; unpack into benchmarks/results/<date>-<gpu>-<what>/.
+# $OUT (gpu_out/ elsewhere) as <name>.tar.xz; unpack into benchmarks/results/<date>-<gpu>[-<what>]/ with
+# `python benchmarks/unpack_calls.py FOLDER CALL_OUTPUT...` (it prints what the folder's README needs).
 #   CALL=1 bash scripts/device_pending.sh   # FlashInfer topk 1 / 4 page 16: stock, none (A/A), default, auto,
 #                                           # real-traffic pass + 6 rounds c1/c8; GPU tests of the FlashInfer
 #                                           # plan slots and the certified-plan port (no server)
@@ -146,5 +147,5 @@ $COMMON --time-budget 525" bash scripts/device_call.sh ;;
   9b)
     NAME=dspark_graph GPU_TESTS="tests/test_gpu_dspark_step_graph.py" TESTS_TIMEOUT=575 bash scripts/device_call.sh ;;
   *)
-    sed -n '2,55p' "$0"; exit 2 ;;
+    sed -n '2,56p' "$0"; exit 2 ;;
 esac
