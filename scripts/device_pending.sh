@@ -15,7 +15,8 @@
 #                                           # and the certified plan's server tests (unregistered slots)
 #   CALL=4 bash scripts/device_pending.sh   # DFlash and DSpark on the host-bound 1B-shaped dummy target: the
 #                                           # audit's phase table (block phases, GPU-idle markers), stock code
-#                                           # vs default: where their host time per step goes, before any slot
+#                                           # (before) vs default with the step graphs (after); the accept
+#                                           # length dummy weights give their drafts
 #   CALL=5 bash scripts/device_pending.sh   # FlashInfer topk 1 / 4 page 16: stock, `none` and `default` unaudited,
 #                                           # `default,-event_ring`, auto: what `default`'s 1-3% below stock at
 #                                           # topk 1 is (2026-12-06-h100-final), and topk 4's auto row
@@ -85,9 +86,11 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
       TESTS_TIMEOUT=240 bash scripts/device_call.sh ;;
   4)
     NAME=blocks E2E_TIMEOUT=530 E2E_ARGS="--configs dflash-p16,dspark-p16 --weights dummy --dummy-shape llama-1b \
---arms stock,audit --slots default --plugin-env SGLANG_HOSTSYNC_AUDIT_MARKS=1 \
+--arms stock,audit --slots default,dflash_step_graph,dspark_step_graph --plugin-env SGLANG_HOSTSYNC_AUDIT_MARKS=1 \
 --concurrency 1 8 --rounds 3 --requests 2 --max-new-tokens 64 --server-arg=--disable-prefill-cuda-graph \
---ready-timeout 300 --time-budget 510" bash scripts/device_call.sh ;;
+--ready-timeout 300 --time-budget 510" \
+      SLOT_DISTS="dflash_step_graph:hostsync_dflash_graph_slot dspark_step_graph:hostsync_dspark_graph_slot" \
+      bash scripts/device_call.sh ;;
   5)
     NAME=aa E2E_TIMEOUT=540 E2E_ARGS="--configs standalone-t1-p16,standalone-t4-p16 --attention-backend flashinfer \
 --arms stock --slots none,-audit --slots default,-audit --slots default,-event_ring,-audit --slots auto,-audit \
@@ -147,5 +150,5 @@ $COMMON --time-budget 525" bash scripts/device_call.sh ;;
   9b)
     NAME=dspark_graph GPU_TESTS="tests/test_gpu_dspark_step_graph.py" TESTS_TIMEOUT=575 bash scripts/device_call.sh ;;
   *)
-    sed -n '2,56p' "$0"; exit 2 ;;
+    sed -n '2,57p' "$0"; exit 2 ;;
 esac
