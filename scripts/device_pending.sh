@@ -47,12 +47,14 @@
 #                                           # gave on 2026-12-07, under the eager self-check every 4th replay
 #   CALL=10 bash scripts/device_pending.sh  # issue 67's must-show run: DFlash and DSpark p16, stock, stock code
 #                                           # audited, default, both step graphs (each inert in the other's
-#                                           # configuration) audited and not, real-traffic pass, 6 rounds c1/c8
+#                                           # configuration) audited and not, real-traffic pass, 6 rounds c1/c8,
+#                                           # on the "small-bigram" checkpoints, whose block drafts accept
 # Calls 1-3 ran on 2026-12-06 (benchmarks/results/2026-12-06-h100-final/; call 1's topk-4 half and call 3's
 # certified-plan e2e were cut by their limits). On 2026-12-07 (benchmarks/results/2026-12-07-h100/) 2 ran (its
 # standalone-t4-p1 cut by the limit), 8 ran with the device draft's servers failing (a Req attribute, fixed
-# since), 9 and 9b ran (their acceptance check failed: accept length 1.00). Next: 8 and 8b (65), 4 (67: does
-# the draft accept on dummy weights?), 12 and 10 (67), 7, 5 and 11-11c (63), 6b (64).
+# since), 9 and 9b ran (their acceptance check failed: accept length 1.00; they now run on "small-bigram",
+# whose block drafts are built to accept). Next: 8 and 8b (65), 9, 9b, 4, 12 and 10 (67), 7, 5 and 11-11c
+# (63), 6b (64).
 # The device tool: carry [".device-bundle-fi"], timeout 590, and start the next call within the
 # machine's 30 s idle release.
 set -u
@@ -122,7 +124,8 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
       bash scripts/device_call.sh ;;
   10)  # each step graph is inert in the other's configuration, so one arm holds both; no self-check (CALL=12 runs it)
     GRAPHS=default,dflash_step_graph,dspark_step_graph
-    NAME=block_graphs E2E_TIMEOUT=545 E2E_ARGS="--configs dflash-p16,dspark-p16 --arms stock,audit --slots default,-audit \
+    NAME=block_graphs E2E_TIMEOUT=545 E2E_ARGS="--configs dflash-p16,dspark-p16 --checkpoint-shape small-bigram \
+--arms stock,audit --slots default,-audit \
 --slots $GRAPHS,-audit --slots $GRAPHS $COMMON --time-budget 525" \
       SLOT_DISTS="dflash_step_graph:hostsync_dflash_graph_slot dspark_step_graph:hostsync_dspark_graph_slot" \
       bash scripts/device_call.sh ;;
@@ -150,5 +153,5 @@ $COMMON --time-budget 525" bash scripts/device_call.sh ;;
   9b)
     NAME=dspark_graph GPU_TESTS="tests/test_gpu_dspark_step_graph.py" TESTS_TIMEOUT=575 bash scripts/device_call.sh ;;
   *)
-    sed -n '2,57p' "$0"; exit 2 ;;
+    sed -n '2,59p' "$0"; exit 2 ;;
 esac

@@ -195,9 +195,13 @@ def test_sglang_loads_every_tensor_into_every_parameter(tiny):
     """For each model: every checkpoint tensor reaches a parameter's loader (none ignored), every parameter
     gets exactly its shards (q/k/v, gate/up) once, their shapes add up to the parameter's and the dtypes
     are the ones SGLang builds (bf16; DSpark's confidence head float32)."""
+    assert_sglang_loads_every_tensor(tiny)
+
+
+def assert_sglang_loads_every_tensor(paths: dict[str, str]) -> None:
     from helpers import out, run_python
 
-    proc = run_python(LOAD_EVERY_MODEL.replace("sys.argv[1]", repr(json.dumps(tiny))), timeout=600,
+    proc = run_python(LOAD_EVERY_MODEL.replace("sys.argv[1]", repr(json.dumps(paths))), timeout=600,
                       SGLANG_RAGGED_VERIFY_MODE="compact")
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("LOADED ")]
     assert proc.returncode == 0 and line, out(proc)
@@ -220,3 +224,67 @@ def test_sglang_loads_every_tensor_into_every_parameter(tiny):
             assert [sum(s[0] for s in shapes), *shapes[0][1:]] == pshape, (key, param, shapes)
             assert {model["tensors"][t][1] for _, t in loads} == {pdtype}, (key, param)
     assert {d for _, d in report["draft-dspark"]["params"].values()} == {"torch.bfloat16", "torch.float32"}
+
+
+# --- small-bigram: block drafts that accept ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_bigram(tmp_path_factory) -> dict[str, str]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(checkpoints.CHECKPOINT_SHAPES, "tiny-bigram", TINY)
+        mp.setattr(checkpoints, "BIGRAM_SHAPES", {"tiny-bigram"})
+        return checkpoints.write_checkpoints(str(tmp_path_factory.mktemp("bigram")), shape="tiny-bigram")
+
+
+def _rms(x, w, eps=TINY["rms_norm_eps"]):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def test_the_bigram_targets_next_token_is_a_function_of_the_current_token(tiny_bigram):
+    t = tensors(tiny_bigram["target"])
+    for i in range(TINY["num_hidden_layers"]):
+        for part in ("self_attn.o_proj", "mlp.down_proj"):  # nothing written into the residual
+            assert not t[f"model.layers.{i}.{part}.weight"].any(), (i, part)
+    assert not t["model.embed_tokens.weight"][TINY["vocab_size"] - 1].any()  # the block drafts' mask token
+    assert t["model.embed_tokens.weight"][: TINY["vocab_size"] - 1].abs().sum(-1).min() > 0
+
+
+def test_the_bigram_block_drafts_predict_the_targets_next_token_at_every_mask_position(tiny_bigram):
+    """A one-layer DFlash-family draft step over the block [x, mask, ...] with context values zero, as SGLang
+    computes it (pre-norm attention, fused residual adds, final norm, the target's LM head), in float32 from
+    the checkpoint's bf16 tensors, the attention output rounded to bf16 as a bf16 server rounds it: the
+    argmax at every mask position is the target's next token after x, for every x and context length."""
+    t = tensors(tiny_bigram["target"])
+    embed, head = t["model.embed_tokens.weight"].float(), t["lm_head.weight"].float()
+    vocab, h = TINY["vocab_size"], TINY["hidden_size"]
+    tokens = torch.arange(vocab - 1)
+    target_next = (_rms(embed[tokens], t["model.norm.weight"].float()) @ head.T).argmax(-1)
+    assert len(set(target_next.tolist())) > vocab // 4  # a map of the token, not a constant
+    for key in ("draft-dflash", "draft-dspark"):
+        with open(os.path.join(tiny_bigram[key], "config.json")) as f:
+            cfg = json.load(f)
+        assert cfg["num_key_value_heads"] == cfg["num_attention_heads"] and cfg["num_attention_heads"] * cfg["head_dim"] == h
+        d = {k: v.float() for k, v in tensors(tiny_bigram[key]).items()}
+        assert not d["fc.weight"].any() and not d["layers.0.self_attn.q_proj.weight"].any()
+        assert not d["layers.0.self_attn.k_proj.weight"].any()  # with q: every score 0, uniform attention
+        if key == "draft-dspark":
+            assert not any(d[n].any() for n in ("markov_head.markov_w1.weight", "markov_head.markov_w2.weight",
+                                                  "confidence_head.proj.weight"))
+        ln_in = d["layers.0.input_layernorm.weight"]
+        values = _rms(embed[tokens], ln_in) @ d["layers.0.self_attn.v_proj.weight"].T  # block position 0's
+        mask_value = _rms(embed[vocab - 1], ln_in) @ d["layers.0.self_attn.v_proj.weight"].T
+        assert not mask_value.any()  # the mask positions (and the zero context) add nothing
+        for keys in (2, 7, 300):  # keys a mask position attends to: context + block
+            attn = (values / keys).bfloat16().float()
+            residual = attn @ d["layers.0.self_attn.o_proj.weight"].T  # + the mask embedding (zero)
+            hidden = _rms(residual, d["layers.0.post_attention_layernorm.weight"])
+            mlp = (torch.nn.functional.silu(hidden @ d["layers.0.mlp.gate_proj.weight"].T)
+                   * (hidden @ d["layers.0.mlp.up_proj.weight"].T)) @ d["layers.0.mlp.down_proj.weight"].T
+            final = _rms(mlp + residual, d["norm.weight"])
+            draft_next = (final @ head.T).argmax(-1)
+            agree = (draft_next == target_next).float().mean().item()
+            assert agree > 0.99, (key, keys, agree)
+
+
+def test_sglang_loads_every_bigram_tensor_into_every_parameter(tiny_bigram):
+    assert_sglang_loads_every_tensor(tiny_bigram)  # the block drafts with as many KV heads as heads

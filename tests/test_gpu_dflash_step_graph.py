@@ -1,5 +1,5 @@
 """dflash_step_graph (not registered yet) in a real DFlash server: the e2e benchmark's ``dflash-p16``
-(random-weight checkpoints with a DFlash draft: real acceptance) with stock, ``default`` and
+(random-weight "small-bigram" checkpoints, whose DFlash draft accepts: real acceptance) with stock, ``default`` and
 ``default,dflash_step_graph``, the slot's eager self-check on (``SGLANG_HOSTSYNC_STEP_GRAPH_CHECK``,
 read as eagle_step_graph reads it), c1 and c4, 2 rounds. The servers start and the slot reads
 applied and replays steps; greedy token ids are identical to stock in both plugin arms (no logprobs
@@ -34,6 +34,9 @@ from sglang_hostsync_plugin.slots import eagle_step_graph as es
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 CONFIG = "dflash-p16"
+# The block draft of the e2e's "small" checkpoints is random and accepts nothing (an H100, 2026-12-07:
+# accept length 1.00 in every arm); "small-bigram"'s is built to accept (e2e/checkpoints.py).
+SHAPE = "small-bigram"
 BASE_SPEC = "default"
 GRAPH_SPEC = "default,dflash_step_graph"
 CHECK_EVERY = 16  # replayed steps per eager check (a checked step does both: keeps the host figure honest)
@@ -53,7 +56,7 @@ def e2e(tmp_path_factory):
 
     return e2e_with_slot(tmp_path_factory.mktemp("dflash_graph_dist"), REUSE_VAR, RUN_NAME, dsg.NAME,
                          "hostsync_dflash_graph_slot",
-                         ["--configs", CONFIG, "--arms", "stock", "--slots", BASE_SPEC, "--slots", GRAPH_SPEC,
+                         ["--configs", CONFIG, "--checkpoint-shape", SHAPE, "--arms", "stock", "--slots", BASE_SPEC, "--slots", GRAPH_SPEC,
                           "--concurrency", "1", "4", "--rounds", "2", "--traffic", "off", "--top-logprobs", "0",
                           "--plugin-env", f"{es.ENV_CHECK}={CHECK_EVERY}",
                           "--server-arg=--disable-prefill-cuda-graph", "--ready-timeout", "420",

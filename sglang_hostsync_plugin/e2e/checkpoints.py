@@ -30,6 +30,14 @@ the benchmark itself (no network, no tokenizer: servers run ``--skip-tokenizer-i
   weights (q/k norms, ``fc`` over three target layers, ``hidden_norm``; DSpark adds the vanilla
   Markov head and the confidence head, the latter float32 as SGLang builds it). They borrow the
   target's embedding and LM head, so their acceptance is that of a random draft (about none).
+- ``small-bigram`` (for the block drafts' acceptance): ``small`` with a target whose layers write
+  nothing into the residual (``o_proj`` and ``down_proj`` zero), so its next token is a function of the
+  current token alone, and block drafts built to compute that function from block position 0 (the
+  bonus token) at every mask position: q/k zero (uniform attention), ``fc`` and the mask token's
+  embedding zero (nothing else in the attention's values), values and output projections identities
+  (as many KV heads as heads), ``down_proj`` and DSpark's Markov and confidence heads zero. The first
+  draft token then matches the target's; the others match where the map repeats a token (expected
+  accept length about 2). Its outputs are chains of that map: no evidence about context handling.
 
 Determinism: every tensor draws from its own ``torch.Generator`` seeded from (seed, model,
 tensor name), in fixed row chunks, so one seed gives byte-identical files (for one torch
@@ -69,18 +77,26 @@ CHUNK_ELEMENTS = 1 << 24
 _VOCAB = {"vocab_size": 32000, "bos_token_id": 1, "eos_token_id": 2}
 SMALL = {**LLAMA_8B, **_VOCAB, "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 8,
          "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "tie_word_embeddings": False}
-CHECKPOINT_SHAPES = {"small": SMALL, "llama-1b": {**LLAMA_1B, **_VOCAB}}
+CHECKPOINT_SHAPES = {"small": SMALL, "llama-1b": {**LLAMA_1B, **_VOCAB}, "small-bigram": SMALL}
+# Shapes whose block drafts accept (see the module doc): the target's layers write nothing into the residual.
+BIGRAM_SHAPES = {"small-bigram"}
+
+
+def _mask_token(target: dict) -> int:
+    return target["vocab_size"] - 1  # inside the vocabulary (SGLang rejects one >= vocab_size); prompts never use it
 
 
 def checkpoint_models(shape: str = "small") -> dict[str, dict]:
     """The configs ``write_checkpoints`` writes for ``shape``, keyed like ``matrix.dummy_models``."""
     target = CHECKPOINT_SHAPES[shape]
-    mask = {"mask_token_id": target["vocab_size"] - 1}
+    mask = {"mask_token_id": _mask_token(target)}
     eagle3 = {**target, "architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": DRAFT_LAYERS,
               "draft_vocab_size": target["vocab_size"], "tie_word_embeddings": False}
-    dflash = _block_draft(target, "DFlashDraftModel", DFLASH_BLOCK)
+    # A bigram shape's block-draft attention carries the whole hidden state: as many KV heads as heads.
+    heads = {"num_key_value_heads": target["num_attention_heads"]} if shape in BIGRAM_SHAPES else {}
+    dflash = {**_block_draft(target, "DFlashDraftModel", DFLASH_BLOCK), **heads}
     dflash = {**dflash, "dflash_config": {**dflash["dflash_config"], **mask}}
-    dspark = {**_block_draft(target, "DSparkDraftModel", DSPARK_BLOCK), **mask}
+    dspark = {**_block_draft(target, "DSparkDraftModel", DSPARK_BLOCK), **mask, **heads}
     return {"target": target, "draft": {**target, "num_hidden_layers": DRAFT_LAYERS}, "draft-eagle3": eagle3,
             "draft-dflash": dflash, "draft-dspark": dspark}
 
@@ -117,9 +133,11 @@ def write_checkpoints(root: str, shape: str = "small", seed: int = 0, device: st
     if not todo:
         return paths
     rng = _Draws(seed, device)
+    bigram = shape in BIGRAM_SHAPES
     # The STANDALONE and EAGLE3 drafts are made of the target's tensors: drawn again (same numbers)
     # when only a draft is missing.
-    target = _target_tensors(configs["target"], rng) if {"target", "draft", "draft-eagle3"} & set(todo) else {}
+    target = (_target_tensors(configs["target"], rng, bigram)
+              if {"target", "draft", "draft-eagle3"} & set(todo) else {})
     for name in todo:
         if name == "target":
             tensors = target
@@ -128,7 +146,7 @@ def write_checkpoints(root: str, shape: str = "small", seed: int = 0, device: st
         elif name == "draft-eagle3":
             tensors = _eagle3_tensors(configs[name], target)
         else:
-            tensors = _block_tensors(configs[name], rng.model(name))
+            tensors = (_bigram_block_tensors if bigram else _block_tensors)(configs[name], rng.model(name))
         _write(paths[name], configs[name], tensors, seed, device)
     return paths
 
@@ -187,11 +205,14 @@ def _layer(cfg: dict, rng: _Draws, prefix: str, scale_residual: float = 1.0) -> 
     return out
 
 
-def _target_tensors(cfg: dict, rng: _Draws) -> dict:
+def _target_tensors(cfg: dict, rng: _Draws, bigram: bool = False) -> dict:
     h, vocab = cfg["hidden_size"], cfg["vocab_size"]
     out = {"model.embed_tokens.weight": rng.normal("model.embed_tokens.weight", (vocab, h))}
+    if bigram:
+        out["model.embed_tokens.weight"][_mask_token(cfg)] = 0  # the block drafts' mask embeds to nothing
     for i in range(cfg["num_hidden_layers"]):
-        out.update(_layer(cfg, rng, f"model.layers.{i}", 1.0 if i < DRAFT_LAYERS else LATER_LAYER_SCALE))
+        scale = 0.0 if bigram else 1.0 if i < DRAFT_LAYERS else LATER_LAYER_SCALE
+        out.update(_layer(cfg, rng, f"model.layers.{i}", scale))
     out["model.norm.weight"] = _ones(h)
     if not cfg["tie_word_embeddings"]:
         out["lm_head.weight"] = rng.normal("lm_head.weight", (vocab, h))
@@ -250,6 +271,28 @@ def _block_tensors(cfg: dict, rng: _Draws) -> dict:
         width = h + (rank if cfg["confidence_head_with_markov"] else 0)
         out["confidence_head.proj.weight"] = rng.normal("confidence_head.proj.weight", (1, width)).float()
         out["confidence_head.proj.bias"] = torch.zeros(1, dtype=torch.float32)
+    return out
+
+
+def _bigram_block_tensors(cfg: dict, rng: _Draws) -> dict:
+    """A block draft that predicts the bigram target's next token from block position 0 (the bonus
+    token) at every mask position: q/k zero (uniform attention), ``fc`` zero (context values zero, the
+    mask embedding zero), values and output identities (the attention carries the bonus token's
+    normalized embedding), ``down_proj`` and DSpark's Markov and confidence heads zero."""
+    import torch
+
+    out = _block_tensors(cfg, rng)
+    h = cfg["hidden_size"]
+    eye = torch.eye(h, dtype=torch.bfloat16)
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"layers.{i}."
+        for name in ("self_attn.q_proj", "self_attn.k_proj", "mlp.down_proj"):
+            out[f"{p}{name}.weight"] = torch.zeros_like(out[f"{p}{name}.weight"])
+        out[f"{p}self_attn.v_proj.weight"], out[f"{p}self_attn.o_proj.weight"] = eye, eye.clone()
+    for name in ("fc.weight", "markov_head.markov_w1.weight", "markov_head.markov_w2.weight",
+                 "confidence_head.proj.weight"):
+        if name in out:
+            out[name] = torch.zeros_like(out[name])
     return out
 
 
