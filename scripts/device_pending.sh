@@ -31,10 +31,10 @@
 #                                           # (registered for the run), real acceptance, 6 rounds c1/c8, audited
 #                                           # arms and speed arms; then the slot's GPU tests whole, checking this
 #                                           # e2e (CALL=6 runs them with an e2e of their own)
-#   CALL=8b bash scripts/device_pending.sh  # CALL=8's arms but its base one (no GPU tests) on dummy weights
-#                                           # (1B-shaped, real acceptance): outputs that repeat themselves, where
-#                                           # n-gram drafting has something to copy (the random-weight target
-#                                           # copied nothing on 2026-12-07: accept length 1.12)
+#   CALL=8b bash scripts/device_pending.sh  # CALL=8's arms but its base one (no GPU tests) on the e2e's
+#                                           # "small-bigram" checkpoints, whose outputs repeat every 16 tokens:
+#                                           # n-gram drafting has something to copy (the "small" target copied
+#                                           # nothing on 2026-12-07: accept length 1.12)
 #   CALL=9 / CALL=9b bash scripts/device_pending.sh  # issue 67's step graphs (unregistered), each with its
 #                                           # real server: 9 dflash_step_graph on dflash-p16, 9b dspark_step_graph
 #                                           # on dspark-p16 (stock / default / the slot, self-check on)
@@ -116,11 +116,11 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
 --slots default,eagle_host,ngram_full_mask,ngram_device_draft,-audit --prompt-kind repeated $COMMON --time-budget 400" \
       HOSTSYNC_NGRAM_E2E_DIR=/tmp/hostsync-ngram_bench/run/e2e GPU_TESTS="tests/test_gpu_ngram_device_draft.py" \
       TESTS_TIMEOUT=100 bash scripts/device_call.sh ;;
-  8b)  # the copying workload: dummy weights, whose greedy outputs repeat themselves
+  8b)  # the copying workload: the small-bigram target's outputs repeat every 16 tokens
     NAME=ngram_copy E2E_TIMEOUT=540 SLOT_DISTS="ngram_device_draft:hostsync_ngram_slot" E2E_ARGS="--configs ngram-p1 \
---weights dummy --dummy-shape llama-1b --arms stock,audit --slots default,eagle_host,ngram_host \
+--checkpoint-shape small-bigram --arms stock,audit --slots default,eagle_host,ngram_host \
 --slots default,ngram_full_mask,ngram_device_draft --slots default,eagle_host,ngram_host,-audit \
---slots default,eagle_host,ngram_full_mask,ngram_device_draft,-audit --prompt-kind repeated $COMMON --time-budget 500" \
+--slots default,eagle_host,ngram_full_mask,ngram_device_draft,-audit $COMMON --max-new-tokens 128 --time-budget 500" \
       bash scripts/device_call.sh ;;
   10)  # each step graph is inert in the other's configuration, so one arm holds both; no self-check (CALL=12 runs it)
     GRAPHS=default,dflash_step_graph,dspark_step_graph

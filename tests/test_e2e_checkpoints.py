@@ -240,13 +240,25 @@ def _rms(x, w, eps=TINY["rms_norm_eps"]):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
 
 
-def test_the_bigram_targets_next_token_is_a_function_of_the_current_token(tiny_bigram):
+def test_the_bigram_targets_next_token_is_a_function_of_the_current_token_with_short_cycles(tiny_bigram):
     t = tensors(tiny_bigram["target"])
     for i in range(TINY["num_hidden_layers"]):
         for part in ("self_attn.o_proj", "mlp.down_proj"):  # nothing written into the residual
             assert not t[f"model.layers.{i}.{part}.weight"].any(), (i, part)
-    assert not t["model.embed_tokens.weight"][TINY["vocab_size"] - 1].any()  # the block drafts' mask token
-    assert t["model.embed_tokens.weight"][: TINY["vocab_size"] - 1].abs().sum(-1).min() > 0
+    vocab = TINY["vocab_size"]
+    embed, head = t["model.embed_tokens.weight"].float(), t["lm_head.weight"].float()
+    assert not embed[vocab - 1].any() and embed[: vocab - 1].abs().sum(-1).min() > 0  # the block drafts' mask token
+    nxt = (_rms(embed, t["model.norm.weight"].float()) @ head.T).argmax(-1)
+    nxt[vocab - 1] = vocab - 1  # (its embedding is zero: every logit 0)
+    assert sorted(nxt.tolist()) == list(range(vocab))  # a permutation
+    assert nxt[:3].tolist() == [0, 1, 2]  # bos and eos map to themselves: no cycle reaches eos
+    walk, period = torch.arange(vocab), torch.zeros(vocab, dtype=torch.long)
+    for step in range(1, checkpoints.CYCLE + 1):
+        walk = nxt[walk]
+        period[(walk == torch.arange(vocab)) & (period == 0)] = step
+    ordinary = period[3: vocab - 1]
+    assert (ordinary == checkpoints.CYCLE).sum() >= len(ordinary) - checkpoints.CYCLE, ordinary.bincount()
+    assert set(ordinary.tolist()) <= {1, checkpoints.CYCLE}  # the few left over are fixed points
 
 
 def test_the_bigram_block_drafts_predict_the_targets_next_token_at_every_mask_position(tiny_bigram):

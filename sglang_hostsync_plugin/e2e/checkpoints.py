@@ -37,7 +37,9 @@ the benchmark itself (no network, no tokenizer: servers run ``--skip-tokenizer-i
   embedding zero (nothing else in the attention's values), values and output projections identities
   (as many KV heads as heads), ``down_proj`` and DSpark's Markov and confidence heads zero. The first
   draft token then matches the target's; the others match where the map repeats a token (expected
-  accept length about 2). Its outputs are chains of that map: no evidence about context handling.
+  accept length about 2). That function is a permutation of the ordinary tokens into cycles of 16
+  (``_cycle_head``), so the outputs repeat every 16 tokens: NGRAM's copying workload (a drafter that
+  copies earlier output accepts). No evidence about context handling: the target ignores it.
 
 Determinism: every tensor draws from its own ``torch.Generator`` seeded from (seed, model,
 tensor name), in fixed row chunks, so one seed gives byte-identical files (for one torch
@@ -80,6 +82,7 @@ SMALL = {**LLAMA_8B, **_VOCAB, "hidden_size": 2048, "intermediate_size": 5632, "
 CHECKPOINT_SHAPES = {"small": SMALL, "llama-1b": {**LLAMA_1B, **_VOCAB}, "small-bigram": SMALL}
 # Shapes whose block drafts accept (see the module doc): the target's layers write nothing into the residual.
 BIGRAM_SHAPES = {"small-bigram"}
+CYCLE = 16  # the bigram target's outputs repeat with this period (an n-gram drafter can copy them)
 
 
 def _mask_token(target: dict) -> int:
@@ -214,9 +217,29 @@ def _target_tensors(cfg: dict, rng: _Draws, bigram: bool = False) -> dict:
         scale = 0.0 if bigram else 1.0 if i < DRAFT_LAYERS else LATER_LAYER_SCALE
         out.update(_layer(cfg, rng, f"model.layers.{i}", scale))
     out["model.norm.weight"] = _ones(h)
-    if not cfg["tie_word_embeddings"]:
+    if bigram:
+        out["lm_head.weight"] = _cycle_head(out["model.embed_tokens.weight"], _mask_token(cfg), rng)
+    elif not cfg["tie_word_embeddings"]:
         out["lm_head.weight"] = rng.normal("lm_head.weight", (vocab, h))
     return out
+
+
+def _cycle_head(embed, mask: int, rng: _Draws):
+    """An LM head whose row ``next(x)`` is ``x``'s embedding, ``next`` a permutation of the ordinary
+    tokens (ids 3 and up, the mask left out) into cycles of ``CYCLE``: over its own embedding a token
+    scores about ``hidden * 0.02``, over another about ``N(0, 0.02 * sqrt(hidden))``, so the greedy
+    next token of the bigram target is ``next(x)`` and its outputs repeat every ``CYCLE`` tokens."""
+    import torch
+
+    head = embed.clone()  # ids 0-2 (bos, eos) and the mask map to themselves: no cycle reaches eos
+    ids = torch.tensor([i for i in range(3, embed.shape[0]) if i != mask])
+    order = ids[torch.randperm(len(ids), generator=torch.Generator().manual_seed(zlib.crc32(
+        f"{rng.seed}/cycles".encode())))]
+    usable = len(order) - len(order) % CYCLE
+    cycles = order[:usable].view(-1, CYCLE)
+    head[cycles.roll(-1, dims=1).reshape(-1)] = embed[cycles.reshape(-1)]  # head[next(x)] = embed[x]
+    head[order[usable:]] = embed[order[usable:]]  # the few left over map to themselves
+    return head
 
 
 def _draft_tensors(cfg: dict, target: dict) -> dict:
