@@ -39,7 +39,9 @@ the benchmark itself (no network, no tokenizer: servers run ``--skip-tokenizer-i
   draft token then matches the target's; the others match where the map repeats a token (expected
   accept length about 2). That function is a permutation of the ordinary tokens into cycles of 16
   (``_cycle_head``), so the outputs repeat every 16 tokens: NGRAM's copying workload (a drafter that
-  copies earlier output accepts). No evidence about context handling: the target ignores it.
+  copies earlier output accepts). No evidence about context handling: the target ignores it. Its
+  STANDALONE draft computes the target's function exactly and its EAGLE3 head drafts token 0: read
+  neither configuration's acceptance from this shape.
 
 Determinism: every tensor draws from its own ``torch.Generator`` seeded from (seed, model,
 tensor name), in fixed row chunks, so one seed gives byte-identical files (for one torch
@@ -299,9 +301,10 @@ def _block_tensors(cfg: dict, rng: _Draws) -> dict:
 
 def _bigram_block_tensors(cfg: dict, rng: _Draws) -> dict:
     """A block draft that predicts the bigram target's next token from block position 0 (the bonus
-    token) at every mask position: q/k zero (uniform attention), ``fc`` zero (context values zero, the
-    mask embedding zero), values and output identities (the attention carries the bonus token's
-    normalized embedding), ``down_proj`` and DSpark's Markov and confidence heads zero."""
+    token) at every block position (DSpark also drafts from the anchor row): q/k zero (uniform attention),
+    ``fc`` zero (context values zero, the mask embedding zero), values identity and output 256 x identity
+    (the attention carries the bonus token's normalized embedding), ``down_proj`` and DSpark's Markov and
+    confidence heads zero (SGLang loads the latter only outside static verify)."""
     import torch
 
     out = _block_tensors(cfg, rng)
@@ -311,7 +314,9 @@ def _bigram_block_tensors(cfg: dict, rng: _Draws) -> dict:
         p = f"layers.{i}."
         for name in ("self_attn.q_proj", "self_attn.k_proj", "mlp.down_proj"):
             out[f"{p}{name}.weight"] = torch.zeros_like(out[f"{p}{name}.weight"])
-        out[f"{p}self_attn.v_proj.weight"], out[f"{p}self_attn.o_proj.weight"] = eye, eye.clone()
+        # The attention output is the bonus token's normalized embedding over N keys; 256 (exact in bf16)
+        # keeps it above the final norm's eps to N = 8192, which sampled DSpark rows need (they read the scale).
+        out[f"{p}self_attn.v_proj.weight"], out[f"{p}self_attn.o_proj.weight"] = eye, eye * 256
     for name in ("fc.weight", "markov_head.markov_w1.weight", "markov_head.markov_w2.weight",
                  "confidence_head.proj.weight"):
         if name in out:
