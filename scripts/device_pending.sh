@@ -149,9 +149,9 @@ $COMMON --time-budget 525" bash scripts/device_call.sh ;;
 --slots auto,-audit --slots default,eagle_host,-audit --slots default,eagle_step_graph,-audit $COMMON --time-budget 525" \
       bash scripts/device_call.sh ;;
   9)
-    NAME=dflash_graph GPU_TESTS="tests/test_gpu_dflash_step_graph.py" TESTS_TIMEOUT=575 bash scripts/device_call.sh ;;
+    NAME=dflash_graph GPU_TESTS="tests/test_gpu_block_step_graph.py -k dflash" TESTS_TIMEOUT=575 bash scripts/device_call.sh ;;
   9b)
-    NAME=dspark_graph GPU_TESTS="tests/test_gpu_dspark_step_graph.py" TESTS_TIMEOUT=575 bash scripts/device_call.sh ;;
+    NAME=dspark_graph GPU_TESTS="tests/test_gpu_block_step_graph.py -k dspark" TESTS_TIMEOUT=575 bash scripts/device_call.sh ;;
   *)
     sed -n '2,59p' "$0"; exit 2 ;;
 esac

@@ -11,7 +11,7 @@ included); the rules (per step, capture off first, the scheduler's with the deco
 the memory saver, startup) against SGLang 0.5.23's code, the pinned sources, the plan beside
 ``eagle_step_graph`` and the default slots, and that the slot is not in the catalogue; the GPU e2e's
 run helper past its timeout. The joined graph runs in the real-server e2e,
-tests/test_gpu_dflash_step_graph.py."""
+tests/test_gpu_block_step_graph.py."""
 
 import collections
 import inspect

@@ -13,7 +13,7 @@ capture off first, the scheduler's with the decode graph backend, the memory sav
 staging, the live worker's, startup incl. SGLang's argument preparation) against SGLang 0.5.23's
 code, the pinned sources, the unsafe ``dspark_mega`` switches, the plan beside
 ``eagle_step_graph`` and ``dflash_step_graph``, and that the slot is not in the catalogue. The
-joined graph runs in the real-server e2e, tests/test_gpu_dspark_step_graph.py."""
+joined graph runs in the real-server e2e, tests/test_gpu_block_step_graph.py."""
 
 import ast
 import collections
