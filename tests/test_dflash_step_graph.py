@@ -26,7 +26,7 @@ from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
 from sglang_hostsync_plugin.slot import ServingFacts, Status
 from sglang_hostsync_plugin.slots import dflash_step_graph as dsg
 from sglang_hostsync_plugin.slots import eagle_step_graph as es
-from test_eagle_step_graph import FakeDriver, Mode, SideStream, TorchGraph
+from test_eagle_step_graph import FakeDriver, Mode, TorchGraph, fake_gpu
 
 BLOCK = 4  # the draft block (SGLang's verify width for DFlash)
 
@@ -600,33 +600,7 @@ def test_a_runner_capture_after_startup_drops_this_slots_graphs_and_keeps_the_ru
 
 @pytest.fixture
 def gpu(monkeypatch, cpu_tensors):
-    log = []
-    side = SideStream(log)
-    driver = FakeDriver()
-    r = dsg.Route(driver=driver, stream="side stream")
-    grown = iter(range(0, 1 << 40, 1 << 20))
-    monkeypatch.setattr(dsg, "_route", r)
-    monkeypatch.setattr(dsg, "unsupported", lambda worker: None)
-    monkeypatch.setattr(dsg, "stream_handle", lambda: 7)
-    monkeypatch.setattr(dsg, "side_stream", side.enter)
-    monkeypatch.setattr(dsg, "new_graph", lambda: TorchGraph(side))
-    monkeypatch.setattr(dsg, "reserved", lambda: next(grown))
-    monkeypatch.setattr(dsg.torch.cuda, "graph_pool_handle", lambda: f"pool {len(log)}")
-    # Capture.abort is eagle_step_graph's: its module's torch calls.
-    monkeypatch.setattr(es, "capturing", lambda: side.capturing)
-    monkeypatch.setattr(es, "stream_handle", lambda: 7)
-
-    def release_pool(pool):
-        log.append(("release", pool))
-        side.routed = 0
-
-    def end_capture(stream):
-        driver.ended.append(stream)
-        side.capturing = False
-
-    monkeypatch.setattr(es, "release_pool", release_pool)
-    driver.end_capture = end_capture
-    return r, side
+    return fake_gpu(monkeypatch, dsg)
 
 
 RUNNERS = [NS(_graphs=collections.defaultdict(lambda: TorchGraph(None)),

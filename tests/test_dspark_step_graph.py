@@ -32,7 +32,7 @@ from sglang_hostsync_plugin.slot import ServingFacts, Status
 from sglang_hostsync_plugin.slots import dflash_step_graph as dsg
 from sglang_hostsync_plugin.slots import dspark_step_graph as dspk
 from sglang_hostsync_plugin.slots import eagle_step_graph as es
-from test_eagle_step_graph import FakeDriver, Mode, SideStream, TorchGraph
+from test_eagle_step_graph import FakeDriver, Mode, TorchGraph, fake_gpu
 
 GAMMA = 5  # the draft block; DSpark verifies GAMMA + 1 tokens (the anchor first)
 WIDTH = GAMMA + 1
@@ -751,32 +751,7 @@ def test_a_runner_capture_after_startup_drops_this_slots_graphs_and_keeps_the_ru
 
 @pytest.fixture
 def gpu(monkeypatch, cpu_tensors):
-    log = []
-    side = SideStream(log)
-    driver = FakeDriver()
-    r = dspk.Route(driver=driver, stream="side stream")
-    grown = iter(range(0, 1 << 40, 1 << 20))
-    monkeypatch.setattr(dspk, "_route", r)
-    monkeypatch.setattr(dspk, "unsupported", lambda worker: None)
-    monkeypatch.setattr(dspk, "stream_handle", lambda: 7)
-    monkeypatch.setattr(dspk, "side_stream", side.enter)
-    monkeypatch.setattr(dspk, "new_graph", lambda: TorchGraph(side))
-    monkeypatch.setattr(dspk, "reserved", lambda: next(grown))
-    monkeypatch.setattr(dspk.torch.cuda, "graph_pool_handle", lambda: f"pool {len(log)}")
-    monkeypatch.setattr(es, "capturing", lambda: side.capturing)
-    monkeypatch.setattr(es, "stream_handle", lambda: 7)
-
-    def release_pool(pool):
-        log.append(("release", pool))
-        side.routed = 0
-
-    def end_capture(stream):
-        driver.ended.append(stream)
-        side.capturing = False
-
-    monkeypatch.setattr(es, "release_pool", release_pool)
-    driver.end_capture = end_capture
-    return r, side
+    return fake_gpu(monkeypatch, dspk)
 
 
 RUNNERS = [NS(_graphs=collections.defaultdict(lambda: TorchGraph(None)),

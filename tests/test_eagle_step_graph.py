@@ -710,21 +710,24 @@ class TorchGraph:
         return id(self)
 
 
-@pytest.fixture
-def gpu(monkeypatch, cpu_tensors):
+def fake_gpu(monkeypatch, slot):
+    """``slot`` (eagle_step_graph or a module on its machinery) capturing over fakes of torch's and the
+    driver's CUDA calls: its route, side stream, graphs and pool; the capture's own calls are
+    eagle_step_graph's (``Capture`` lives there). Returns the route and the side stream."""
     log = []
     side = SideStream(log)
     driver = FakeDriver()
-    r = sg.Route(driver=driver, stream="side stream")
+    r = slot.Route(driver=driver, stream="side stream")
     grown = iter(range(0, 1 << 40, 1 << 20))  # 1 MiB more reserved at each reading
-    monkeypatch.setattr(sg, "_route", r)
-    monkeypatch.setattr(sg, "unsupported", lambda worker: None)
-    monkeypatch.setattr(sg, "stream_handle", lambda: 7)
-    monkeypatch.setattr(sg, "side_stream", side.enter)
-    monkeypatch.setattr(sg, "new_graph", lambda: TorchGraph(side))
+    monkeypatch.setattr(slot, "_route", r)
+    monkeypatch.setattr(slot, "unsupported", lambda worker: None)
+    monkeypatch.setattr(slot, "side_stream", side.enter)
+    monkeypatch.setattr(slot, "new_graph", lambda: TorchGraph(side))
+    monkeypatch.setattr(slot, "reserved", lambda: next(grown))
+    monkeypatch.setattr(slot.torch.cuda, "graph_pool_handle", lambda: f"pool {len(log)}")
+    for module in {slot, sg}:
+        monkeypatch.setattr(module, "stream_handle", lambda: 7)
     monkeypatch.setattr(sg, "capturing", lambda: side.capturing)
-    monkeypatch.setattr(sg, "reserved", lambda: next(grown))
-    monkeypatch.setattr(sg.torch.cuda, "graph_pool_handle", lambda: f"pool {len(log)}")
 
     def release_pool(pool):
         log.append(("release", pool))
@@ -737,6 +740,11 @@ def gpu(monkeypatch, cpu_tensors):
     monkeypatch.setattr(sg, "release_pool", release_pool)
     driver.end_capture = end_capture
     return r, side
+
+
+@pytest.fixture
+def gpu(monkeypatch, cpu_tensors):
+    return fake_gpu(monkeypatch, sg)
 
 
 RUNNERS = [NS(_graphs=collections.defaultdict(lambda: TorchGraph(None)),
