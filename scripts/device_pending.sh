@@ -26,15 +26,12 @@
 #   CALL=7 bash scripts/device_pending.sh   # issue 63's combined topk-1 set (eagle_step_graph + the eagle_host
 #                                           # slots that may run beside it) against each alone, EAGLE3 and
 #                                           # STANDALONE topk 1 page 16 triton, real-traffic pass first
-#   CALL=8 bash scripts/device_pending.sh   # issue 65's benchmark: NGRAM page 1 triton on repeated-passage
-#                                           # prompts, stock vs auto's set (ngram_host) vs ngram_device_draft
-#                                           # (registered for the run), real acceptance, 6 rounds c1/c8, audited
-#                                           # arms and speed arms; then the slot's GPU tests whole, checking this
-#                                           # e2e (CALL=6 runs them with an e2e of their own)
-#   CALL=8b bash scripts/device_pending.sh  # CALL=8's arms but its base one (no GPU tests) on the e2e's
-#                                           # "small-bigram" checkpoints, whose outputs repeat every 16 tokens:
-#                                           # n-gram drafting has something to copy (the "small" target copied
-#                                           # nothing on 2026-12-07: accept length 1.12)
+#   CALL=8 bash scripts/device_pending.sh   # issue 65's benchmark: NGRAM page 1 triton on the e2e's "small-bigram"
+#                                           # checkpoints, whose outputs repeat every 16 tokens (n-gram drafting has
+#                                           # something to copy), stock vs auto's set (ngram_host) vs
+#                                           # ngram_device_draft (registered for the run), real acceptance, 6 rounds
+#                                           # c1/c8, audited arms and speed arms; then the slot's GPU tests whole,
+#                                           # checking this e2e (CALL=6 runs them with an e2e of their own)
 #   CALL=9 / CALL=9b bash scripts/device_pending.sh  # issue 67's step graphs (unregistered), each with its
 #                                           # real server: 9 dflash_step_graph on dflash-p16, 9b dspark_step_graph
 #                                           # on dspark-p16 (stock / default / the slot, self-check on)
@@ -48,13 +45,15 @@
 #   CALL=10 bash scripts/device_pending.sh  # issue 67's must-show run: DFlash and DSpark p16, stock, stock code
 #                                           # audited, default, both step graphs (each inert in the other's
 #                                           # configuration) audited and not, real-traffic pass, 6 rounds c1/c8,
-#                                           # on the "small-bigram" checkpoints, whose block drafts accept
+#                                           # on the "small-bigram" checkpoints, whose block drafts accept; the
+#                                           # audited arms' phase tables with GPU-idle markers (stock code / after)
 # Calls 1-3 ran on 2026-12-06 (benchmarks/results/2026-12-06-h100-final/; call 1's topk-4 half and call 3's
 # certified-plan e2e were cut by their limits). On 2026-12-07 (benchmarks/results/2026-12-07-h100/) 2 ran (its
 # standalone-t4-p1 cut by the limit), 8 ran with the device draft's servers failing (a Req attribute, fixed
 # since), 9 and 9b ran (their acceptance check failed: accept length 1.00; they now run on "small-bigram",
-# whose block drafts are built to accept). Next: 8 and 8b (65), 9, 9b, 4, 12 and 10 (67), 7, 5 and 11-11c
-# (63), 6b (64).
+# whose block drafts are built to accept). Next: 8 (65; the repeated-passage prompts and "small-bigram" runs
+# of 2026-12-07's plan are one call now), 10 (67's must-show and phase tables), 9, 9b, 12 (67), 11-11c, 7
+# and 5 (63), 4 (the 1B-shaped dummy target's phase table), 6b (64).
 # The device tool: carry [".device-bundle-fi"], timeout 590, and start the next call within the
 # machine's 30 s idle release.
 set -u
@@ -109,24 +108,20 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
     NAME=t1set E2E_TIMEOUT=540 E2E_ARGS="--configs eagle3-t1-p16,standalone-t1-p16 --arms stock \
 --slots default,eagle_step_graph,-audit --slots $COMBINED,-audit --slots default,eagle_host,-audit $COMMON \
 --time-budget 520" bash scripts/device_call.sh ;;
-  8)  # audited arms (syncs, run-ahead) and unaudited ones (speed); then the slot's GPU tests check this e2e
-    NAME=ngram_bench E2E_TIMEOUT=420 SLOT_DISTS="ngram_device_draft:hostsync_ngram_slot" E2E_ARGS="--configs ngram-p1 \
---arms stock,audit --slots default,ngram_full_mask --slots default,ngram_full_mask,ngram_device_draft \
---slots default,eagle_host,ngram_host --slots default,eagle_host,ngram_host,-audit \
---slots default,eagle_host,ngram_full_mask,ngram_device_draft,-audit --prompt-kind repeated $COMMON --time-budget 400" \
-      HOSTSYNC_NGRAM_E2E_DIR=/tmp/hostsync-ngram_bench/run/e2e GPU_TESTS="tests/test_gpu_ngram_device_draft.py" \
-      TESTS_TIMEOUT=100 bash scripts/device_call.sh ;;
-  8b)  # the copying workload: the small-bigram target's outputs repeat every 16 tokens
-    NAME=ngram_copy E2E_TIMEOUT=540 SLOT_DISTS="ngram_device_draft:hostsync_ngram_slot" E2E_ARGS="--configs ngram-p1 \
---checkpoint-shape small-bigram --arms stock,audit --slots default,eagle_host,ngram_host \
---slots default,ngram_full_mask,ngram_device_draft --slots default,eagle_host,ngram_host,-audit \
---slots default,eagle_host,ngram_full_mask,ngram_device_draft,-audit $COMMON --max-new-tokens 128 --time-budget 500" \
-      bash scripts/device_call.sh ;;
+  8)  # the copying workload (small-bigram: outputs repeat every 16 tokens); audited arms (syncs, run-ahead) and
+      # unaudited ones (speed); then the slot's GPU tests check this e2e
+    NAME=ngram_copy E2E_TIMEOUT=460 SLOT_DISTS="ngram_device_draft:hostsync_ngram_slot" E2E_ARGS="--configs ngram-p1 \
+--checkpoint-shape small-bigram --arms stock,audit --slots default,ngram_full_mask \
+--slots default,ngram_full_mask,ngram_device_draft --slots default,eagle_host,ngram_host \
+--slots default,eagle_host,ngram_host,-audit --slots default,eagle_host,ngram_full_mask,ngram_device_draft,-audit \
+$COMMON --max-new-tokens 128 --time-budget 440" \
+      HOSTSYNC_NGRAM_E2E_DIR=/tmp/hostsync-ngram_copy/run/e2e GPU_TESTS="tests/test_gpu_ngram_device_draft.py" \
+      TESTS_TIMEOUT=90 bash scripts/device_call.sh ;;
   10)  # each step graph is inert in the other's configuration, so one arm holds both; no self-check (CALL=12 runs it)
     GRAPHS=default,dflash_step_graph,dspark_step_graph
     NAME=block_graphs E2E_TIMEOUT=545 E2E_ARGS="--configs dflash-p16,dspark-p16 --checkpoint-shape small-bigram \
---arms stock,audit --slots default,-audit \
---slots $GRAPHS,-audit --slots $GRAPHS $COMMON --time-budget 525" \
+--arms stock,audit --slots default,-audit --slots $GRAPHS,-audit --slots $GRAPHS \
+--plugin-env SGLANG_HOSTSYNC_AUDIT_MARKS=1 $COMMON --time-budget 525" \
       SLOT_DISTS="dflash_step_graph:hostsync_dflash_graph_slot dspark_step_graph:hostsync_dspark_graph_slot" \
       bash scripts/device_call.sh ;;
   12)  # the self-check's mismatch counts are in each server log's last check line (the e2e's "Slot self-checks")
@@ -153,5 +148,5 @@ $COMMON --time-budget 525" bash scripts/device_call.sh ;;
   9b)
     NAME=dspark_graph GPU_TESTS="tests/test_gpu_block_step_graph.py -k dspark" TESTS_TIMEOUT=575 bash scripts/device_call.sh ;;
   *)
-    sed -n '2,59p' "$0"; exit 2 ;;
+    sed -n '2,/^set -u/p' "$0" | sed '$d'; exit 2 ;;
 esac
