@@ -46,7 +46,8 @@
 #                                           # audited, default, both step graphs (each inert in the other's
 #                                           # configuration) audited and not, real-traffic pass, 6 rounds c1/c8,
 #                                           # on the "small-bigram" checkpoints, whose block drafts accept; the
-#                                           # audited arms' phase tables with GPU-idle markers (stock code / after)
+#                                           # audited arms' phase tables with GPU-idle markers (stock code / after);
+#                                           # the slots' eager self-check on every 32nd replay
 # Calls 1-3 ran on 2026-12-06 (benchmarks/results/2026-12-06-h100-final/; call 1's topk-4 half and call 3's
 # certified-plan e2e were cut by their limits). On 2026-12-07 (benchmarks/results/2026-12-07-h100/) 2 ran (its
 # standalone-t4-p1 cut by the limit), 8 ran with the device draft's servers failing (a Req attribute, fixed
@@ -117,11 +118,13 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
 $COMMON --max-new-tokens 128 --time-budget 440" \
       HOSTSYNC_NGRAM_E2E_DIR=/tmp/hostsync-ngram_copy/run/e2e GPU_TESTS="tests/test_gpu_ngram_device_draft.py" \
       TESTS_TIMEOUT=90 bash scripts/device_call.sh ;;
-  10)  # each step graph is inert in the other's configuration, so one arm holds both; no self-check (CALL=12 runs it)
+  10)  # each step graph is inert in the other's configuration, so one arm holds both; the eager self-check every 32nd
+      # replay (its eager step counts in the arm's host work and speed: against the slots, by about 1/32 of a step)
     GRAPHS=default,dflash_step_graph,dspark_step_graph
     NAME=block_graphs E2E_TIMEOUT=545 E2E_ARGS="--configs dflash-p16,dspark-p16 --checkpoint-shape small-bigram \
 --arms stock,audit --slots default,-audit --slots $GRAPHS,-audit --slots $GRAPHS \
---plugin-env SGLANG_HOSTSYNC_AUDIT_MARKS=1 $COMMON --time-budget 525" \
+--plugin-env SGLANG_HOSTSYNC_AUDIT_MARKS=1 \
+--plugin-env SGLANG_HOSTSYNC_STEP_GRAPH_CHECK=32 $COMMON --time-budget 525" \
       SLOT_DISTS="dflash_step_graph:hostsync_dflash_graph_slot dspark_step_graph:hostsync_dspark_graph_slot" \
       bash scripts/device_call.sh ;;
   12)  # the self-check's mismatch counts are in each server log's last check line (the e2e's "Slot self-checks")
