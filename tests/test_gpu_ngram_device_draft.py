@@ -225,3 +225,19 @@ def test_the_device_draft_removes_the_per_step_wait(e2e):
         assert b["steps"] > 50 and d["steps"] > 50
         if conc == 1:
             assert d["syncs_per_step"] < b["syncs_per_step"] - 0.5, (b["sync_sites"], d["sync_sites"])
+
+
+def test_the_device_drafted_the_decode_steps(e2e):
+    """The slot's count lines in its server log (``ngram_device_draft.drafted_line``): decode steps were
+    drafted on the device, not all left to SGLang's host draft (identical outputs alone cannot tell)."""
+    import os
+    import re
+
+    out = os.environ.get("HOSTSYNC_NGRAM_E2E_DIR") or os.path.join(os.environ.get("OUT", "/tmp"),
+                                                                    "test_gpu_ngram_device_draft")
+    log = e2e["servers"][f"{CONFIG}/slots:{DEV_SPEC}"]["log"]
+    with open(os.path.join(out, log), errors="replace") as f:
+        lines = [x.strip() for x in f if f"hostsync: {ndd.NAME}: " in x]
+    counts = [int(m.group(1)) for m in map(re.compile(r"(\d+) decode steps drafted on the device").search, lines) if m]
+    print("\n".join(lines[-8:]))
+    assert counts and max(counts) > 0, lines[-8:]

@@ -12,6 +12,7 @@ ngram_worker and reconstruct_tree import sgl_kernel's tree op on a machine witho
 tests that need them import them beside a stand-in ``sgl_kernel.speculative`` and drop the two
 modules afterwards (as tests/test_ngram_full_mask.py does)."""
 
+import logging
 import random
 import sys
 import types
@@ -480,6 +481,28 @@ def test_what_the_device_draft_does_not_take_runs_stocks_host_draft(ngram_worker
     assert got["draft_token"].tolist() == want_tokens.tolist()
 
 
+def test_the_server_log_counts_device_drafts_and_each_reason_for_the_host_draft(ngram_worker, caplog):
+    """The first device draft and the first batch of each reason to keep SGLang's host draft are logged
+    with the counts (a real server's only evidence that the device drafted at all), then no more until
+    the 100th draft."""
+    w = ngram_worker
+    d, seqs, rows = 4, [[1, 2, 1, 2, 1], [3, 3]], [5, 1]
+    original = getattr(w.NGRAMWorker._prepare_for_speculative_decoding, "__wrapped__",
+                       w.NGRAMWorker._prepare_for_speculative_decoding)
+    worker = make_worker(d, host_draft=reference_host_draft(seqs, d, 18))
+    seeded(worker, seqs, rows)
+    prepare = ndd.edited(original)
+    with caplog.at_level(logging.INFO, logger="sglang.srt.plugins.hostsync"):
+        for grammar in (True, True, False, False):
+            verify_input(w, lambda *a: prepare(*a), worker, decode_batch(w, seqs, rows, grammar=grammar))
+    lines = [r.getMessage() for r in caplog.records if ndd.NAME in r.getMessage()]
+    assert lines == [
+        "hostsync: ngram_device_draft: a decode batch keeps SGLang's host draft (grammar); 0 decode steps drafted "
+        "on the device; SGLang's host draft: grammar 1",
+        "hostsync: ngram_device_draft: 1 decode steps drafted on the device; SGLang's host draft: grammar 2",
+    ], lines
+
+
 def test_update_hook_skips_the_corpus_only_after_a_device_draft():
     calls = []
     worker = Worker(_hostsync_device_drafted=True)
@@ -751,8 +774,6 @@ def test_a_history_too_large_for_the_free_memory_is_not_made_and_the_host_draft_
     """The history sits outside --mem-fraction-static: it is logged, and where it would take more than
     HISTORY_SHARE of the free device memory it is not made (once, said at warning level), every forward
     runs SGLang's own step and every decode batch keeps the host draft ("no device history")."""
-    import logging
-
     worker = make_worker(4, rows=16, width=4096)
     cells = 16 * (4096 + 4 + 1)
     monkeypatch.setattr(ndd, "_free_bytes", lambda device: int(cells * 4 / ndd.HISTORY_SHARE) - 1)

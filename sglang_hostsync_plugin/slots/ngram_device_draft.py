@@ -399,8 +399,17 @@ def draft_fits(worker, batch) -> bool:
     if reason is not None:
         hist = history(worker)
         if hist is not None:
-            hist.stock[reason] = hist.stock.get(reason, 0) + 1
+            hist.stock[reason] = n = hist.stock.get(reason, 0) + 1
+            if n == 1:
+                logger.info("hostsync: %s: a decode batch keeps SGLang's host draft (%s); %s", NAME, reason,
+                            drafted_line(hist))
     return reason is None
+
+
+def drafted_line(hist: History) -> str:
+    """The counts the server log reports (the e2e and the GPU tests read them there)."""
+    stock = ", ".join(f"{why} {n}" for why, n in sorted(hist.stock.items())) or "none"
+    return f"{hist.drafted} decode steps drafted on the device; SGLang's host draft: {stock}"
 
 
 def draft(worker, batch, draft_tokens, tree_mask, positions, retrieve_index, next_token, next_sibling) -> None:
@@ -409,6 +418,8 @@ def draft(worker, batch, draft_tokens, tree_mask, positions, retrieve_index, nex
                 retrieve_index, next_token, next_sibling, worker.draft_token_num, hist.max_n, best=hist.best)
     worker._hostsync_device_drafted = True  # this step's corpus update is skipped
     hist.drafted += 1
+    if hist.drafted in (1, 100) or hist.drafted % 10000 == 0:
+        logger.info("hostsync: %s: %s", NAME, drafted_line(hist))
 
 
 def _skip(*args) -> None:
