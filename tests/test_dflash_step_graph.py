@@ -782,6 +782,8 @@ def test_captures_and_replays_then_a_grown_buffer_recaptures(gpu, caplog):
     for _ in range(es.WARMUPS + 2):  # the stale graph goes; two eager warm-ups, a capture, a replay
         dsg.step_hook(step, worker, batch(2))
     assert r.driver.destroyed == [201] and r.replays == 4 and len(r.graphs) == 1
+    # The stale graph was the only one: the recapture goes into a fresh pool (torch refuses the old one).
+    assert len(set(side.pools)) == 2 and r.pool == side.pools[-1]
     assert next(iter(r.graphs.values())).current(worker)
 
 

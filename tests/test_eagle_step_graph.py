@@ -673,6 +673,7 @@ class SideStream:
 
     def __init__(self, log):
         self.log, self.current, self.capturing, self.routed = log, False, False, 0
+        self.pools = []  # the pool each capture_begin was given
 
     @contextlib.contextmanager
     def enter(self, stream):
@@ -695,6 +696,7 @@ class TorchGraph:
 
     def capture_begin(self, pool=None, capture_error_mode="global"):
         self.side.log.append("begin")
+        self.side.pools.append(pool)
         self.side.capturing, self.side.routed = True, self.side.routed + 1
 
     def capture_end(self):
@@ -849,6 +851,31 @@ def test_failed_captures_in_all_are_bounded(gpu):
             sg.step_hook(original, WORKER, batch(bs))
     assert r.failed == sg.MAX_FAILED and "captures failed" in r.disabled
     assert r.eager.get("capture off") == sg.WARMUPS + 1
+
+
+def test_a_capture_after_every_graph_went_stale_takes_a_fresh_pool(gpu, monkeypatch):
+    """A pool lives while a graph captured into it does: torch refuses a capture into one whose graphs
+    are all gone (DFlash on an H100, 2026-12-07). A graph still held keeps the pool in use."""
+    r, side = gpu
+    step, calls = sglang_step()
+
+    def capture(bs):
+        start = len(side.pools)
+        for _ in range(sg.WARMUPS + 1):
+            sg.step_hook(step, WORKER, batch(bs))
+        assert len(side.pools) > start and len(set(side.pools[start:])) == 1  # one pool for a step's segments
+        return side.pools[-1]
+
+    first = capture(1)
+    assert capture(2) == first
+    monkeypatch.setattr(sg.StepGraph, "current", lambda self: self.bs != 1)
+    assert capture(1) == first and len(r.graphs) == 2  # the bs-2 graph holds the pool
+    monkeypatch.setattr(sg.StepGraph, "current", lambda self: self.bs != 2)
+    assert capture(2) == first
+    r.graphs.pop(next(k for k in r.graphs if k[0] == 1))  # (as a graph limit or a drop would)
+    monkeypatch.setattr(sg.StepGraph, "current", lambda self: False)
+    fresh = capture(2)  # its stale graph was the last one held
+    assert fresh != first and r.pool == fresh and len(r.graphs) == 1
 
 
 def test_captures_count_graphs_and_pool_growth_in_the_log(gpu, caplog):

@@ -206,6 +206,15 @@ def reserved() -> int:
     return torch.cuda.memory_reserved()
 
 
+def capture_pool(r) -> object:
+    """The private pool the next capture goes into: a fresh one while no step graph is held. A pool
+    lives while a graph captured into it does; torch refuses a capture into one whose graphs are all
+    gone (an INTERNAL ASSERT, ``use_count > 0``: DFlash on an H100, 2026-12-07, after every graph went stale)."""
+    if r.pool is None or not r.graphs:
+        r.pool, r.pool_bytes = torch.cuda.graph_pool_handle(), 0
+    return r.pool
+
+
 def release_pool(pool) -> None:
     """Undo what torch's ``capture_begin`` set up for ``pool`` where its ``capture_end`` raised before
     undoing it: the allocator routing the stream's allocations to the pool (a second capture into it
@@ -527,12 +536,10 @@ def capture(original, worker, batch, tensors, key) -> StepGraph | None:
             r.driver, r.disabled = None, f"the CUDA driver's graph API is not reachable: {type(exc).__name__}: {exc}"
             logger.warning("hostsync: %s: %s; SGLang's eager step from now on", NAME, r.disabled)
             return None
-    if r.pool is None:
-        r.pool = torch.cuda.graph_pool_handle()
     slots = [t.clone() for t in tensors]
     saved = _snapshot(objs)
     install(objs, slots)
-    cap = Capture(r.pool)
+    cap = Capture(capture_pool(r))
     before = reserved()
     r.capture = cap
     try:

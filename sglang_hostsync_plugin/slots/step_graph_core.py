@@ -226,8 +226,7 @@ def begin(r, name: str, why: str | None) -> bool:
             r.driver, r.disabled = None, f"the CUDA driver's graph API is not reachable: {type(exc).__name__}: {exc}"
             logger.warning("hostsync: %s: %s; SGLang's eager step from now on", name, r.disabled)
             return False
-    if r.pool is None:
-        r.pool = torch.cuda.graph_pool_handle()
+    es.capture_pool(r)
     return True
 
 
