@@ -5,7 +5,7 @@
 # inner timeout, then the GPU test files named in GPU_TESTS, and packs everything into one archive
 # under $OUT (a call returns at most 8 files).
 #   NAME=t4 E2E_TIMEOUT=480 E2E_ARGS="--configs standalone-t4-p16 ..." GPU_TESTS="tests/test_gpu_x.py" \
-#     [SLOT_DISTS="ngram_device_draft:hostsync_ngram_slot"] bash scripts/device_call.sh
+#     [SLOT_DISTS="flashinfer_certified_plan:hostsync_cert_slot"] bash scripts/device_call.sh
 # Without $OUT (another CUDA machine) the archive goes to gpu_out/.
 set -u
 cd "$(dirname "$0")/.."

@@ -12,7 +12,7 @@
 #   CALL=2a / CALL=2b                       # CALL=2's NGRAM + EAGLE3 (2a, ~7 min) or NGRAM alone (2b, ~5 min)
 #   CALL=3 bash scripts/device_pending.sh   # eagle_step_graph weight update / forced capture failures
 #                                           # (benchmarks/step_graph_weights.py), then the NGRAM device-draft
-#                                           # and the certified plan's server tests (unregistered slots)
+#                                           # and the certified plan's server tests (the latter unregistered)
 #   CALL=4 bash scripts/device_pending.sh   # DFlash and DSpark on the host-bound 1B-shaped dummy target: the
 #                                           # audit's phase table (block phases, GPU-idle markers), stock code
 #                                           # (before) vs default with the step graphs (after); the accept
@@ -20,7 +20,7 @@
 #   CALL=5 bash scripts/device_pending.sh   # FlashInfer topk 1 / 4 page 16: stock, `none` and `default` unaudited,
 #                                           # `default,-event_ring`, auto: what `default`'s 1-3% below stock at
 #                                           # topk 1 is (2026-12-06-h100-final), and topk 4's auto row
-#   CALL=6 / CALL=6b bash scripts/device_pending.sh   # the unregistered slots' GPU tests whole, each with
+#   CALL=6 / CALL=6b bash scripts/device_pending.sh   # two slots' GPU tests whole, each with
 #                                           # its real server: 6 ngram_device_draft incl. part 2 (triton NGRAM),
 #                                           # 6b the certified plan's FlashInfer topk-1 e2e: what registering waits on
 #   CALL=7 bash scripts/device_pending.sh   # issue 63's combined topk-1 set (eagle_step_graph + the eagle_host
@@ -29,10 +29,10 @@
 #   CALL=8 bash scripts/device_pending.sh   # issue 65's benchmark: NGRAM page 1 triton on the e2e's "small-bigram"
 #                                           # checkpoints, whose outputs repeat every 16 tokens (n-gram drafting has
 #                                           # something to copy), stock vs auto's set (ngram_host) vs
-#                                           # ngram_device_draft (registered for the run), real acceptance, 6 rounds
+#                                           # ngram_device_draft, real acceptance, 6 rounds
 #                                           # c1/c8, audited arms and speed arms; then the slot's GPU tests whole,
 #                                           # checking this e2e (CALL=6 runs them with an e2e of their own)
-#   CALL=9 / CALL=9b bash scripts/device_pending.sh  # issue 67's step graphs (unregistered), each with its
+#   CALL=9 / CALL=9b bash scripts/device_pending.sh  # issue 67's step graphs, each with its
 #                                           # real server: 9 dflash_step_graph on dflash-p16, 9b dspark_step_graph
 #                                           # on dspark-p16 (stock / default / the slot, self-check on)
 #   CALL=11 / 11b / 11c bash scripts/device_pending.sh  # issue 63's matrix rows nobody measured: FlashInfer page 1
@@ -52,9 +52,9 @@
 # certified-plan e2e were cut by their limits). On 2026-12-07 (benchmarks/results/2026-12-07-h100/) 2 ran (its
 # standalone-t4-p1 cut by the limit), 8 ran with the device draft's servers failing (a Req attribute, fixed
 # since), 9 and 9b ran (their acceptance check failed: accept length 1.00; they now run on "small-bigram",
-# whose block drafts are built to accept). Next: 8 (65; the repeated-passage prompts and "small-bigram" runs
-# of 2026-12-07's plan are one call now), 10 (67's must-show and phase tables), 9, 9b, 12 (67), 11-11c, 7
-# and 5 (63), 4 (the 1B-shaped dummy target's phase table), 6b (64).
+# whose block drafts are built to accept). 10, 8, 9 and 9b ran again (benchmarks/results/2026-12-07-h100-b/): 10's
+# step-graph servers logged a capture's pool assert, fixed since. Next: 10 (67, the fix on a GPU), 11-11c, 7
+# and 5 (63), 12 and 4 (67's extra evidence), 6b (64).
 # The device tool: carry [".device-bundle-fi"], timeout 590, and start the next call within the
 # machine's 30 s idle release.
 set -u
@@ -91,7 +91,6 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
 --arms stock,audit --slots default,dflash_step_graph,dspark_step_graph --plugin-env SGLANG_HOSTSYNC_AUDIT_MARKS=1 \
 --concurrency 1 8 --rounds 3 --requests 2 --max-new-tokens 64 --server-arg=--disable-prefill-cuda-graph \
 --ready-timeout 300 --time-budget 510" \
-      SLOT_DISTS="dflash_step_graph:hostsync_dflash_graph_slot dspark_step_graph:hostsync_dspark_graph_slot" \
       bash scripts/device_call.sh ;;
   5)
     NAME=aa E2E_TIMEOUT=540 E2E_ARGS="--configs standalone-t1-p16,standalone-t4-p16 --attention-backend flashinfer \
@@ -111,7 +110,7 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
 --time-budget 520" bash scripts/device_call.sh ;;
   8)  # the copying workload (small-bigram: outputs repeat every 16 tokens); audited arms (syncs, run-ahead) and
       # unaudited ones (speed); then the slot's GPU tests check this e2e
-    NAME=ngram_copy E2E_TIMEOUT=460 SLOT_DISTS="ngram_device_draft:hostsync_ngram_slot" E2E_ARGS="--configs ngram-p1 \
+    NAME=ngram_copy E2E_TIMEOUT=460 E2E_ARGS="--configs ngram-p1 \
 --checkpoint-shape small-bigram --arms stock,audit --slots default,ngram_full_mask \
 --slots default,ngram_full_mask,ngram_device_draft --slots default,eagle_host,ngram_host \
 --slots default,eagle_host,ngram_host,-audit --slots default,eagle_host,ngram_full_mask,ngram_device_draft,-audit \
@@ -125,14 +124,12 @@ $COMMON --max-new-tokens 128 --time-budget 440" \
 --arms stock,audit --slots default,-audit --slots $GRAPHS,-audit --slots $GRAPHS \
 --plugin-env SGLANG_HOSTSYNC_AUDIT_MARKS=1 \
 --plugin-env SGLANG_HOSTSYNC_STEP_GRAPH_CHECK=32 $COMMON --time-budget 525" \
-      SLOT_DISTS="dflash_step_graph:hostsync_dflash_graph_slot dspark_step_graph:hostsync_dspark_graph_slot" \
       bash scripts/device_call.sh ;;
   12)  # the self-check's mismatch counts are in each server log's last check line (the e2e's "Slot self-checks")
     NAME=graphs_sim E2E_TIMEOUT=420 E2E_ARGS="--configs dflash-p16,dspark-p16 --simulate-acc-len 3 --arms stock \
 --slots default --slots default,dflash_step_graph,dspark_step_graph --plugin-env SGLANG_HOSTSYNC_STEP_GRAPH_CHECK=4 \
 --concurrency 1 4 --rounds 2 --requests 2 --max-new-tokens 128 --traffic off --top-logprobs 0 \
 --server-arg=--disable-prefill-cuda-graph --ready-timeout 300 --time-budget 400" \
-      SLOT_DISTS="dflash_step_graph:hostsync_dflash_graph_slot dspark_step_graph:hostsync_dspark_graph_slot" \
       bash scripts/device_call.sh ;;
   11)
     NAME=fi_p1 E2E_TIMEOUT=545 E2E_ARGS="--configs standalone-t1-p1,standalone-t4-p1 --attention-backend flashinfer \

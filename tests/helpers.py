@@ -206,11 +206,12 @@ def write_slot_dist(root, module: str, dist: str) -> str:
     return str(root)
 
 
-def e2e_with_slot(tmp_dir, reuse_var: str, name: str, module: str, dist: str, e2e_args: list[str],
+def e2e_with_slot(tmp_dir, reuse_var: str, name: str, module: str | None, dist: str | None, e2e_args: list[str],
                   timeout: float) -> dict:
-    """The e2e benchmark's ``e2e.json`` for a GPU test of a slot not yet in the catalogue: run with
-    ``e2e_args`` under ``$OUT/<name>`` (its servers get the slot through ``write_slot_dist`` on
-    ``PYTHONPATH``), or read the directory ``$<reuse_var>`` names (a run made by the same command).
+    """The e2e benchmark's ``e2e.json`` for a slot's GPU test: run with ``e2e_args`` under ``$OUT/<name>``
+    (a slot not yet in the catalogue, ``module``, reaches its servers through ``write_slot_dist`` on
+    ``PYTHONPATH``; None: a catalogue slot), or read the directory ``$<reuse_var>`` names (a run made by
+    the same command).
     A run past ``timeout`` gets SIGTERM (the e2e then stops its servers, which run in sessions of
     their own, and reports the rounds that finished; SIGKILL after 60 s more) and the ``e2e.json`` it
     wrote is read; where it wrote none, an AssertionError names the timeout."""
@@ -222,7 +223,7 @@ def e2e_with_slot(tmp_dir, reuse_var: str, name: str, module: str, dist: str, e2
     timed_out, started = False, 0.0
     if not path:
         path = os.path.join(os.environ.get("OUT", "/tmp"), name)
-        root = write_slot_dist(tmp_dir, module, dist)
+        root = write_slot_dist(tmp_dir, module, dist) if module else None
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
         started = time.time()
         with subprocess.Popen([sys.executable, "-m", "sglang_hostsync_plugin.e2e", *e2e_args, "--out", path],

@@ -197,7 +197,9 @@ def test_all_is_a_valid_selection_even_with_conflicting_slots():
     assert "metadata_glue_graph" not in names and "flashinfer_verify_host_plan" in names
     # eagle_step_graph is declared after the glue slots it must not run beside: "all" leaves it out too.
     assert "flashinfer_tree_verify_plan" in names and "draft_extend_glue_graph" in names
-    assert set(cat) - set(names) == {"metadata_glue_graph", "eagle_step_graph"}
+    # Of the slots declared after the switches (slots.OWNED_LATE), the NGRAM device draft conflicts with the
+    # late wait and dspark_step_graph must not run beside DSpark's epilogue and KV-commit switches: both left out.
+    assert set(cat) - set(names) == {"metadata_glue_graph", "eagle_step_graph", "ngram_device_draft", "dspark_step_graph"}
     # The other side of the conflict is still selectable by name, alone.
     swapped = parse_slot_spec("all,-flashinfer_verify_host_plan,metadata_glue_graph", cat).names
     assert "metadata_glue_graph" in swapped and "flashinfer_verify_host_plan" not in swapped

@@ -1,4 +1,4 @@
-"""dflash_step_graph (not registered yet) on the CPU: which steps stay eager and why, the inputs it
+"""dflash_step_graph on the CPU: which steps stay eager and why, the inputs it
 stages and the tensors it ignores, the result it hands out, the capture/replay flow around fakes
 (``capture()`` itself over fakes of torch's CUDA graph and stream calls, with a worker whose buffers
 grow by SGLang's own ``_ensure_*`` methods, fused KV helper or not): warm-ups, pre-sizing on a key's
@@ -9,7 +9,7 @@ capture (and a source scan for new fallbacks), buffers that grow after a capture
 dropped at once), each graph's own accept buffers (slot 0 alone); the check (draft KV rows
 included); the rules (per step, capture off first, the scheduler's with the decode graph backend and
 the memory saver, startup) against SGLang 0.5.23's code, the pinned sources, the plan beside
-``eagle_step_graph`` and the default slots, and that the slot is not in the catalogue; the GPU e2e's
+``eagle_step_graph`` and the default slots, and that the slot is in the catalogue, opt-in; the GPU e2e's
 run helper past its timeout. The joined graph runs in the real-server e2e,
 tests/test_gpu_block_step_graph.py."""
 
@@ -1235,12 +1235,15 @@ def test_the_pinned_sources_are_sglangs(monkeypatch):
     assert "upstream shape changed" in dsg.upstream_pins()
 
 
-def test_not_in_the_catalogue():
-    from sglang_hostsync_plugin import registry, slots
+def test_registered_opt_in_and_not_picked_by_auto():
+    """In the catalogue since its GPU tests and the must-show e2e ran (2026-12-07-h100-b); in no preset
+    and in no ``auto`` row."""
+    from sglang_hostsync_plugin import choice, config, registry, slots
 
-    assert dsg.NAME not in registry.catalogue()
-    assert dsg.NAME not in {name for _, name, _ in slots.OWNED}
-    assert not dsg.SLOT.default
+    cat = registry.catalogue()
+    assert cat[dsg.NAME] is dsg.SLOT and dsg.NAME in {name for _, name, _ in slots.OWNED_LATE}
+    assert not dsg.SLOT.default and not dsg.SLOT.presets
+    assert dsg.NAME not in choice.row_names(cat, config.parse_slot_spec)
 
 
 def test_unsafe_pairs_name_catalogue_slots():
@@ -1250,13 +1253,11 @@ def test_unsafe_pairs_name_catalogue_slots():
 
 
 @pytest.fixture
-def with_slot(monkeypatch):
-    """The catalogue as a server that has the slot's entry point sees it."""
+def with_slot():
+    """The catalogue, which holds the slot."""
     from sglang_hostsync_plugin import registry
 
-    full = {**registry.catalogue(), dsg.NAME: dsg.SLOT}
-    monkeypatch.setattr(registry, "catalogue", lambda: full)
-    return full
+    return registry.catalogue()
 
 
 def plan_for(algorithm, spec="default,audit,audit_block,eagle_step_graph,dflash_step_graph", **over):

@@ -1,4 +1,4 @@
-"""dspark_step_graph (not registered yet) on the CPU: which steps stay eager and why, the inputs it
+"""dspark_step_graph on the CPU: which steps stay eager and why, the inputs it
 stages and the tensors it ignores (``dflash_step_graph``'s lists, checked against DSpark's own
 reads), the result it hands out (``block_accept_lens`` cloned), the capture/replay flow around fakes
 (``capture()`` itself over fakes of torch's CUDA graph and stream calls, with a worker whose draft
@@ -12,7 +12,7 @@ KV rows of the verify window included, on the replay's simulated draw); the rule
 capture off first, the scheduler's with the decode graph backend, the memory saver and token-count
 staging, the live worker's, startup incl. SGLang's argument preparation) against SGLang 0.5.23's
 code, the pinned sources, the unsafe ``dspark_mega`` switches, the plan beside
-``eagle_step_graph`` and ``dflash_step_graph``, and that the slot is not in the catalogue. The
+``eagle_step_graph`` and ``dflash_step_graph``, and that the slot is in the catalogue, opt-in. The
 joined graph runs in the real-server e2e, tests/test_gpu_block_step_graph.py."""
 
 import ast
@@ -1359,12 +1359,15 @@ def test_the_pinned_sources_are_sglangs(monkeypatch):
     assert "upstream shape changed" in dspk.upstream_pins()
 
 
-def test_not_in_the_catalogue():
-    from sglang_hostsync_plugin import registry, slots
+def test_registered_opt_in_and_not_picked_by_auto():
+    """In the catalogue since its GPU tests and the must-show e2e ran (2026-12-07-h100-b); in no preset
+    and in no ``auto`` row."""
+    from sglang_hostsync_plugin import choice, config, registry, slots
 
-    assert dspk.NAME not in registry.catalogue()
-    assert dspk.NAME not in {name for _, name, _ in slots.OWNED}
-    assert not dspk.SLOT.default
+    cat = registry.catalogue()
+    assert cat[dspk.NAME] is dspk.SLOT and dspk.NAME in {name for _, name, _ in slots.OWNED_LATE}
+    assert not dspk.SLOT.default and not dspk.SLOT.presets
+    assert dspk.NAME not in choice.row_names(cat, config.parse_slot_spec)
 
 
 def test_unsafe_pairs_are_dspark_mega_switches_and_catalogue_slots():
@@ -1398,13 +1401,11 @@ def test_the_unsafe_switches_feed_the_epilogue_or_a_glue_graph_in_sglang():
 
 
 @pytest.fixture
-def with_slots(monkeypatch):
-    """The catalogue as a server that has both unregistered step-graph slots' entry points sees it."""
+def with_slots():
+    """The catalogue, which holds both block step graphs."""
     from sglang_hostsync_plugin import registry
 
-    full = {**registry.catalogue(), dsg.NAME: dsg.SLOT, dspk.NAME: dspk.SLOT}
-    monkeypatch.setattr(registry, "catalogue", lambda: full)
-    return full
+    return registry.catalogue()
 
 
 def plan_for(algorithm, spec="default,audit,audit_block,eagle_step_graph,dflash_step_graph,dspark_step_graph",

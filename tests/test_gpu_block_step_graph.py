@@ -1,4 +1,4 @@
-"""dflash_step_graph and dspark_step_graph (not registered yet) in real servers: the e2e benchmark's
+"""dflash_step_graph and dspark_step_graph in real servers: the e2e benchmark's
 ``dflash-p16`` / ``dspark-p16`` (random-weight "small-bigram" checkpoints, whose block drafts accept;
 DSpark in static verify, SGLang's default, its Markov and confidence heads zero; real acceptance) with
 stock, ``default`` and ``default,<slot>``, the slot's eager self-check on
@@ -18,8 +18,7 @@ H200): servers ready within 420 s, rounds within a 480 s budget, the e2e stopped
 reports the rounds that finished: ``helpers.e2e_with_slot``). ``--disable-prefill-cuda-graph`` in every
 arm (the decode path is unchanged).
 
-The slots are not in the catalogue: the e2e and its servers get each through an entry-point package on
-``PYTHONPATH`` (``helpers.write_slot_dist``). ``HOSTSYNC_DFLASH_GRAPH_E2E_DIR`` /
+``HOSTSYNC_DFLASH_GRAPH_E2E_DIR`` /
 ``HOSTSYNC_DSPARK_GRAPH_E2E_DIR``: check an e2e output directory made by the same command instead of
 starting the servers here. The DFlash family's workers need FlashInfer's sampling module at start
 (``.device-bundle-fi`` on the offline device, docs/gpu.md).
@@ -52,7 +51,6 @@ class Case:
     algo: str
     slot: str
     config: str
-    dist: str
 
     @property
     def graph_spec(self) -> str:
@@ -67,8 +65,7 @@ class Case:
         return f"test_gpu_{self.slot}"
 
 
-CASES = (Case("dflash", dflash_step_graph.NAME, "dflash-p16", "hostsync_dflash_graph_slot"),
-         Case("dspark", dspark_step_graph.NAME, "dspark-p16", "hostsync_dspark_graph_slot"))
+CASES = (Case("dflash", dflash_step_graph.NAME, "dflash-p16"), Case("dspark", dspark_step_graph.NAME, "dspark-p16"))
 
 
 def _arm(spec):
@@ -84,8 +81,7 @@ def case(request) -> Case:
 def e2e(case, tmp_path_factory):
     from helpers import e2e_with_slot
 
-    return e2e_with_slot(tmp_path_factory.mktemp(f"{case.algo}_graph_dist"), case.reuse_var, case.run_name, case.slot,
-                         case.dist,
+    return e2e_with_slot(tmp_path_factory.mktemp(f"{case.algo}_graph_dist"), case.reuse_var, case.run_name, None, None,
                          ["--configs", case.config, "--checkpoint-shape", SHAPE, "--arms", "stock", "--slots", BASE_SPEC,
                           "--slots", case.graph_spec, "--concurrency", "1", "4", "--rounds", "2", "--traffic", "off",
                           "--top-logprobs", "0", "--plugin-env", f"{es.ENV_CHECK}={CHECK_EVERY}",

@@ -1,19 +1,18 @@
-"""ngram_device_draft (not registered yet) on a CUDA device: the matcher and chain layout equal the
+"""ngram_device_draft on a CUDA device: the matcher and chain layout equal the
 pure-Python reference on random histories (bs up to 48, lengths up to 20k, draft widths 1-16),
 positions and retrieve lists equal SGLang's CUDA ``reconstruct_indices_from_tree_mask`` on the
 chain's mask, the three kernels make no host sync, and SGLang's real
 ``_prepare_for_speculative_decoding`` recompiled with the slot's edits hands the verify the same
 input as stock fed the same chain (the device path without a host sync). It prints the draft
-kernel's GPU time per call. Not a real NGRAM server step: the slot has no registered hooks yet
-(docs/ngram-device-draft.md).
+kernel's GPU time per call.
 
-Then a real NGRAM server (the e2e: ``ngram-p1`` on triton, random-weight checkpoints, real acceptance)
+Then a real NGRAM server (the e2e: ``ngram-p1`` on triton, the random-weight "small-bigram" checkpoints,
+whose outputs repeat every 16 tokens, so n-gram drafting has something to copy; real acceptance)
 with ``default,ngram_full_mask,ngram_device_draft`` against stock and against ``default,ngram_full_mask``:
 the real-traffic mix identical to stock one at a time and clean under concurrent clients with aborts,
 the slot applied, and the audit's syncs per step at c1 below the base arm's (part 2: no per-step
-seq-lens wait on triton); accept length and run-ahead are printed. The slot is not in the catalogue:
-the e2e and its servers get it through an entry-point package on ``PYTHONPATH``
-(``helpers.write_slot_dist``). ``HOSTSYNC_NGRAM_E2E_DIR``: check an e2e output directory made by the
+seq-lens wait on triton), and its server log counts decode steps drafted on the device; accept length
+and run-ahead are printed. ``HOSTSYNC_NGRAM_E2E_DIR``: check an e2e output directory made by the
 same command, or by one with these arms among others and other concurrencies (c1 among them:
 ``CALL=8 bash scripts/device_pending.sh``), instead of starting the servers here.
 
@@ -180,9 +179,9 @@ def e2e(tmp_path_factory):
     from helpers import e2e_with_slot
 
     return e2e_with_slot(tmp_path_factory.mktemp("ngram_dist"), "HOSTSYNC_NGRAM_E2E_DIR", "test_gpu_ngram_device_draft",
-                         "ngram_device_draft", "hostsync_ngram_slot",
-                         ["--configs", CONFIG, "--arms", "stock", "--slots", BASE_SPEC, "--slots", DEV_SPEC,
-                          "--slots", HOST_SPEC, "--prompt-kind", "repeated", "--concurrency", "1", "4", "--rounds", "2", "--traffic", "full", "--traffic-requests", "48",
+                         None, None,
+                         ["--configs", CONFIG, "--checkpoint-shape", "small-bigram", "--arms", "stock", "--slots",
+                          BASE_SPEC, "--slots", DEV_SPEC, "--slots", HOST_SPEC, "--concurrency", "1", "4", "--rounds", "2", "--traffic", "full", "--traffic-requests", "48",
                           "--traffic-aborts", "8", "--server-arg=--disable-prefill-cuda-graph", "--ready-timeout", "240",
                           "--time-budget", "400"], timeout=480)
 

@@ -1,4 +1,4 @@
-"""ngram_device_draft (not registered yet): the device prompt-lookup matcher against a pure-Python
+"""ngram_device_draft: the device prompt-lookup matcher against a pure-Python
 reference (no match, a match ending right before the root, several matches, histories shorter than
 n, mixed batches, multi-block histories, continuations shorter than the draft), the chain layout
 against SGLang's own construction (its C++ trie corpus for a chain-shaped result; SGLang's Triton
@@ -492,6 +492,7 @@ def test_the_server_log_counts_device_drafts_and_each_reason_for_the_host_draft(
     worker = make_worker(d, host_draft=reference_host_draft(seqs, d, 18))
     seeded(worker, seqs, rows)
     prepare = ndd.edited(original)
+    caplog.clear()  # (the history's allocation line, where another test left the logger at INFO)
     with caplog.at_level(logging.INFO, logger="sglang.srt.plugins.hostsync"):
         for grammar in (True, True, False, False):
             verify_input(w, lambda *a: prepare(*a), worker, decode_batch(w, seqs, rows, grammar=grammar))
@@ -653,12 +654,14 @@ def test_targets_and_edits_match_the_installed_sglang():
         assert checks.check_target(target) is None, target.path
 
 
-def test_not_registered_and_opt_in():
-    """Registration waits on its GPU tests and an NGRAM e2e (docs/ngram-device-draft.md, "What blocks
-    registration"). It shares the verify prep with ngram_full_mask as parts of one edit site."""
-    from sglang_hostsync_plugin import registry
+def test_registered_and_opt_in():
+    """In the catalogue since its GPU tests and the copying-workload e2e passed (2026-12-07-h100-b), in no
+    preset and not in ``default``. It shares the verify prep with ngram_full_mask as parts of one edit site."""
+    from sglang_hostsync_plugin import choice, config, registry
 
-    assert ndd.NAME not in registry.catalogue()
+    cat = registry.catalogue()
+    assert cat[ndd.NAME] is ndd.SLOT and ndd.NAME not in config.parse_slot_spec("default", cat).names
+    assert ndd.NAME not in choice.row_names(cat, config.parse_slot_spec)
     assert not ndd.SLOT.default and not ndd.SLOT.presets
     assert set(ndd.SLOT.conflicts) == {"ngram_late_wait"} and ndd.SLOT.requires == ("ngram_full_mask",)
     assert ndd.PREPARE_ONCE.site is nfm.PREPARE_ONCE.site and set(ndd.WITH_FULL_MASK) <= set(nfm.PREPARE_ONCE.site.parts)
@@ -698,7 +701,7 @@ def test_conflicts_with_ngram_late_wait_for_its_deferred_wait():
 
 def test_claims_keep_the_per_step_wait_and_numerics_caveat():
     """The slot removes the per-step wait (resolve_seq_lens_cpu) on triton only, says FlashInfer keeps
-    it, and that the removal has not run on a GPU."""
+    it, and cites the real-server run that measured it."""
     from pathlib import Path
 
     doc = " ".join((Path(__file__).parents[1] / "docs" / "ngram-device-draft.md").read_text().split())
@@ -706,7 +709,7 @@ def test_claims_keep_the_per_step_wait_and_numerics_caveat():
     for text in (module, ndd.SLOT.summary):
         assert "no host read of step N-1" not in text
     assert "resolve_seq_lens_cpu" in module and "FlashInfer keeps it" in ndd.SLOT.summary
-    assert "FlashInfer keeps that wait" in module and "not run on a GPU yet" in module
+    assert "FlashInfer keeps that wait" in module and "benchmarks/results/2026-12-07-h100-b/" in module
     for text in (module, doc):
         assert "up to verify numerics" in text and "e2e token comparison is the gate" in text
     assert "only fails to match" not in doc and "No host value of step N-1" not in doc

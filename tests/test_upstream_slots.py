@@ -56,7 +56,8 @@ def test_no_other_switch_declares_a_dependency():
     # SGLang's own topk-1 host plan needs it too (stock's verify read-back was the only drain).
     owned = {"flashinfer_tree_verify_plan": ("flashinfer_plan_guard",),
              "flashinfer_verify_host_plan": ("flashinfer_plan_guard",), "audit_fine": ("audit",), "audit_block": ("audit",),
-             "audit_ngram": ("audit",), "ngram_late_wait": ("ngram_accept_readback", "ngram_full_mask")}
+             "audit_ngram": ("audit",), "ngram_late_wait": ("ngram_accept_readback", "ngram_full_mask"),
+             "ngram_device_draft": ("ngram_full_mask",)}  # the device draft's full mask is built by ngram_full_mask's part
     assert declared == {**{n: (d,) for n, d in SWITCH_REQUIRES.items()}, **owned}
 
 

@@ -49,6 +49,13 @@ OWNED = (
     ("chain_tree_full_mask", "chain_tree_full_mask", False),
     ("eagle_step_graph", "eagle_step_graph", False),
 )
+# Declared after the upstream switches: of two slots that must not run together, ``all`` keeps the one
+# declared first, so it keeps the switches and slots these step paths replace.
+OWNED_LATE = (
+    ("ngram_device_draft", "ngram_device_draft", False),
+    ("dflash_step_graph", "dflash_step_graph", False),
+    ("dspark_step_graph", "dspark_step_graph", False),
+)
 
 
 def _owned(module: str, name: str, default: bool) -> Slot:
@@ -66,5 +73,6 @@ def hostsync_slots():
     return [
         *(_owned(*entry) for entry in OWNED),
         *upstream_switches.SLOTS, *upstream_host_plans.SLOTS, *upstream_builtins.SLOTS,
+        *(_owned(*entry) for entry in OWNED_LATE),
         audit.SLOT, audit_fine.SLOT, audit_block.SLOT, audit_ngram.SLOT,
     ]

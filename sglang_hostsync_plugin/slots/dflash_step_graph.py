@@ -1,4 +1,4 @@
-"""Slot ``dflash_step_graph`` (not registered yet): a DFlash v2 decode step replayed as one CUDA
+"""Slot ``dflash_step_graph`` (opt-in): a DFlash v2 decode step replayed as one CUDA
 graph launch (design: docs/dflash-step-graph.md; the machinery is ``eagle_step_graph``'s).
 
 SGLang 0.5.23's ``DFlashWorkerV2.forward_batch_generation`` runs two CUDA graphs per decode step
@@ -77,7 +77,7 @@ Settings: ``SGLANG_HOSTSYNC_STEP_GRAPH_CHECK=N`` (default 0, off) and
 one of the two slots acts in a server). The check also compares the draft KV rows the step
 committed, which the next step reads and the scheduler never does.
 
-Not registered (``slots/__init__.py``) until its GPU tests pass. Hook targets, when registered:
+In the catalogue after the upstream switches (``slots.OWNED_LATE``), in no preset. Hook targets:
 ``DFlashWorkerV2.forward_batch_generation``, ``FullCudaGraphBackend.capture_one`` and
 ``FullCudaGraphBackend.replay`` (AROUND; the last two are ``eagle_step_graph``'s targets too,
 which is inert wherever this slot acts, and the reverse).
@@ -374,7 +374,7 @@ def capture(original, worker, batch, tensors, key) -> StepGraph | None:
     caller runs SGLang's step."""
     r = _route
     bs = len(batch.seq_lens)
-    if not core.begin(r, NAME, unsupported(worker)):
+    if not es.begin(r, NAME, unsupported(worker)):
         return None
     objs = owners(batch)
     slots = [t.clone() for t in tensors]

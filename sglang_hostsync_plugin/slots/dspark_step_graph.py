@@ -1,4 +1,4 @@
-"""Slot ``dspark_step_graph`` (not registered yet): a DSpark v2 decode step replayed as one CUDA
+"""Slot ``dspark_step_graph`` (opt-in): a DSpark v2 decode step replayed as one CUDA
 graph launch (design: docs/dflash-step-graph.md; the machinery is ``eagle_step_graph``'s, the
 structure ``dflash_step_graph``'s).
 
@@ -92,7 +92,7 @@ graph runs only for all-sampled batches, which stay eager, and only beside the e
 runner's own graph), ``sim_draw_ahead`` (the draw is shadowed wherever it is made),
 ``blockwise_rejection`` (sampled accepts only) and the non-DSpark ones.
 
-Not registered (``slots/__init__.py``) until its GPU test passes. Hook targets, when registered:
+In the catalogue after the upstream switches (``slots.OWNED_LATE``), in no preset. Hook targets:
 ``DSparkWorkerV2._forward_decode``, ``FullCudaGraphBackend.capture_one`` and
 ``FullCudaGraphBackend.replay`` (AROUND; the last two are ``eagle_step_graph``'s and
 ``dflash_step_graph``'s targets too, both inert wherever this slot acts, and the reverse).
@@ -410,7 +410,7 @@ def capture(original, worker, batch, tensors, key) -> StepGraph | None:
     caller runs SGLang's step."""
     r = _route
     bs = len(batch.seq_lens)
-    if not core.begin(r, NAME, unsupported(worker)):
+    if not es.begin(r, NAME, unsupported(worker)):
         return None
     objs = owners(batch)
     slots = [t.clone() for t in tensors]

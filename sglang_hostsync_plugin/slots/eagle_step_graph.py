@@ -519,27 +519,36 @@ def unsupported(worker) -> str | None:
     return unified_memory_unsupported() or runner_graphs_unsupported()
 
 
-def capture(original, worker, batch, tensors, key) -> StepGraph | None:
-    """Capture this step (nothing runs on the GPU); None where it cannot be, after which the
-    caller runs SGLang's step."""
-    r = _route
-    bs = len(batch.seq_lens)
-    r.disabled = unsupported(worker) or ""
+def begin(r, name: str, why: str | None) -> bool:
+    """Before a capture (this slot's and the block step graphs'): off for good when ``why`` (the server
+    rules' answer) or when the driver's graph API is not reachable; the pool. False: SGLang's step."""
+    r.disabled = why or ""
     if r.disabled:
-        logger.info("hostsync: %s: no step graph: %s", NAME, r.disabled)
-        return None
-    objs = owners(batch)
+        logger.info("hostsync: %s: no step graph: %s", name, r.disabled)
+        return False
     if r.driver is None:
         try:
             r.driver, r.stream = Driver(), torch.cuda.Stream()
         except Exception as exc:  # noqa: BLE001 (no driver graph API: SGLang's step, never a failed server)
             r.driver, r.disabled = None, f"the CUDA driver's graph API is not reachable: {type(exc).__name__}: {exc}"
-            logger.warning("hostsync: %s: %s; SGLang's eager step from now on", NAME, r.disabled)
-            return None
+            logger.warning("hostsync: %s: %s; SGLang's eager step from now on", name, r.disabled)
+            return False
+    capture_pool(r)
+    return True
+
+
+def capture(original, worker, batch, tensors, key) -> StepGraph | None:
+    """Capture this step (nothing runs on the GPU); None where it cannot be, after which the
+    caller runs SGLang's step."""
+    r = _route
+    bs = len(batch.seq_lens)
+    if not begin(r, NAME, unsupported(worker)):
+        return None
+    objs = owners(batch)
     slots = [t.clone() for t in tensors]
     saved = _snapshot(objs)
     install(objs, slots)
-    cap = Capture(capture_pool(r))
+    cap = Capture(r.pool)
     before = reserved()
     r.capture = cap
     try:

@@ -1,7 +1,8 @@
 """What ``dflash_step_graph`` and ``dspark_step_graph`` share (not a slot: no ``SLOT``, not listed in
 ``slots/__init__.py``): the per-step and server-wide rules both apply, the runners' attention and
 KV-pool rules, the step hook's routing (keys, warm-up, pre-sizing, staleness, graph limit, check),
-the capture's common steps (driver, joining, failures), the check's raw bits and committed draft KV
+the capture's common steps (joining, failures; its start, the driver and pool, is
+``eagle_step_graph.begin``), the check's raw bits and committed draft KV
 rows, and the runner hooks. Each slot keeps its own rules, inputs, capture body, launch and ``SLOT``.
 
 The routing functions take the slot's module and read its attributes at call time (``_route``,
@@ -17,7 +18,6 @@ import logging
 import torch
 
 from . import eagle_step_graph as es
-from .eagle_step_graph import Driver
 
 logger = logging.getLogger("sglang.srt.plugins.hostsync")
 
@@ -210,24 +210,6 @@ def output(result, cloned):
 
 
 # --- capture and replay ---
-
-
-def begin(r, name: str, why: str | None) -> bool:
-    """Before a capture: off for good when ``why`` (the server rules' answer) or when the driver's
-    graph API is not reachable; a pool. False: SGLang's step."""
-    r.disabled = why or ""
-    if r.disabled:
-        logger.info("hostsync: %s: no step graph: %s", name, r.disabled)
-        return False
-    if r.driver is None:
-        try:
-            r.driver, r.stream = Driver(), torch.cuda.Stream()
-        except Exception as exc:  # noqa: BLE001 (no driver graph API: SGLang's step, never a failed server)
-            r.driver, r.disabled = None, f"the CUDA driver's graph API is not reachable: {type(exc).__name__}: {exc}"
-            logger.warning("hostsync: %s: %s; SGLang's eager step from now on", name, r.disabled)
-            return False
-    es.capture_pool(r)
-    return True
 
 
 def run_captured(r, cap, call, *contexts):
