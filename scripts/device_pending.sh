@@ -32,6 +32,9 @@
 #                                           # ngram_device_draft, real acceptance, 6 rounds
 #                                           # c1/c8, audited arms and speed arms; then the slot's GPU tests whole,
 #                                           # checking this e2e (CALL=6 runs them with an e2e of their own)
+#   CALL=8c bash scripts/device_pending.sh  # the same workload on the "llama-8b-bigram" target (GPU step longer
+#                                           # than the host's): stock, stock code, the device draft, ngram_host,
+#                                           # audited: the run-ahead the 8-layer target could not show
 #   CALL=9 / CALL=9b bash scripts/device_pending.sh  # issue 67's step graphs, each with its
 #                                           # real server: 9 dflash_step_graph on dflash-p16, 9b dspark_step_graph
 #                                           # on dspark-p16 (stock / default / the slot, self-check on)
@@ -53,8 +56,8 @@
 # standalone-t4-p1 cut by the limit), 8 ran with the device draft's servers failing (a Req attribute, fixed
 # since), 9 and 9b ran (their acceptance check failed: accept length 1.00; they now run on "small-bigram",
 # whose block drafts are built to accept). 10, 8, 9 and 9b ran again (benchmarks/results/2026-12-07-h100-b/): 10's
-# step-graph servers logged a capture's pool assert, fixed since. Next: 10 (67, the fix on a GPU), 11-11c, 7
-# and 5 (63), 12 and 4 (67's extra evidence), 6b (64).
+# step-graph servers logged a capture's pool assert, fixed since. Next: 10 (67, the fix on a GPU), 8c (65's
+# run-ahead), 11-11c, 7 and 5 (63), 12 and 4 (67's extra evidence), 6b (64).
 # The device tool: carry [".device-bundle-fi"], timeout 590, and start the next call within the
 # machine's 30 s idle release.
 set -u
@@ -117,6 +120,11 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
 $COMMON --max-new-tokens 128 --time-budget 440" \
       HOSTSYNC_NGRAM_E2E_DIR=/tmp/hostsync-ngram_copy/run/e2e GPU_TESTS="tests/test_gpu_ngram_device_draft.py" \
       TESTS_TIMEOUT=90 bash scripts/device_call.sh ;;
+  8c)  # NGRAM's copying workload on an 8B-shaped target, whose GPU step outlasts the host's: can the host run ahead
+       # with the device draft? Four 15 GB servers on one GPU (audited arms: the run-ahead is the audit's)
+    NAME=ngram_8b E2E_TIMEOUT=560 E2E_ARGS="--configs ngram-p1 --checkpoint-shape llama-8b-bigram --arms stock,audit \
+--slots default,ngram_full_mask,ngram_device_draft --slots default,eagle_host,ngram_host $COMMON --max-new-tokens 128 \
+--ready-timeout 420 --time-budget 540" bash scripts/device_call.sh ;;
   10)  # each step graph is inert in the other's configuration, so one arm holds both; the eager self-check every 32nd
       # replay (its eager step counts in the arm's host work and speed: against the slots, by about 1/32 of a step)
     GRAPHS=default,dflash_step_graph,dspark_step_graph

@@ -261,6 +261,32 @@ def test_the_bigram_targets_next_token_is_a_function_of_the_current_token_with_s
     assert set(ordinary.tolist()) <= {1, checkpoints.CYCLE}  # the few left over are fixed points
 
 
+def test_the_8b_bigram_shape_is_llama_8bs_layers_and_its_head_keeps_the_cycle_map_at_hidden_4096():
+    """``llama-8b-bigram``: Llama-3-8B's layer shapes, the small vocabulary, a bigram shape. At its hidden size
+    the cycle head still makes ``next(x)`` the greedy token by a wide margin (a sample of rows: the whole
+    vocabulary against them)."""
+    from sglang_hostsync_plugin.e2e.matrix import LLAMA_8B
+
+    cfg = checkpoints.CHECKPOINT_SHAPES["llama-8b-bigram"]
+    assert "llama-8b-bigram" in checkpoints.BIGRAM_SHAPES
+    assert {k: cfg[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                                "num_key_value_heads", "head_dim")} == {
+        k: LLAMA_8B[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                                 "num_key_value_heads", "head_dim")}
+    assert cfg["vocab_size"] == 32000 and not cfg["tie_word_embeddings"]
+    vocab, hidden = 4096, cfg["hidden_size"]  # (a smaller vocabulary: the margin depends on the hidden size)
+    rng = checkpoints._Draws(0, "cpu")
+    embed = rng.normal("model.embed_tokens.weight", (vocab, hidden))
+    embed[vocab - 1] = 0
+    head = checkpoints._cycle_head(embed, vocab - 1, rng).float()
+    rows = torch.arange(3, vocab - 1, 61)
+    logits = _rms(embed[rows].float(), torch.ones(hidden), cfg["rms_norm_eps"]) @ head.T
+    top2 = logits.topk(2, dim=-1).values
+    nxt = logits.argmax(-1)
+    assert (head[nxt] == embed[rows].float()).all()  # the greedy row is the current token's embedding
+    assert (top2[:, 0] - top2[:, 1]).min() > 40  # hidden * 0.02 = 82 over N(0, 1.3)
+
+
 def test_the_bigram_block_drafts_predict_the_targets_next_token_at_every_block_position(tiny_bigram):
     """A one-layer DFlash-family draft step over the block [x, mask, ...] with context values zero, as SGLang
     computes it (pre-norm attention, fused residual adds, final norm, the target's LM head), in float32 from

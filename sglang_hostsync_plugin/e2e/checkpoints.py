@@ -42,6 +42,9 @@ the benchmark itself (no network, no tokenizer: servers run ``--skip-tokenizer-i
   copies earlier output accepts). No evidence about context handling: the target ignores it. Its
   STANDALONE draft computes the target's function exactly and its EAGLE3 head drafts token 0: read
   neither configuration's acceptance from this shape.
+- ``llama-8b-bigram``: the same construction on Llama-3-8B's layer shapes (32 layers, hidden 4096,
+  vocabulary 32000): the same outputs' structure with an 8B-sized GPU step, longer than a scheduler's
+  host work per step (where ``small``'s is shorter), so whether the host runs ahead can show.
 
 Determinism: every tensor draws from its own ``torch.Generator`` seeded from (seed, model,
 tensor name), in fixed row chunks, so one seed gives byte-identical files (for one torch
@@ -55,7 +58,8 @@ and ``FORMAT`` is kept as it is, so a second call is instant; anything else is r
 
 Sizes (bf16 safetensors): ``small`` target 1.02 GB, draft 0.45 GB, eagle3 0.36 GB, dflash 0.12 GB,
 dspark 0.15 GB (2.1 GB in all); ``llama-1b`` (tied embeddings) target 2.08 GB, draft 0.37 GB,
-eagle3 0.41 GB, dflash 0.15 GB, dspark 0.18 GB (3.2 GB).
+eagle3 0.41 GB, dflash 0.15 GB, dspark 0.18 GB (3.2 GB); ``llama-8b-bigram`` target 15.0 GB (about 20 GB in all:
+a minute or more to write, and as much GPU memory per server as an 8B model).
 
 torch and safetensors are imported inside the functions: the package imports without them.
 """
@@ -81,9 +85,10 @@ CHUNK_ELEMENTS = 1 << 24
 _VOCAB = {"vocab_size": 32000, "bos_token_id": 1, "eos_token_id": 2}
 SMALL = {**LLAMA_8B, **_VOCAB, "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 8,
          "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "tie_word_embeddings": False}
-CHECKPOINT_SHAPES = {"small": SMALL, "llama-1b": {**LLAMA_1B, **_VOCAB}, "small-bigram": SMALL}
+CHECKPOINT_SHAPES = {"small": SMALL, "llama-1b": {**LLAMA_1B, **_VOCAB}, "small-bigram": SMALL,
+                     "llama-8b-bigram": {**LLAMA_8B, **_VOCAB}}
 # Shapes whose block drafts accept (see the module doc): the target's layers write nothing into the residual.
-BIGRAM_SHAPES = {"small-bigram"}
+BIGRAM_SHAPES = {"small-bigram", "llama-8b-bigram"}
 CYCLE = 16  # the bigram target's outputs repeat with this period (an n-gram drafter can copy them)
 
 
