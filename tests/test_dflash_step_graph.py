@@ -1310,7 +1310,7 @@ class E2EProcess:
 
     def __init__(self, argv, env=None, **kw):
         self.argv, self.signals, self.out = list(argv), [], argv[argv.index("--out") + 1]
-        self.returncode = None
+        self.returncode, self.env = None, env
         E2EProcess.runs.append(self)
 
     def _report(self):
@@ -1372,7 +1372,7 @@ def slow_e2e(monkeypatch, tmp_path):
     def run(write, hang=False):
         monkeypatch.setattr(E2EProcess, "write", write)
         monkeypatch.setattr(E2EProcess, "hang", hang)
-        return helpers.e2e_with_slot(tmp_path / "dist", "HOSTSYNC_TEST_E2E_DIR", "slow", dsg.NAME, "hostsync_test_slot",
+        return helpers.e2e_with_slot(tmp_path / "dist", "HOSTSYNC_TEST_E2E_DIR", "slow", None, None,  # a catalogue slot
                                      ["--configs", "dflash-p16"], timeout=0.01)
 
     return run, tmp_path / "out" / "slow"
@@ -1384,6 +1384,8 @@ def test_an_e2e_past_its_timeout_is_stopped_and_its_report_read(slow_e2e):
     (proc,) = E2EProcess.runs
     assert got["meta"]["stopped"] == "interrupted (signal 15)" and proc.signals == ["term"]
     assert proc.argv[-2:] == ["--out", str(out)]
+    dist = out.parent.parent / "dist"  # a catalogue slot: no entry-point package written or put on the path
+    assert not dist.exists() and str(dist) not in proc.env.get("PYTHONPATH", "")
 
 
 def test_an_e2e_that_ignores_sigterm_is_killed_and_its_last_report_read(slow_e2e):

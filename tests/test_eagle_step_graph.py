@@ -853,29 +853,46 @@ def test_failed_captures_in_all_are_bounded(gpu):
     assert r.eager.get("capture off") == sg.WARMUPS + 1
 
 
-def test_a_capture_after_every_graph_went_stale_takes_a_fresh_pool(gpu, monkeypatch):
+def pool_capture(step, side, bs):
+    """Warm-ups then a capture of ``bs``; the pool its segments went into."""
+    start = len(side.pools)
+    for _ in range(sg.WARMUPS + 1):
+        sg.step_hook(step, WORKER, batch(bs))
+    assert len(side.pools) > start and len(set(side.pools[start:])) == 1  # one pool for a step's segments
+    return side.pools[-1]
+
+
+def test_a_capture_goes_into_a_pool_only_while_a_held_graph_was_captured_into_it(gpu, monkeypatch):
     """A pool lives while a graph captured into it does: torch refuses a capture into one whose graphs
-    are all gone (DFlash on an H100, 2026-12-07). A graph still held keeps the pool in use."""
+    are all gone (DFlash on an H100, 2026-12-07). A held graph captured into the pool keeps it usable."""
     r, side = gpu
     step, calls = sglang_step()
-
-    def capture(bs):
-        start = len(side.pools)
-        for _ in range(sg.WARMUPS + 1):
-            sg.step_hook(step, WORKER, batch(bs))
-        assert len(side.pools) > start and len(set(side.pools[start:])) == 1  # one pool for a step's segments
-        return side.pools[-1]
-
-    first = capture(1)
-    assert capture(2) == first
+    first = pool_capture(step, side, 1)
+    assert pool_capture(step, side, 2) == first
     monkeypatch.setattr(sg.StepGraph, "current", lambda self: self.bs != 1)
-    assert capture(1) == first and len(r.graphs) == 2  # the bs-2 graph holds the pool
-    monkeypatch.setattr(sg.StepGraph, "current", lambda self: self.bs != 2)
-    assert capture(2) == first
-    r.graphs.pop(next(k for k in r.graphs if k[0] == 1))  # (as a graph limit or a drop would)
+    assert pool_capture(step, side, 1) == first and len(r.graphs) == 2  # the bs-2 graph holds the pool
+    r.graphs.pop(next(k for k in r.graphs if k[0] == 2))  # (one graph left, as if bs 2 had never run)
     monkeypatch.setattr(sg.StepGraph, "current", lambda self: False)
-    fresh = capture(2)  # its stale graph was the last one held
+    fresh = pool_capture(step, side, 1)  # its stale graph was the last one held
     assert fresh != first and r.pool == fresh and len(r.graphs) == 1
+
+
+def test_after_a_failed_capture_a_graph_in_another_pool_does_not_keep_the_new_one(gpu, monkeypatch):
+    """A failed capture leaves its pool; the next goes into a fresh one while the first pool's graph is
+    still held. Once the second pool's only graph goes stale, a capture takes a third pool, and the
+    held graphs' memory stays counted."""
+    r, side = gpu
+    step, calls = sglang_step(fail_at=2)
+    a = pool_capture(step, side, 1)
+    held = r.pool_bytes
+    assert held > 0
+    pool_capture(step, side, 2)  # fails: its pool is left
+    assert r.failed == 1 and r.pool is None and len(r.graphs) == 1
+    b = pool_capture(step, side, 3)
+    assert b != a and len(r.graphs) == 2 and r.pool_bytes > held
+    monkeypatch.setattr(sg.StepGraph, "current", lambda self: self.bs != 3)
+    again = pool_capture(step, side, 3)
+    assert again not in (a, b) and [g.pool for g in r.graphs.values()] == [a, again]
 
 
 def test_captures_count_graphs_and_pool_growth_in_the_log(gpu, caplog):

@@ -444,7 +444,7 @@ def capture(original, worker, batch, tensors, key) -> StepGraph | None:
         if before is not None:
             r.pool_bytes += max(0, reserved() - before)
     core.captured(r, NAME, bs, cap, CHILDREN, present(objs))
-    return StepGraph(bs, slots, result, cap.parts, parent, exe, state=worker_state(worker),
+    return StepGraph(bs, slots, result, cap.parts, parent, exe, pool=cap.pool, state=worker_state(worker),
                      held=tuple(value for _, _, value in lazy), publish=published)
 
 

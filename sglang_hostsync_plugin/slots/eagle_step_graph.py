@@ -207,11 +207,14 @@ def reserved() -> int:
 
 
 def capture_pool(r) -> object:
-    """The private pool the next capture goes into: a fresh one while no step graph is held. A pool
-    lives while a graph captured into it does; torch refuses a capture into one whose graphs are all
-    gone (an INTERNAL ASSERT, ``use_count > 0``: DFlash on an H100, 2026-12-07, after every graph went stale)."""
-    if r.pool is None or not r.graphs:
+    """The private pool the next capture goes into: a fresh one unless a held step graph was captured
+    into the current one. A pool lives while a graph captured into it does; torch refuses a capture into
+    one whose graphs are all gone (an INTERNAL ASSERT, ``use_count > 0``: DFlash on an H100, 2026-12-07,
+    after every graph went stale). ``pool_bytes`` counts on while other pools' graphs are held."""
+    if not r.graphs:
         r.pool, r.pool_bytes = torch.cuda.graph_pool_handle(), 0
+    elif r.pool is None or all(sg.pool != r.pool for sg in r.graphs.values()):
+        r.pool = torch.cuda.graph_pool_handle()
     return r.pool
 
 
@@ -339,6 +342,7 @@ class StepGraph:
     parts: list[tuple]  # kept alive: the segments' memory is the graph's
     parent: int
     exe: int
+    pool: object = None  # the private pool it was captured into (``capture_pool``)
 
     def current(self) -> bool:
         """The runners still hold the graphs this one was joined from."""
@@ -589,7 +593,7 @@ def capture(original, worker, batch, tensors, key) -> StepGraph | None:
         r.pool_bytes += max(0, reserved() - before)
     logger.info("hostsync: %s: bs %d step captured: %d segments around the 3 runner graphs; inputs %s; %s", NAME,
                 bs, len(cap.parts) - 3, ", ".join(present(objs)), r.held(new=1))
-    return StepGraph(bs, slots, result, cap.parts, parent, exe)
+    return StepGraph(bs, slots, result, cap.parts, parent, exe, pool=cap.pool)
 
 
 def launch(worker, sg: StepGraph, copies, on_publish):
