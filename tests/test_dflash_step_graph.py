@@ -9,7 +9,7 @@ capture (and a source scan for new fallbacks), buffers that grow after a capture
 dropped at once), each graph's own accept buffers (slot 0 alone); the check (draft KV rows
 included); the rules (per step, capture off first, the scheduler's with the decode graph backend and
 the memory saver, startup) against SGLang 0.5.23's code, the pinned sources, the plan beside
-``eagle_step_graph`` and the default slots, and that the slot is in the catalogue, opt-in; the GPU e2e's
+``eagle_step_graph`` and the default slots (its registration: test_dspark_step_graph.py); the GPU e2e's
 run helper past its timeout. The joined graph runs in the real-server e2e,
 tests/test_gpu_block_step_graph.py."""
 
@@ -1233,17 +1233,6 @@ def test_the_pinned_sources_are_sglangs(monkeypatch):
                            if "flashattention_backend" not in p], "test") is None
     monkeypatch.setattr(dsg, "PINS", ((dsg.PINS[0][0], "0" * 16),))
     assert "upstream shape changed" in dsg.upstream_pins()
-
-
-def test_registered_opt_in_and_not_picked_by_auto():
-    """In the catalogue since its GPU tests and the must-show e2e ran (2026-12-07-h100-b); in no preset
-    and in no ``auto`` row."""
-    from sglang_hostsync_plugin import choice, config, registry, slots
-
-    cat = registry.catalogue()
-    assert cat[dsg.NAME] is dsg.SLOT and dsg.NAME in {name for _, name, _ in slots.OWNED_LATE}
-    assert not dsg.SLOT.default and not dsg.SLOT.presets
-    assert dsg.NAME not in choice.row_names(cat, config.parse_slot_spec)
 
 
 def test_unsafe_pairs_name_catalogue_slots():

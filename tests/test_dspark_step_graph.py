@@ -12,7 +12,7 @@ KV rows of the verify window included, on the replay's simulated draw); the rule
 capture off first, the scheduler's with the decode graph backend, the memory saver and token-count
 staging, the live worker's, startup incl. SGLang's argument preparation) against SGLang 0.5.23's
 code, the pinned sources, the unsafe ``dspark_mega`` switches, the plan beside
-``eagle_step_graph`` and ``dflash_step_graph``, and that the slot is in the catalogue, opt-in. The
+``eagle_step_graph`` and ``dflash_step_graph``, and that both block step graphs are in the catalogue, opt-in. The
 joined graph runs in the real-server e2e, tests/test_gpu_block_step_graph.py."""
 
 import ast
@@ -1359,15 +1359,16 @@ def test_the_pinned_sources_are_sglangs(monkeypatch):
     assert "upstream shape changed" in dspk.upstream_pins()
 
 
-def test_registered_opt_in_and_not_picked_by_auto():
-    """In the catalogue since its GPU tests and the must-show e2e ran (2026-12-07-h100-b); in no preset
-    and in no ``auto`` row."""
+@pytest.mark.parametrize("mod", [dsg, dspk], ids=["dflash", "dspark"])
+def test_registered_opt_in_and_not_picked_by_auto(mod):
+    """Both block step graphs: in the catalogue since their GPU tests and the must-show e2e ran
+    (2026-12-07-h100-b); in no preset and in no ``auto`` row."""
     from sglang_hostsync_plugin import choice, config, registry, slots
 
     cat = registry.catalogue()
-    assert cat[dspk.NAME] is dspk.SLOT and dspk.NAME in {name for _, name, _ in slots.OWNED_LATE}
-    assert not dspk.SLOT.default and not dspk.SLOT.presets
-    assert dspk.NAME not in choice.row_names(cat, config.parse_slot_spec)
+    assert cat[mod.NAME] is mod.SLOT and mod.NAME in {name for _, name, _ in slots.OWNED_LATE}
+    assert not mod.SLOT.default and not mod.SLOT.presets
+    assert mod.NAME not in choice.row_names(cat, config.parse_slot_spec)
 
 
 def test_unsafe_pairs_are_dspark_mega_switches_and_catalogue_slots():
