@@ -50,8 +50,9 @@ Memory: the step graphs' tensors live in a private pool outside SGLang's ``--mem
 budget: each graph keeps the inputs it reads and the outputs it writes (tensors of batch-size x
 hidden-size order), and the pool keeps the largest step's temporaries (graphs replay one at a time
 on one stream, so their temporaries share blocks); a failed capture's temporaries stay in the pool
-it used, and the next capture takes a fresh pool, as one does once no held graph was captured into
-the current pool (torch refuses a capture into a pool whose graphs are all gone). At most ``SGLANG_HOSTSYNC_STEP_GRAPH_MAX`` graphs (default 16) are captured per process;
+it used and the next capture goes into a fresh pool, as does any capture once no held graph was
+captured into the current pool (torch refuses a capture into a pool whose graphs are all gone). At
+most ``SGLANG_HOSTSYNC_STEP_GRAPH_MAX`` graphs (default 16) are captured per process;
 the capture and replay log lines give the graph count and the pool's growth (reserved bytes over
 the captures). Budget that figure as GPU memory outside SGLang's: lower ``--mem-fraction-static``
 by it where the GPU is full, or lower the graph limit.
