@@ -390,17 +390,17 @@ def capture(original, worker, batch, tensors, key) -> StepGraph | None:
         accept = own_accept_buffers(worker, bs)
         install(objs, slots)
         before = reserved()
-        result = core.run_captured(r, cap, lambda: original(worker, batch, None, None, None), side_stream(r.stream))
+        result = es.run_captured(r, cap, lambda: original(worker, batch, None, None, None), side_stream(r.stream))
         changed = changed_flags(flags)
         if changed:
             raise RuntimeError(f"SGLang turned {', '.join(changed)} off during the capture (a fallback swallowed "
                                "an error); the flags are put back")
-        joined = core.join(r, NAME, cap, result, bs, CHILDREN, side_output)
+        joined = es.join(r, NAME, cap, result, bs, CHILDREN, side_output)
         if joined is None:
             return None
         parent, exe = joined
     except Exception as exc:  # noqa: BLE001 (any failure leaves this step, and this key for a while, to SGLang)
-        core.failed(r, NAME, key, bs, exc)
+        es.failed(r, NAME, key, bs, exc)
         return None
     finally:
         r.capture = None
@@ -409,7 +409,7 @@ def capture(original, worker, batch, tensors, key) -> StepGraph | None:
         restore_flags(flags)
         if before is not None:
             r.pool_bytes += max(0, reserved() - before)
-    core.captured(r, NAME, bs, cap, CHILDREN, present(objs))
+    es.captured(r, NAME, bs, cap, CHILDREN, present(objs))
     return StepGraph(bs, slots, result, cap.parts, parent, exe, pool=cap.pool, state=worker_state(worker),
                      accept=accept)
 
@@ -426,7 +426,7 @@ def launch(worker, sg: StepGraph, batch, copies, on_publish):
     record_stream(batch.seq_lens)  # before the copy reads it
     torch._foreach_copy_(*copies)
     r.driver.launch(sg.exe, stream_handle())
-    core.replayed(r, NAME)
+    es.replayed(r, NAME)
     out = sg.output()
     if on_publish is not None:
         on_publish(out.new_seq_lens)

@@ -423,18 +423,18 @@ def capture(original, worker, batch, tensors, key) -> StepGraph | None:
     try:
         install(objs, slots)  # (on the scheduler's stream, before the capture)
         before = reserved()
-        result = core.run_captured(r, cap, lambda: original(worker, batch, recorder(published), None, None),
+        result = es.run_captured(r, cap, lambda: original(worker, batch, recorder(published), None, None),
                                    side_stream(r.stream), draw_outside(worker))
         changed = changed_state(lazy)
         if changed:
             raise RuntimeError(f"SGLang built {', '.join(changed)} during the capture (the step's first use of "
                                "it); put back, built again by an eager step")
-        joined = core.join(r, NAME, cap, result, bs, CHILDREN, side_output)
+        joined = es.join(r, NAME, cap, result, bs, CHILDREN, side_output)
         if joined is None:
             return None
         parent, exe = joined
     except Exception as exc:  # noqa: BLE001 (any failure leaves this step, and this key for a while, to SGLang)
-        core.failed(r, NAME, key, bs, exc)
+        es.failed(r, NAME, key, bs, exc)
         return None
     finally:
         r.capture = None
@@ -443,7 +443,7 @@ def capture(original, worker, batch, tensors, key) -> StepGraph | None:
         forget_staged_params(worker)
         if before is not None:
             r.pool_bytes += max(0, reserved() - before)
-    core.captured(r, NAME, bs, cap, CHILDREN, present(objs))
+    es.captured(r, NAME, bs, cap, CHILDREN, present(objs))
     return StepGraph(bs, slots, result, cap.parts, parent, exe, pool=cap.pool, state=worker_state(worker),
                      held=tuple(value for _, _, value in lazy), publish=published)
 
@@ -455,7 +455,7 @@ def launch(worker, sg: StepGraph, batch, copies, on_publish):
     torch._foreach_copy_(*copies)
     r.driver.launch(sg.exe, stream_handle())
     forget_staged_params(worker)
-    core.replayed(r, NAME)
+    es.replayed(r, NAME)
     out = sg.output()
     if on_publish is not None:
         on_publish(out.new_seq_lens, **(sg.publish or {}))

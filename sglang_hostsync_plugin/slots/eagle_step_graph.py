@@ -70,6 +70,7 @@ and ``FullCudaGraphBackend.replay`` (AROUND).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import ctypes
 import functools
@@ -289,16 +290,16 @@ def on_device(value) -> bool:
 _INPUT_SETS = tuple(map(frozenset, INPUTS))
 
 
-def stray_input(objs, sets=_INPUT_SETS, on_device=None) -> str | None:
+def stray_input(objs, sets=_INPUT_SETS, is_device=None) -> str | None:
     """A CUDA tensor on ``objs`` that is not one of the named inputs (``sets``: the names allowed per
     object) (the step might read it), or None. Every step: ``type(v) is Tensor`` first (``isinstance``
     goes through torch's metaclass, 3x slower)."""
-    on_device = on_device or globals()["on_device"]
+    is_device = is_device or on_device  # (the module's, read per call: tests replace it)
     tensor = torch.Tensor
     for obj, names in zip(objs, sets):
         state = vars(obj)
         for key in [k for k, v in state.items() if type(v) is tensor]:
-            if key not in names and on_device(state[key]):
+            if key not in names and is_device(state[key]):
                 return f"{type(obj).__name__}.{key}"
     return None
 
@@ -543,6 +544,63 @@ def begin(r, name: str, why: str | None) -> bool:
     return True
 
 
+def run_captured(r, cap, call, *contexts):
+    """``call()`` as one captured step in ``cap`` (its segments), inside ``contexts`` (the capture's side
+    stream first); a failure ends the open segment's capture on that stream and propagates."""
+    with contextlib.ExitStack() as stack:
+        for ctx in contexts:
+            stack.enter_context(ctx)
+        try:
+            cap.open()
+            result = call()
+            cap.close()
+        except BaseException:
+            cap.abort(r.driver)  # on the capture's stream: torch ends a capture only there
+            raise
+    return result
+
+
+def join(r, name: str, cap, result, bs: int, children: int, side_output):
+    """The captured segments and runner graphs joined: (parent, exe), or None where a runner ran
+    eagerly (this batch size is left to SGLang) or the step returns a side output (capture off)."""
+    got = sum(p[0] == "child" for p in cap.parts)
+    if got != children:
+        # A runner ran eagerly (its graph cannot take this batch): leave this batch size to SGLang.
+        r.skip.add(bs)
+        r.count_eager(f"bs {bs}: {got} of the {children} runner graphs replayed")
+        return None
+    side = side_output(result)
+    if side:
+        r.disabled = f"the step returns {side}, which a replay would hand out as the capture step's"
+        logger.warning("hostsync: %s: %s; SGLang's eager step from now on", name, r.disabled)
+        return None
+    handles = [p[-1].raw_cuda_graph() for p in cap.parts]
+    return r.driver.chain([h for h in handles if r.driver.nodes(h)])
+
+
+def failed(r, name: str, key, bs: int, exc: BaseException) -> None:
+    """A capture that raised: counted for its key and in all (capturing off after ``MAX_FAILED``)."""
+    r.failures[key] = n = r.failures.get(key, 0) + 1
+    r.failed += 1
+    r.pool = None  # the next capture takes a fresh pool, whatever torch left routed to this one
+    if r.failed >= MAX_FAILED:
+        r.disabled = f"{r.failed} captures failed, the last: {type(exc).__name__}: {exc}"
+    logger.warning("hostsync: %s: capturing the bs %d step failed (%d of %d for its layout, %d in all); %s",
+                   name, bs, n, MAX_FAILURES, r.failed,
+                   "capturing is off" if r.disabled else "SGLang's eager step for it", exc_info=True)
+
+
+def captured(r, name: str, bs: int, cap, children: int, present: list[str]) -> None:
+    logger.info("hostsync: %s: bs %d step captured: %d segments around the %d runner graphs; inputs %s; %s", name,
+                bs, len(cap.parts) - children, children, ", ".join(present), r.held(new=1))
+
+
+def replayed(r, name: str) -> None:
+    r.replays += 1
+    if r.replays in (1, 100) or r.replays % 10000 == 0:
+        logger.info("hostsync: %s: %d steps replayed (%s); eager: %s", name, r.replays, r.held(), r.eager or "none")
+
+
 def capture(original, worker, batch, tensors, key) -> StepGraph | None:
     """Capture this step (nothing runs on the GPU); None where it cannot be, after which the
     caller runs SGLang's step."""
@@ -558,43 +616,19 @@ def capture(original, worker, batch, tensors, key) -> StepGraph | None:
     before = reserved()
     r.capture = cap
     try:
-        with side_stream(r.stream):
-            try:
-                cap.open()
-                result = original(worker, batch, None, None, None)
-                cap.close()
-            except BaseException:
-                cap.abort(r.driver)  # on the capture's stream: torch ends a capture only there
-                raise
-        children = sum(p[0] == "child" for p in cap.parts)
-        if children != 3:
-            # A runner ran eagerly (its graph cannot take this batch): leave this batch size to SGLang.
-            r.skip.add(bs)
-            r.count_eager(f"bs {bs}: {children} of the 3 runner graphs replayed")
+        result = run_captured(r, cap, lambda: original(worker, batch, None, None, None), side_stream(r.stream))
+        joined = join(r, NAME, cap, result, bs, 3, side_output)
+        if joined is None:
             return None
-        side = side_output(result)
-        if side:
-            r.disabled = f"the step returns {side}, which a replay would hand out as the capture step's"
-            logger.warning("hostsync: %s: %s; SGLang's eager step from now on", NAME, r.disabled)
-            return None
-        handles = [p[-1].raw_cuda_graph() for p in cap.parts]
-        parent, exe = r.driver.chain([h for h in handles if r.driver.nodes(h)])
+        parent, exe = joined
     except Exception as exc:  # noqa: BLE001 (any failure leaves this step, and this key for a while, to SGLang)
-        r.failures[key] = n = r.failures.get(key, 0) + 1
-        r.failed += 1
-        r.pool = None  # the next capture takes a fresh pool, whatever torch left routed to this one
-        if r.failed >= MAX_FAILED:
-            r.disabled = f"{r.failed} captures failed, the last: {type(exc).__name__}: {exc}"
-        logger.warning("hostsync: %s: capturing the bs %d step failed (%d of %d for its layout, %d in all); %s",
-                       NAME, bs, n, MAX_FAILURES, r.failed,
-                       "capturing is off" if r.disabled else "SGLang's eager step for it", exc_info=True)
+        failed(r, NAME, key, bs, exc)
         return None
     finally:
         r.capture = None
         _restore(saved)
         r.pool_bytes += max(0, reserved() - before)
-    logger.info("hostsync: %s: bs %d step captured: %d segments around the 3 runner graphs; inputs %s; %s", NAME,
-                bs, len(cap.parts) - 3, ", ".join(present(objs)), r.held(new=1))
+    captured(r, NAME, bs, cap, 3, present(objs))
     return StepGraph(bs, slots, result, cap.parts, parent, exe, pool=cap.pool)
 
 
@@ -602,10 +636,7 @@ def launch(worker, sg: StepGraph, copies, on_publish):
     torch._foreach_copy_(*copies)
     worker.activate_step_by_batch(sg.bs)
     _route.driver.launch(sg.exe, stream_handle())
-    _route.replays += 1
-    if _route.replays in (1, 100) or _route.replays % 10000 == 0:
-        logger.info("hostsync: %s: %d steps replayed (%s); eager: %s", NAME, _route.replays, _route.held(),
-                    _route.eager or "none")
+    replayed(_route, NAME)
     out = sg.output()
     if on_publish is not None:
         on_publish(out.new_seq_lens)

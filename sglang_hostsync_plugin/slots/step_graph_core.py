@@ -1,9 +1,9 @@
 """What ``dflash_step_graph`` and ``dspark_step_graph`` share (not a slot: no ``SLOT``, not listed in
 ``slots/__init__.py``): the per-step and server-wide rules both apply, the runners' attention and
 KV-pool rules, the step hook's routing (keys, warm-up, pre-sizing, staleness, graph limit, check),
-the capture's common steps (joining, failures; its start, the driver and pool, is
-``eagle_step_graph.begin``), the check's raw bits and committed draft KV
-rows, and the runner hooks. Each slot keeps its own rules, inputs, capture body, launch and ``SLOT``.
+the check's raw bits and committed draft KV rows, and the runner hooks. The capture's steps (start,
+segments, joining, failures, log lines) are ``eagle_step_graph``'s, which all three step graphs use.
+Each slot keeps its own rules, inputs, capture body, launch and ``SLOT``.
 
 The routing functions take the slot's module and read its attributes at call time (``_route``,
 ``ineligible``, ``stray_input``, ``owners``, ``gather``, ``capture``, ``launch``, ``checked``,
@@ -11,7 +11,6 @@ The routing functions take the slot's module and read its attributes at call tim
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import logging
 
@@ -210,63 +209,6 @@ def output(result, cloned):
 
 
 # --- capture and replay ---
-
-
-def run_captured(r, cap, call, *contexts):
-    """``call()`` as one captured step in ``cap`` (its segments), inside ``contexts`` (the capture's side
-    stream first); a failure ends the open segment's capture on that stream and propagates."""
-    with contextlib.ExitStack() as stack:
-        for ctx in contexts:
-            stack.enter_context(ctx)
-        try:
-            cap.open()
-            result = call()
-            cap.close()
-        except BaseException:
-            cap.abort(r.driver)  # on the capture's stream: torch ends a capture only there
-            raise
-    return result
-
-
-def join(r, name: str, cap, result, bs: int, children: int, side_output):
-    """The captured segments and runner graphs joined: (parent, exe), or None where a runner ran
-    eagerly (this batch size is left to SGLang) or the step returns a side output (capture off)."""
-    got = sum(p[0] == "child" for p in cap.parts)
-    if got != children:
-        # A runner ran eagerly (its graph cannot take this batch): leave this batch size to SGLang.
-        r.skip.add(bs)
-        r.count_eager(f"bs {bs}: {got} of the {children} runner graphs replayed")
-        return None
-    side = side_output(result)
-    if side:
-        r.disabled = f"the step returns {side}, which a replay would hand out as the capture step's"
-        logger.warning("hostsync: %s: %s; SGLang's eager step from now on", name, r.disabled)
-        return None
-    handles = [p[-1].raw_cuda_graph() for p in cap.parts]
-    return r.driver.chain([h for h in handles if r.driver.nodes(h)])
-
-
-def failed(r, name: str, key, bs: int, exc: BaseException) -> None:
-    """A capture that raised: counted for its key and in all (capturing off after ``es.MAX_FAILED``)."""
-    r.failures[key] = n = r.failures.get(key, 0) + 1
-    r.failed += 1
-    r.pool = None  # the next capture takes a fresh pool, whatever torch left routed to this one
-    if r.failed >= es.MAX_FAILED:
-        r.disabled = f"{r.failed} captures failed, the last: {type(exc).__name__}: {exc}"
-    logger.warning("hostsync: %s: capturing the bs %d step failed (%d of %d for its layout, %d in all); %s",
-                   name, bs, n, es.MAX_FAILURES, r.failed,
-                   "capturing is off" if r.disabled else "SGLang's eager step for it", exc_info=True)
-
-
-def captured(r, name: str, bs: int, cap, children: int, present: list[str]) -> None:
-    logger.info("hostsync: %s: bs %d step captured: %d segments around the %d runner graphs; inputs %s; %s", name,
-                bs, len(cap.parts) - children, children, ", ".join(present), r.held(new=1))
-
-
-def replayed(r, name: str) -> None:
-    r.replays += 1
-    if r.replays in (1, 100) or r.replays % 10000 == 0:
-        logger.info("hostsync: %s: %d steps replayed (%s); eager: %s", name, r.replays, r.held(), r.eager or "none")
 
 
 def step_hook(mod, original, self, batch, on_publish, grammar_barrier, other):
