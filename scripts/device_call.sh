@@ -10,6 +10,11 @@
 set -u
 cd "$(dirname "$0")/.."
 NAME=${NAME:-call}
+# DRY_RUN=1: the e2e's launch plan for E2E_ARGS only (its arguments checked), nothing started (tests/test_device_scripts.py).
+if [ -n "${DRY_RUN:-}" ]; then
+  [ -z "${E2E_ARGS:-}" ] || exec python3 -m sglang_hostsync_plugin.e2e $E2E_ARGS --dry-run --out /tmp/hostsync-dry-run
+  exit 0
+fi
 G=/tmp/hostsync-$NAME; rm -rf "$G"; mkdir -p "$G"
 source "${HOSTSYNC_BUNDLE:-.device-bundle-fi}/setup.sh" > "$G/bundle.log" 2>&1 || { cat "$G/bundle.log"; exit 1; }
 export PYTHONPATH=$PWD/tests:${PYTHONPATH:-} PYTHONUNBUFFERED=1 HOSTSYNC_GPU_TESTS=1

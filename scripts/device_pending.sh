@@ -35,6 +35,10 @@
 #   CALL=8c bash scripts/device_pending.sh  # the same workload on the "llama-8b-bigram" target (GPU step longer
 #                                           # than the host's): stock, stock code, the device draft, ngram_host,
 #                                           # audited: the run-ahead the 8-layer target could not show
+#   CALL=8d bash scripts/device_pending.sh  # 8c's target unaudited (speed): stock, default, auto's NGRAM set
+#                                           # (ngram_host), the device draft: is auto's NGRAM set below stock
+#                                           # where the GPU step outlasts the host's (8c's audited arms read 0.945x)?
+#   CALL=10s bash scripts/device_pending.sh # CALL=10's DSpark half alone (5 servers): its host work at c1
 #   CALL=9 / CALL=9b bash scripts/device_pending.sh  # issue 67's step graphs, each with its
 #                                           # real server: 9 dflash_step_graph on dflash-p16, 9b dspark_step_graph
 #                                           # on dspark-p16 (stock / default / the slot, self-check on)
@@ -50,14 +54,16 @@
 #                                           # configuration) audited and not, real-traffic pass, 6 rounds c1/c8,
 #                                           # on the "small-bigram" checkpoints, whose block drafts accept; the
 #                                           # audited arms' phase tables with GPU-idle markers (stock code / after);
-#                                           # the slots' eager self-check on every 32nd replay
+#                                           # the slots' eager self-check on every 32nd replay; then
+#                                           # eagle_step_graph's GPU tests (the capture steps all three share)
 # Calls 1-3 ran on 2026-12-06 (benchmarks/results/2026-12-06-h100-final/; call 1's topk-4 half and call 3's
 # certified-plan e2e were cut by their limits). On 2026-12-07 (benchmarks/results/2026-12-07-h100/) 2 ran (its
 # standalone-t4-p1 cut by the limit), 8 ran with the device draft's servers failing (a Req attribute, fixed
 # since), 9 and 9b ran (their acceptance check failed: accept length 1.00; they now run on "small-bigram",
 # whose block drafts are built to accept). 10, 8, 9 and 9b ran again (benchmarks/results/2026-12-07-h100-b/): 10's
-# step-graph servers logged a capture's pool assert, fixed since. Next: 10 (67, the fix on a GPU), 8c (65's
-# run-ahead), 11-11c, 7 and 5 (63), 12 and 4 (67's extra evidence), 6b (64).
+# step-graph servers logged a capture's pool assert, fixed since. 10, 8c, 7, 11c and 11b (shorter) ran on the
+# final code (benchmarks/results/2026-12-07-h100-c/). Next: 10s (67: DSpark c1's host work read 0.52x there),
+# 8d (63: auto's NGRAM set on a GPU-bound target), 11 and 5 (63), 12 and 4 (67's extra evidence), 6b (64).
 # The device tool: carry [".device-bundle-fi"], timeout 590, and start the next call within the
 # machine's 30 s idle release.
 set -u
@@ -122,17 +128,29 @@ $COMMON --max-new-tokens 128 --time-budget 440" \
       TESTS_TIMEOUT=90 bash scripts/device_call.sh ;;
   8c)  # NGRAM's copying workload on an 8B-shaped target, whose GPU step outlasts the host's: can the host run ahead
        # with the device draft? Four 15 GB servers on one GPU (audited arms: the run-ahead is the audit's)
-    NAME=ngram_8b E2E_TIMEOUT=560 E2E_ARGS="--configs ngram-p1 --checkpoint-shape llama-8b-bigram --arms stock,audit \
+    NAME=ngram_8b E2E_TIMEOUT=520 E2E_ARGS="--configs ngram-p1 --checkpoint-shape llama-8b-bigram --arms stock,audit \
 --slots default,ngram_full_mask,ngram_device_draft --slots default,eagle_host,ngram_host $COMMON --max-new-tokens 128 \
---ready-timeout 420 --time-budget 540" bash scripts/device_call.sh ;;
+--ready-timeout 420 --time-budget 500" bash scripts/device_call.sh ;;
+  8d)
+    NAME=ngram_8b_speed E2E_TIMEOUT=520 E2E_ARGS="--configs ngram-p1 --checkpoint-shape llama-8b-bigram --arms stock \
+--slots default,-audit --slots default,eagle_host,ngram_host,-audit \
+--slots default,eagle_host,ngram_full_mask,ngram_device_draft,-audit $COMMON --max-new-tokens 128 \
+--ready-timeout 420 --time-budget 500" bash scripts/device_call.sh ;;
+  10s)
+    GRAPHS=default,dflash_step_graph,dspark_step_graph
+    NAME=dspark_graph_e2e E2E_TIMEOUT=400 E2E_ARGS="--configs dspark-p16 --checkpoint-shape small-bigram \
+--arms stock,audit --slots default,-audit --slots $GRAPHS,-audit --slots $GRAPHS \
+--plugin-env SGLANG_HOSTSYNC_AUDIT_MARKS=1 --plugin-env SGLANG_HOSTSYNC_STEP_GRAPH_CHECK=32 $COMMON \
+--time-budget 380" bash scripts/device_call.sh ;;
   10)  # each step graph is inert in the other's configuration, so one arm holds both; the eager self-check every 32nd
       # replay (its eager step counts in the arm's host work and speed: against the slots, by about 1/32 of a step)
     GRAPHS=default,dflash_step_graph,dspark_step_graph
-    NAME=block_graphs E2E_TIMEOUT=545 E2E_ARGS="--configs dflash-p16,dspark-p16 --checkpoint-shape small-bigram \
+    # then eagle_step_graph's GPU tests: the capture steps and pool rule all three step graphs share
+    NAME=block_graphs E2E_TIMEOUT=480 E2E_ARGS="--configs dflash-p16,dspark-p16 --checkpoint-shape small-bigram \
 --arms stock,audit --slots default,-audit --slots $GRAPHS,-audit --slots $GRAPHS \
 --plugin-env SGLANG_HOSTSYNC_AUDIT_MARKS=1 \
---plugin-env SGLANG_HOSTSYNC_STEP_GRAPH_CHECK=32 $COMMON --time-budget 525" \
-      bash scripts/device_call.sh ;;
+--plugin-env SGLANG_HOSTSYNC_STEP_GRAPH_CHECK=32 $COMMON --time-budget 460" \
+      GPU_TESTS="tests/test_gpu_eagle_step_graph.py" TESTS_TIMEOUT=60 bash scripts/device_call.sh ;;
   12)  # the self-check's mismatch counts are in each server log's last check line (the e2e's "Slot self-checks")
     NAME=graphs_sim E2E_TIMEOUT=420 E2E_ARGS="--configs dflash-p16,dspark-p16 --simulate-acc-len 3 --arms stock \
 --slots default --slots default,dflash_step_graph,dspark_step_graph --plugin-env SGLANG_HOSTSYNC_STEP_GRAPH_CHECK=4 \

@@ -4,6 +4,7 @@
 # at STANDALONE topk 1 page 16. Everything small lands in $OUT/sgw.tar.xz (gpu_out/ without $OUT).
 set -u
 cd "$(dirname "$0")/.."
+[ -z "${DRY_RUN:-}" ] || exit 0  # scripts/device_call.sh's DRY_RUN: nothing here takes E2E_ARGS
 G=/tmp/hostsync-sgw; rm -rf "$G"; mkdir -p "$G"
 source "${HOSTSYNC_BUNDLE:-.device-bundle-fi}/setup.sh" > "$G/bundle.log" 2>&1 || { cat "$G/bundle.log"; exit 1; }
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1

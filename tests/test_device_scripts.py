@@ -1,0 +1,41 @@
+"""The device calls' e2e arguments parse (``DRY_RUN=1``: the e2e's launch plan, nothing started) and
+every server's ``SGLANG_HOSTSYNC_SLOTS`` is a selection the plugin accepts, so a typo costs no device time."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from sglang_hostsync_plugin import config, registry
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PENDING = os.path.join(REPO, "scripts", "device_pending.sh")
+
+
+def calls() -> list[str]:
+    with open(PENDING) as f:
+        return re.findall(r"^  ([0-9][0-9a-z]*)\)", f.read(), flags=re.M)
+
+
+def test_the_script_lists_its_calls():
+    assert {"1", "2", "8c", "8d", "10", "10s", "11c"} <= set(calls())
+
+
+@pytest.mark.parametrize("call", calls())
+def test_each_calls_e2e_arguments_parse(call):
+    env = dict(os.environ, DRY_RUN="1", CALL=call,
+               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    out = subprocess.run(["bash", PENDING], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, (call, out.stdout[-2000:], out.stderr[-2000:])
+    with open(PENDING) as f:
+        body = f.read().split(f"\n  {call})", 1)[1].split(";;", 1)[0]
+    if "E2E_ARGS=" in body:
+        assert out.stdout.startswith("matrix: "), (call, out.stdout[:500])
+    catalogue = registry.catalogue()
+    specs = re.findall(r"SGLANG_HOSTSYNC_SLOTS=(\S+)", out.stdout)
+    assert bool(specs) == ("--slots" in body or "--arms stock,audit" in body), (call, specs)
+    for spec in specs:
+        config.parse_slot_spec(spec, catalogue)  # raises on an unknown name or a conflicting pair
+
