@@ -216,6 +216,36 @@ def test_the_readback_hands_the_tensors_the_wait_fills():
     assert np.array_equal(batch.spec_info.accept_lens.numpy(), [1, 3])
 
 
+def test_the_audit_times_the_moved_wait_as_the_resolves_wait_not_as_draft_prep(monkeypatch):
+    """The e2e's host-work figure leaves the seq-lens resolve out (the wait for step N-1): the moved
+    wait must land there, nested in (and cut out of) the draft prep's phase."""
+    import threading
+
+    from sglang_hostsync_plugin.e2e import stats
+    from sglang_hostsync_plugin.slots import audit_phases as ph
+
+    late._live = True
+    fm, _ = _future_map()
+    _stash(fm, True, [1, 2], torch.arange(2 * NDT, dtype=torch.int32).view(2, NDT), torch.tensor([3, 1], dtype=torch.int32))
+    batch = _batch([2, 1])
+    _resolve(fm, batch, hooked=True)
+    clock = ph.PhaseClock(thread_id=threading.get_ident())
+    monkeypatch.setattr(ph, "_armed", clock)
+    monkeypatch.setattr(ph, "_clock", clock)
+    synced = []
+    monkeypatch.setattr(fm.fwd_prepare_d2h_stream, "synchronize",
+                        lambda: synced.append([p for p in clock.stack]))
+    ph.make_hook("ngram_draft")(lambda: _draft_prep(batch))
+    assert synced == [["ngram_draft", stats.SEQ_LENS_PHASE]]
+    assert [p for p, _, _ in clock.segments] == ["ngram_draft", stats.SEQ_LENS_PHASE, "ngram_draft"]
+    # Untimed (another thread's clock, or none): the same wait, nothing recorded.
+    synced.clear()
+    _resolve(fm, batch, hooked=True)
+    monkeypatch.setattr(ph, "_clock", None)
+    _draft_prep(batch)
+    assert synced == [[]]
+
+
 def test_a_batch_left_to_stocks_mask_loop_takes_the_wait_before_it_reads_the_lengths(ngram_worker, monkeypatch):
     """Where ngram_full_mask's kernel does not fit (here: a tree-mask buffer that is not bool), the edited
     verify prep runs stock's per-request loop, which reads the host lengths before the draft prep."""

@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 
 from ..slots.audit import RAMP_STEPS, TraceStep, run_ahead_fraction
-from ..slots.audit_phases import MARKS as MARKS_PHASE, pool_phases
+from ..slots.audit_phases import MARKS as MARKS_PHASE, SEQ_LENS_RESOLVE, pool_phases
 from .client import Result
 from .matrix import STOCK, STOCK_CODE
 
@@ -143,7 +143,8 @@ def late_launch(late_ms: float, span_ms: float) -> dict:
 RESULT_PHASE = "result"  # process_batch_result: where the host waits for the GPU when it is ahead
 # FutureMap.resolve_seq_lens_cpu: where FlashInfer and NGRAM wait for the previous step (a spinning
 # synchronize); elsewhere a gather of a few µs. Timed since 2026-12-05: earlier traces have no such phase.
-SEQ_LENS_PHASE = "seq_lens_resolve"
+# ngram_late_wait's wait at the draft prep counts here too since 2026-12-07 (before: in ngram_draft).
+SEQ_LENS_PHASE = SEQ_LENS_RESOLVE
 SIMULATE_PHASE = "simulate"  # SGLang's simulated acceptance: benchmark-only host work, in every arm
 
 

@@ -59,6 +59,7 @@ SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 EAGLE_COMMON = "sglang.srt.speculative.eagle_worker_common"
 EAGLE_UTILS = "sglang.srt.speculative.eagle_utils"
 DECODE_RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner"
+SEQ_LENS_RESOLVE = "seq_lens_resolve"  # the per-step wait for step N-1, wherever a slot moves it (run_as)
 
 # (phase, function): scheduler loop, EAGLE-family v2 draft / verify / draft extend, the
 # target graph runner's per-replay metadata load. "run_batch" is the audit's own hook.
@@ -69,7 +70,7 @@ PHASES: tuple[tuple[str, str], ...] = (
     ("sample_launch", f"{SCHEDULER}.launch_batch_sample_if_needed"),
     # Inside run_batch, every spec-v2 algorithm: where a backend that plans on the host (FlashInfer) or
     # NGRAM waits for the previous step (its synchronize spins, so that wait counts as CPU time too).
-    ("seq_lens_resolve", "sglang.srt.managers.overlap_utils.FutureMap.resolve_seq_lens_cpu"),
+    (SEQ_LENS_RESOLVE, "sglang.srt.managers.overlap_utils.FutureMap.resolve_seq_lens_cpu"),
     ("decode_prep", f"{EAGLE_UTILS}.eagle_prepare_for_decode"),
     ("draft", "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft"),
     ("draft_prep", f"{EAGLE_COMMON}.prepare_for_draft"),
@@ -403,6 +404,19 @@ def time_windows(on: bool) -> None:
     """Times the windows from now on (``on``) or lets the hooks pass through."""
     global _clock
     _clock = _armed if on else None
+
+
+def run_as(phase: str, fn, *args):
+    """``fn(*args)``, timed as ``phase`` while the clock times this window on this thread: for a
+    stock call a slot moved out of the function whose phase held it (``ngram_late_wait``'s wait)."""
+    c = _clock
+    if c is None or threading.get_ident() != c.thread_id:
+        return fn(*args)
+    c.enter(phase)
+    try:
+        return fn(*args)
+    finally:
+        c.exit()
 
 
 def phase_every(env) -> int:

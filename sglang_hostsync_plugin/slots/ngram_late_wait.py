@@ -49,7 +49,7 @@ import torch
 
 from ..checks import file_pins
 from ..slot import HookTarget, Slot, SlotKind, TargetKind, config_precheck, not_speculative
-from . import ngram_full_mask
+from . import audit_phases, ngram_full_mask
 from .ngram_full_mask import NGRAM_PRESET
 
 logger = logging.getLogger("sglang.srt.plugins.hostsync")
@@ -119,7 +119,8 @@ def finish() -> None:
     p, _pending = _pending, None
     if p is None:
         return
-    p.future_map.fwd_prepare_d2h_stream.synchronize()
+    # The audit times it as the resolve's wait it is (phase seq_lens_resolve), not as draft prep.
+    audit_phases.run_as(audit_phases.SEQ_LENS_RESOLVE, p.future_map.fwd_prepare_d2h_stream.synchronize)
     torch.index_select(p.future_map.new_seq_lens_cpu_pinned, 0, p.index, out=p.seq_lens_cpu)
     p.batch.seq_lens_sum = int(p.seq_lens_cpu.sum())
     torch.index_select(p.readback.tokens, 0, p.index, out=p.tokens.view(p.index.shape[0], -1))
