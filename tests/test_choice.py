@@ -32,9 +32,11 @@ CLASSES = [
     (facts("STANDALONE", 1, backend="flashinfer"), "default,flashinfer,eagle_host,-metadata_glue_graph"),
     (facts("EAGLE", 4, backend="flashinfer"), "default,flashinfer,eagle_host,-metadata_glue_graph"),
     (facts("NGRAM", 1, 1), "default,eagle_host,ngram_host"),
+    (facts("STANDALONE", 1, 1), "default,eagle_step_graph"),  # topk 1, page 1 (2026-12-07-h100-c)
+    (facts("EAGLE3", 1, 1), "default,eagle_step_graph"),
+    (facts("NGRAM", 1, 1, backend="flashinfer"), "default"),  # measured: default is the fastest at c1
 ]
 UNMEASURED = [
-    facts("STANDALONE", 1, 1),  # topk 1, page 1
     facts("STANDALONE", 4, 1, backend="flashinfer"),  # page 1 on FlashInfer
     facts("EAGLE", 4, backend="fa3"),
     facts("EAGLE", 1, tp_size=2),
@@ -47,8 +49,8 @@ UNMEASURED = [
     facts("FROZEN_KV_MTP", 1),
     facts("DFLASH", 1),
     facts("DSPARK", 1),
-    facts("NGRAM", 1, 1, backend="flashinfer"),
     facts("NGRAM", 1, 16),
+    facts("NGRAM", 1, 16, backend="flashinfer"),
     ServingFacts(),  # no speculative decoding
 ]
 
@@ -242,9 +244,10 @@ def test_a_slot_only_auto_brings_in_never_stops_a_strict_startup(monkeypatch):
     on_flashinfer = early.with_facts(CATALOGUE, facts("EAGLE3", 1, backend="flashinfer"))
     assert on_flashinfer.verdict("eagle_step_graph").status is Status.SKIPPED  # inert there, and not picked
     on_flashinfer.check_startup()
-    page1 = early.with_facts(CATALOGUE, facts("EAGLE3", 1, 1))  # triton page 1: not measured, default
-    assert "not picked by auto" in page1.verdict("eagle_step_graph").reason
-    page1.check_startup()
+    # A FlashInfer draft beside a triton target: not measured, default.
+    draft_fi = early.with_facts(CATALOGUE, facts("EAGLE3", 1, draft_attention_backend="flashinfer"))
+    assert "not picked by auto" in draft_fi.verdict("eagle_step_graph").reason
+    draft_fi.check_startup()
     # Picked, but only the pick brought it in (not default, not named): reported, never a strict stop,
     # so an unset SGLANG_HOSTSYNC_SLOTS never stops a startup that `default` would have started.
     on_triton = early.with_facts(CATALOGUE, facts("EAGLE3", 1))
