@@ -21,6 +21,7 @@ FIRST = "benchmarks/results/2026-12-06-h100-real-traffic/"
 SECOND = "benchmarks/results/2026-12-06-h100-real-traffic-b/"
 FINAL = "benchmarks/results/2026-12-06-h100-final/"
 RERUN = "benchmarks/results/2026-12-07-h100/"
+BLOCKS = "benchmarks/results/2026-12-07-h100-b/"
 MATRIX = "benchmarks/results/2026-12-07-h100-c/"
 
 
@@ -61,6 +62,11 @@ ROWS = (
         "topk 1 1.11x / 1.08x, topk 4 1.30x / 1.23x")),
     Row(lambda f, be: f.is_ngram() and be == "triton" and f.page_size == 1, Choice(
         "NGRAM, triton, page 1", "default,eagle_host,ngram_host", RERUN, "1.23x / 1.24x")),
+    # Each step graph is inert in the other's configuration (DFlash's worker is not DSpark's).
+    Row(lambda f, be: f.is_dflash() and be == "triton" and (f.page_size or 1) > 1, Choice(
+        "DFlash, triton, page > 1", "default,dflash_step_graph", f"{BLOCKS}, {MATRIX}", "2.44-3.08x / 1.50-1.97x")),
+    Row(lambda f, be: f.is_dspark() and be == "triton" and (f.page_size or 1) > 1, Choice(
+        "DSpark, triton, page > 1", "default,dspark_step_graph", f"{BLOCKS}, {MATRIX}", "2.04-2.13x / 1.45-1.73x")),
     # default,eagle_host,ngram_host read 0.995x / 1.325x beside it: faster at c8 only.
     Row(lambda f, be: f.is_ngram() and be == "flashinfer" and f.page_size == 1, Choice(
         "NGRAM, FlashInfer, page 1", CONSERVATIVE, MATRIX, "1.08x / 1.24x")),
@@ -84,8 +90,8 @@ def pick(f: ServingFacts | None) -> Choice | None:
     if not f.speculative_algorithm:
         return _unmeasured("no speculative decoding")
     # Every measured server: one GPU, overlap on, CUDA graphs, no adaptive steps; an EAGLE-family (not
-    # FROZEN_KV_MTP) or NGRAM algorithm. These decide before SGLang resolves the rest.
-    if not ((f.is_eagle_family() and not f.is_frozen_kv_mtp()) or f.is_ngram()):
+    # FROZEN_KV_MTP), NGRAM, DFlash or DSpark algorithm. These decide before SGLang resolves the rest.
+    if not ((f.is_eagle_family() and not f.is_frozen_kv_mtp()) or f.is_ngram() or f.is_dflash() or f.is_dspark()):
         return _unmeasured(f"{f.speculative_algorithm}")
     for on, why in ((f.tp_size > 1 or f.dp_attention, "tensor or attention DP parallel"),
                     (f.pp_size > 1, "pipeline parallel"),

@@ -71,6 +71,19 @@ def _nest(outer: Callable, inner: Callable) -> Callable:
     return nested
 
 
+def _exclusive(state: InstallState, claiming: list) -> Callable:
+    """Claimants of one function from different ``auto`` picks (a plan made before the facts chose one,
+    ``plan.claim_conflicts``): the first active one runs, alone; the pick leaves one active."""
+    def exclusive(original, *args, **kwargs):
+        for p in claiming:
+            if p.slot in state.active:
+                return p.hook(original, *args, **kwargs)
+        return original(*args, **kwargs)
+
+    exclusive.__qualname__ = "hostsync[" + "|".join(p.slot for p in claiming) + "].exclusive"
+    return exclusive
+
+
 class Part(NamedTuple):
     """One enabled slot's hook on a function."""
 
@@ -87,10 +100,13 @@ def compose_function(state: InstallState, parts: list[tuple]) -> Callable:
     stacking."""
     ordered = sorted((Part(*p) for p in parts), key=lambda p: p.observer)  # stable: claiming first
     sites = {p.site for p in ordered if not p.observer and p.site is not None}
+    claiming = [p for p in ordered if not p.observer]
+    rest = [p for p in ordered if p.observer]
     if sites:
         (site,) = sites
         hook = site.hook(lambda slot: slot in state.active)  # each part behind its own slot's state
-        rest = [p for p in ordered if p.observer]
+    elif len(claiming) > 1:
+        hook = _exclusive(state, claiming)
     else:
         hook = _gate_function(state, ordered[0].slot, ordered[0].hook)
         rest = ordered[1:]

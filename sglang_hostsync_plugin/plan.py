@@ -293,7 +293,7 @@ def resolve(env: Mapping[str, str] | None = None, facts: ServingFacts | None = N
     reasons = {name: _check(slot, inert[name]) for name, slot in catalogue.items()}
     # Two selected slots on one target are both refused before anything is registered.
     passed = [catalogue[n] for n in selection.names if reasons[n] is None and inert[n] is None]
-    reasons.update(checks.claim_conflicts(passed))
+    reasons.update(claim_conflicts(passed, selection.spec, catalogue, open_pick=selection.auto and picked is None))
     reasons.update(checks.refused_dependents(catalogue, reasons))
     verdicts = tuple(Verdict(name, name in chosen, Status.SKIPPED, inert[name]) if inert[name] and not reasons[name]
                      else _verdict(slot, name in chosen, reasons[name], env) for name, slot in catalogue.items())
@@ -302,6 +302,23 @@ def resolve(env: Mapping[str, str] | None = None, facts: ServingFacts | None = N
     return Plan(spec=selection.spec, strict=strict, sglang=installed, version_warning=version_warning,
                 verdicts=verdicts, inputs=inputs_digest(env, catalogue, installed),
                 facts=facts.record() if facts is not None else None, choice=line)
+
+
+def claim_conflicts(passed: list[Slot], spec: str, catalogue: Mapping[str, Slot], open_pick: bool) -> dict[str, str]:
+    """``checks.claim_conflicts`` over the slots that may run together. While an ``auto`` pick is open
+    (``open_pick``) that is each pick's set, not their union: the pick runs one of them, and claimants
+    from different picks are installed behind their gates (``installer.compose_function``)."""
+    if not open_pick:
+        return checks.claim_conflicts(passed)
+    refused: dict[str, str] = {}
+    for c in (*(row.choice for row in choice.ROWS), choice.undecided()):
+        try:
+            names = set(config.parse_slot_spec(choice.pinned(c, spec), catalogue).names)
+        except config.HostsyncConfigError:
+            continue  # the user's tokens are bad beside this pick: refused when it is made (check_pick_env)
+        for name, why in checks.claim_conflicts([s for s in passed if s.name in names]).items():
+            refused.setdefault(name, why)
+    return refused
 
 
 def inherited(env: Mapping[str, str] | None = None) -> Plan | None:

@@ -173,6 +173,9 @@ class ServingFacts:
     def is_dspark(self) -> bool:
         return _algorithm(self.speculative_algorithm).is_dspark()
 
+    def is_dflash(self) -> bool:
+        return _algorithm(self.speculative_algorithm).is_dflash()
+
     def is_dflash_family(self) -> bool:
         return _algorithm(self.speculative_algorithm).is_dflash_family()
 

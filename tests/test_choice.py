@@ -35,6 +35,8 @@ CLASSES = [
     (facts("STANDALONE", 1, 1), "default,eagle_step_graph"),  # topk 1, page 1 (2026-12-07-h100-c)
     (facts("EAGLE3", 1, 1), "default,eagle_step_graph"),
     (facts("NGRAM", 1, 1, backend="flashinfer"), "default"),  # measured: default is the fastest at c1
+    (facts("DFLASH", None), "default,dflash_step_graph"),  # 2026-12-07-h100-b and -c
+    (facts("DSPARK", None), "default,dspark_step_graph"),
 ]
 UNMEASURED = [
     facts("STANDALONE", 4, 1, backend="flashinfer"),  # page 1 on FlashInfer
@@ -47,8 +49,8 @@ UNMEASURED = [
     facts("EAGLE", 1, disable_cuda_graph=True),
     facts("EAGLE", 4, draft_attention_backend="flashinfer"),
     facts("FROZEN_KV_MTP", 1),
-    facts("DFLASH", 1),
-    facts("DSPARK", 1),
+    facts("DFLASH", None, 1),  # page 1
+    facts("DSPARK", None, backend="flashinfer"),
     facts("NGRAM", 1, 16),
     facts("NGRAM", 1, 16, backend="flashinfer"),
     ServingFacts(),  # no speculative decoding
@@ -81,10 +83,34 @@ def test_a_configuration_nobody_measured_gets_default_and_says_so(f):
 
 
 def test_no_pick_holds_a_conflicting_or_unsafe_pair():
+    from sglang_hostsync_plugin import checks
+
     for row in choice.ROWS:
         names = set(config.parse_slot_spec(row.choice.spec, CATALOGUE).names)  # raises on a conflict
         for name in names:
             assert not set(CATALOGUE[name].conflicts) & names, (row.choice.spec, name)
+        assert not checks.claim_conflicts([CATALOGUE[n] for n in names]), row.choice.spec  # two hooks on one target
+
+
+def test_picks_that_hook_one_target_wait_for_the_facts_behind_their_gates():
+    """eagle_step_graph, dflash_step_graph and dspark_step_graph all hook the graph runner's capture and
+    replay. Before the facts choose a pick (a process that hooks at load_plugins()), all three are
+    installed, and the facts leave one acting; named together by the user, they are refused as before."""
+    from sglang_hostsync_plugin import checks
+
+    graphs = {"eagle_step_graph", "dflash_step_graph", "dspark_step_graph"}
+    assert checks.claim_conflicts([CATALOGUE[n] for n in graphs]).keys() == graphs
+    bare = plans.resolve({config.ENV_SLOTS: "auto"})
+    assert bare.choice is None and graphs <= acting(bare), [bare.verdict(n) for n in graphs]
+    for f, graph in ((facts("EAGLE3", 1), "eagle_step_graph"), (facts("DFLASH", None), "dflash_step_graph"),
+                     (facts("DSPARK", None), "dspark_step_graph"), (facts("EAGLE3", 4), None)):
+        late = bare.with_facts(CATALOGUE, f)
+        assert acting(late) & graphs == ({graph} if graph else set()), (f.speculative_algorithm, acting(late) & graphs)
+        assert acting(late) == acting(plans.resolve({config.ENV_SLOTS: "auto"}, facts=f))
+    named = plans.resolve({config.ENV_SLOTS: "auto,dflash_step_graph"})  # the user's token is in every pick
+    assert "conflicts with slot(s)" in named.verdict("eagle_step_graph").reason
+    pinned = plans.resolve({config.ENV_SLOTS: "default,eagle_step_graph,dflash_step_graph"})
+    assert {v.status for v in pinned.verdicts if v.name in ("eagle_step_graph", "dflash_step_graph")} == {Status.FAILED}
 
 
 def test_every_pick_names_results_folders_that_exist_with_a_readme():
@@ -428,8 +454,8 @@ def test_an_open_pick_sets_no_switch_flag_and_the_launcher_settles_it_before_spa
 
 
 @pytest.mark.parametrize("f", [
-    facts("DFLASH", 1, None, None), facts("DSPARK", None, None, None), facts("FROZEN_KV_MTP", 1, None, None),
-    facts("EAGLE", None, None, None, tp_size=2), facts("EAGLE", None, None, None, disable_cuda_graph=True),
+    facts("DFLASH", None, None, None, tp_size=2), facts("DSPARK", None, None, None, disable_overlap_schedule=True),
+    facts("FROZEN_KV_MTP", 1, None, None), facts("EAGLE", None, None, None, tp_size=2), facts("EAGLE", None, None, None, disable_cuda_graph=True),
     facts("NGRAM", None, None, None, dp_attention=True), facts("EAGLE3", 1, enable_lora=True),
     facts("EAGLE3", 4, enable_pdmux=True), facts("EAGLE3", 1, moe_counts=True)])
 def test_what_no_row_can_cover_is_decided_before_sglang_resolves_the_rest(f):

@@ -1359,16 +1359,25 @@ def test_the_pinned_sources_are_sglangs(monkeypatch):
     assert "upstream shape changed" in dspk.upstream_pins()
 
 
-@pytest.mark.parametrize("mod", [dsg, dspk], ids=["dflash", "dspark"])
-def test_registered_opt_in_and_not_picked_by_auto(mod):
+@pytest.mark.parametrize("mod, algo", [(dsg, "DFLASH"), (dspk, "DSPARK")], ids=["dflash", "dspark"])
+def test_registered_not_default_and_auto_picks_it_for_its_own_algorithm(mod, algo):
     """Both block step graphs: in the catalogue since their GPU tests and the must-show e2e ran
-    (2026-12-07-h100-b); in no preset and in no ``auto`` row."""
-    from sglang_hostsync_plugin import choice, config, registry, slots
+    (2026-12-07-h100-b); in no preset; ``auto``'s pick on their measured class (triton, page > 1) since
+    the rerun on the final code (2026-12-07-h100-c), and only there."""
+    from sglang_hostsync_plugin import choice, registry, slots
+    from sglang_hostsync_plugin.slot import ServingFacts
 
     cat = registry.catalogue()
     assert cat[mod.NAME] is mod.SLOT and mod.NAME in {name for _, name, _ in slots.OWNED_LATE}
     assert not mod.SLOT.default and not mod.SLOT.presets
-    assert mod.NAME not in choice.row_names(cat, config.parse_slot_spec)
+
+    def pick(algorithm, backend="triton", page=16):
+        return choice.pick(ServingFacts(speculative_algorithm=algorithm, page_size=page,
+                                        attention_backends=(backend, backend))).spec
+
+    assert pick(algo) == f"default,{mod.NAME}"
+    assert mod.NAME not in pick(algo, page=1) and mod.NAME not in pick(algo, "fa3")
+    assert mod.NAME not in pick({"DFLASH": "DSPARK", "DSPARK": "DFLASH"}[algo])
 
 
 def test_unsafe_pairs_are_dspark_mega_switches_and_catalogue_slots():

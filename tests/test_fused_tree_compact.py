@@ -162,6 +162,33 @@ def test_composed_hook_runs_the_observer_around_the_claiming_hook():
     assert hook(lambda x: -1, 3) == -1 and seen == ["enter", "exit"]
 
 
+def test_claimants_from_different_auto_picks_run_one_at_a_time_observers_around():
+    """A plan made before the facts chose an auto pick installs each pick's claimant of a shared function
+    (plan.claim_conflicts): the first active one runs alone, none runs SGLang's function."""
+    from sglang_hostsync_plugin import installer
+
+    seen = []
+
+    def claimant(name, k):
+        def hook(original, x):
+            seen.append(name)
+            return original(x) * k
+        return hook
+
+    def observe(original, x):
+        seen.append("observe")
+        return original(x)
+
+    state = installer.InstallState(active={"a", "b", "o"})
+    hook = installer.compose_function(state, [("a", claimant("a", 10), False), ("o", observe, True),
+                                              ("b", claimant("b", 100), False)])
+    assert hook(lambda x: x + 1, 1) == 20 and seen == ["observe", "a"]  # never both
+    for active, want, ran in (({"b", "o"}, 200, ["observe", "b"]), ({"o"}, 2, ["observe"]), (set(), 2, [])):
+        state.active = set(active)
+        seen.clear()
+        assert hook(lambda x: x + 1, 1) == want and seen == ran, active
+
+
 def test_two_claiming_slots_on_one_function_are_still_refused():
     from sglang_hostsync_plugin.checks import claim_conflicts
     from sglang_hostsync_plugin.slot import HookTarget, Slot, SlotKind, TargetKind

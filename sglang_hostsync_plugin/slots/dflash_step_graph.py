@@ -77,7 +77,8 @@ Settings: ``SGLANG_HOSTSYNC_STEP_GRAPH_CHECK=N`` (default 0, off) and
 one of the two slots acts in a server). The check also compares the draft KV rows the step
 committed, which the next step reads and the scheduler never does.
 
-In the catalogue after the upstream switches (``slots.OWNED_LATE``), in no preset. Hook targets:
+In the catalogue after the upstream switches (``slots.OWNED_LATE``), in no preset; ``auto``'s pick for
+DFlash on triton at page > 1 (``choice.ROWS``). Hook targets:
 ``DFlashWorkerV2.forward_batch_generation``, ``FullCudaGraphBackend.capture_one`` and
 ``FullCudaGraphBackend.replay`` (AROUND; the last two are ``eagle_step_graph``'s targets too,
 which is inert wherever this slot acts, and the reverse).

@@ -92,7 +92,8 @@ graph runs only for all-sampled batches, which stay eager, and only beside the e
 runner's own graph), ``sim_draw_ahead`` (the draw is shadowed wherever it is made),
 ``blockwise_rejection`` (sampled accepts only) and the non-DSpark ones.
 
-In the catalogue after the upstream switches (``slots.OWNED_LATE``), in no preset. Hook targets:
+In the catalogue after the upstream switches (``slots.OWNED_LATE``), in no preset; ``auto``'s pick for
+DSpark on triton at page > 1 (``choice.ROWS``). Hook targets:
 ``DSparkWorkerV2._forward_decode``, ``FullCudaGraphBackend.capture_one`` and
 ``FullCudaGraphBackend.replay`` (AROUND; the last two are ``eagle_step_graph``'s and
 ``dflash_step_graph``'s targets too, both inert wherever this slot acts, and the reverse).
