@@ -26,6 +26,8 @@
 #   CALL=7 bash scripts/device_pending.sh   # issue 63's combined topk-1 set (eagle_step_graph + the eagle_host
 #                                           # slots that may run beside it) against each alone, EAGLE3 and
 #                                           # STANDALONE topk 1 page 16 triton, real-traffic pass first
+#   CALL=7b bash scripts/device_pending.sh  # CALL=7 again with a third set: the combined one without the slots that
+#                                           # change the captured step's kernels (why combined is slower at c1)
 #   CALL=8 bash scripts/device_pending.sh   # issue 65's benchmark: NGRAM page 1 triton on the e2e's "small-bigram"
 #                                           # checkpoints, whose outputs repeat every 16 tokens (n-gram drafting has
 #                                           # something to copy), stock vs auto's set (ngram_host) vs
@@ -63,7 +65,7 @@
 # whose block drafts are built to accept). 10, 8, 9 and 9b ran again (benchmarks/results/2026-12-07-h100-b/): 10's
 # step-graph servers logged a capture's pool assert, fixed since. 10, 8c, 7, 11c and 11b (shorter) ran on the
 # final code (benchmarks/results/2026-12-07-h100-c/). Next: 10s (67: DSpark c1's host work read 0.52x there),
-# 8d (63: auto's NGRAM set on a GPU-bound target), 11 and 5 (63), 12 and 4 (67's extra evidence), 6b (64).
+# 8d (63: auto's NGRAM set on a GPU-bound target), 7b, 11 and 5 (63), 12 and 4 (67's extra evidence), 6b (64).
 # The device tool: carry [".device-bundle-fi"], timeout 590, and start the next call within the
 # machine's 30 s idle release.
 set -u
@@ -116,6 +118,15 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
 -draft_decode_glue_graph,-draft_extend_topk_graph
     NAME=t1set E2E_TIMEOUT=540 E2E_ARGS="--configs eagle3-t1-p16,standalone-t1-p16 --arms stock \
 --slots default,eagle_step_graph,-audit --slots $COMBINED,-audit --slots default,eagle_host,-audit $COMMON \
+--time-budget 520" bash scripts/device_call.sh ;;
+  7b)  # why the combined set is slower at c1 (2026-12-07-h100-c): without the slots that change what the step graph
+       # captures (fused or triton kernels in place of SGLang's ops), only those that cut eager steps' host work
+    COMBINED=default,eagle_step_graph,eagle_host,-metadata_glue_graph,-draft_extend_glue_graph,\
+-draft_decode_glue_graph,-draft_extend_topk_graph
+    HOST_ONLY=$COMBINED,-fused_draft_page_locs,-fused_relay_stash,-fused_tree_compact,-greedy_row_argmax,\
+-draft_vocab_topk,-chain_tree_full_mask
+    NAME=t1set_b E2E_TIMEOUT=540 E2E_ARGS="--configs eagle3-t1-p16,standalone-t1-p16 --arms stock \
+--slots default,eagle_step_graph,-audit --slots $COMBINED,-audit --slots $HOST_ONLY,-audit $COMMON \
 --time-budget 520" bash scripts/device_call.sh ;;
   8)  # the copying workload (small-bigram: outputs repeat every 16 tokens); audited arms (syncs, run-ahead) and
       # unaudited ones (speed); then the slot's GPU tests check this e2e
