@@ -40,7 +40,8 @@
 #   CALL=8d bash scripts/device_pending.sh  # 8c's target unaudited (speed): stock, default, auto's NGRAM set
 #                                           # (ngram_host), the device draft: is auto's NGRAM set below stock
 #                                           # where the GPU step outlasts the host's (8c's audited arms read 0.945x)?
-#   CALL=10s bash scripts/device_pending.sh # CALL=10's DSpark half alone (5 servers): its host work at c1
+#   CALL=10s bash scripts/device_pending.sh # CALL=10's DSpark half alone with an `auto` arm (6 servers): its host
+#                                           # work at c1, and auto's pick on a DSpark server
 #   CALL=9 / CALL=9b bash scripts/device_pending.sh  # issue 67's step graphs, each with its
 #                                           # real server: 9 dflash_step_graph on dflash-p16, 9b dspark_step_graph
 #                                           # on dspark-p16 (stock / default / the slot, self-check on)
@@ -150,7 +151,7 @@ $COMMON --max-new-tokens 128 --time-budget 440" \
   10s)
     GRAPHS=default,dflash_step_graph,dspark_step_graph
     NAME=dspark_graph_e2e E2E_TIMEOUT=400 E2E_ARGS="--configs dspark-p16 --checkpoint-shape small-bigram \
---arms stock,audit --slots default,-audit --slots $GRAPHS,-audit --slots $GRAPHS \
+--arms stock,audit --slots default,-audit --slots auto,-audit --slots $GRAPHS,-audit --slots $GRAPHS \
 --plugin-env SGLANG_HOSTSYNC_AUDIT_MARKS=1 --plugin-env SGLANG_HOSTSYNC_STEP_GRAPH_CHECK=32 $COMMON \
 --time-budget 380" bash scripts/device_call.sh ;;
   10)  # each step graph is inert in the other's configuration, so one arm holds both; the eager self-check every 32nd

@@ -63,9 +63,9 @@ ROWS = (
     Row(lambda f, be: f.is_ngram() and be == "triton" and f.page_size == 1, Choice(
         "NGRAM, triton, page 1", "default,eagle_host,ngram_host", RERUN, "1.23x / 1.24x")),
     # Each step graph is inert in the other's configuration (DFlash's worker is not DSpark's).
-    Row(lambda f, be: f.is_dflash() and be == "triton" and (f.page_size or 1) > 1, Choice(
+    Row(lambda f, be: f.is_dflash() and be == "triton" and f.page_size > 1, Choice(
         "DFlash, triton, page > 1", "default,dflash_step_graph", f"{BLOCKS}, {MATRIX}", "2.44-3.08x / 1.50-1.97x")),
-    Row(lambda f, be: f.is_dspark() and be == "triton" and (f.page_size or 1) > 1, Choice(
+    Row(lambda f, be: f.is_dspark() and be == "triton" and f.page_size > 1, Choice(
         "DSpark, triton, page > 1", "default,dspark_step_graph", f"{BLOCKS}, {MATRIX}", "2.04-2.13x / 1.45-1.73x")),
     # default,eagle_host,ngram_host read 0.995x / 1.325x beside it: faster at c8 only.
     Row(lambda f, be: f.is_ngram() and be == "flashinfer" and f.page_size == 1, Choice(

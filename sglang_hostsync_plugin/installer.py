@@ -95,9 +95,9 @@ class Part(NamedTuple):
 
 def compose_function(state: InstallState, parts: list[tuple]) -> Callable:
     """One AROUND hook for a function from every enabled slot's ``Part``: the claiming hook (at
-    most one, or the parts of one edit site: the plan refuses anything else) innermost, observers
-    around it, each behind its slot's gate. One registration per function, so SGLang sees no hook
-    stacking."""
+    most one, the parts of one edit site, or plain hooks of different ``auto`` picks run one at a
+    time: the plan refuses anything else) innermost, observers around it, each behind its slot's
+    gate. One registration per function, so SGLang sees no hook stacking."""
     ordered = sorted((Part(*p) for p in parts), key=lambda p: p.observer)  # stable: claiming first
     sites = {p.site for p in ordered if not p.observer and p.site is not None}
     claiming = [p for p in ordered if not p.observer]

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from . import checks, choice, config, registry, switches, version
-from .slot import ENV_UNSAFE, ConfigPrecheck, ServingFacts, Slot, SlotKind, Status, inert_reason
+from .slot import ENV_UNSAFE, ConfigPrecheck, ServingFacts, Slot, SlotKind, Status, TargetKind, inert_reason
 
 # Internal: the launcher's plan, inherited by every process it spawns.
 ENV_PLAN = "SGLANG_HOSTSYNC_PLAN"
@@ -106,7 +106,7 @@ class Plan:
         skips = left_out(picked, self.spec, set(self.selected), catalogue)
         verdicts = tuple(dataclasses.replace(v, status=Status.SKIPPED, reason=skips[v.name])
                          if v.name in skips and v.status is not Status.SKIPPED else v for v in self.verdicts)
-        return dataclasses.replace(self, verdicts=verdicts, choice=choice.line(picked, self.spec))
+        return dataclasses.replace(self, verdicts=refuse_claims(verdicts, catalogue), choice=choice.line(picked, self.spec))
 
     def waived_by_auto(self, names) -> set[str]:
         """Of ``names`` (slots that cannot apply), those that only ``auto``'s pick brought in: neither in
@@ -154,7 +154,8 @@ class Plan:
                     if (v.status is Status.WOULD_APPLY or (v.status is Status.FAILED and v.name in skips))
                     and inert[v.name] else v for v in self.verdicts]
         pending = choice.is_auto(self.spec) and (line or self.choice) is None
-        return dataclasses.replace(self, verdicts=refuse_unsafe_pairs(tuple(verdicts), catalogue, facts, pending),
+        verdicts = refuse_unsafe_pairs(tuple(verdicts), catalogue, facts, pending)
+        return dataclasses.replace(self, verdicts=verdicts if pending else refuse_claims(verdicts, catalogue),
                                    facts=facts.record(), choice=line or self.choice)
 
     def to_json(self) -> str:
@@ -306,19 +307,31 @@ def resolve(env: Mapping[str, str] | None = None, facts: ServingFacts | None = N
 
 def claim_conflicts(passed: list[Slot], spec: str, catalogue: Mapping[str, Slot], open_pick: bool) -> dict[str, str]:
     """``checks.claim_conflicts`` over the slots that may run together. While an ``auto`` pick is open
-    (``open_pick``) that is each pick's set, not their union: the pick runs one of them, and claimants
-    from different picks are installed behind their gates (``installer.compose_function``)."""
+    (``open_pick``) that is each row's own set and the fallback with the user's tokens, not their union:
+    the pick runs one row, and plain function hooks from different rows are installed behind their gates
+    (``installer.compose_function``) until the facts choose (``refuse_claims`` then checks the acting set).
+    Edit sites and class overrides compose with nothing else, so their claims count over the union."""
     if not open_pick:
         return checks.claim_conflicts(passed)
     refused: dict[str, str] = {}
-    for c in (*(row.choice for row in choice.ROWS), choice.undecided()):
-        try:
-            names = set(config.parse_slot_spec(choice.pinned(c, spec), catalogue).names)
-        except config.HostsyncConfigError:
-            continue  # the user's tokens are bad beside this pick: refused when it is made (check_pick_env)
-        for name, why in checks.claim_conflicts([s for s in passed if s.name in names]).items():
+    for picked in (*(set(config.parse_slot_spec(row.choice.spec, catalogue).names) for row in choice.ROWS),
+                   set(config.parse_slot_spec(choice.pinned(choice.undecided(), spec), catalogue).names)):
+        for name, why in checks.claim_conflicts([s for s in passed if s.name in picked]).items():
             refused.setdefault(name, why)
+    fixed = [dataclasses.replace(s, targets=tuple(t for t in s.targets if t.kind is TargetKind.CLASS or t.site))
+             for s in passed]
+    for name, why in checks.claim_conflicts(fixed).items():
+        refused.setdefault(name, why)
     return refused
+
+
+def refuse_claims(verdicts: tuple[Verdict, ...], catalogue: Mapping[str, Slot]) -> tuple[Verdict, ...]:
+    """Once the facts chose (or ``settle_auto`` fixed) the pick: two acting slots on one target are both
+    refused, as ``resolve`` refuses them in a plan made with the facts."""
+    acting = [catalogue[v.name] for v in verdicts if v.selected and v.status is Status.WOULD_APPLY]
+    refused = checks.claim_conflicts(acting)
+    return tuple(dataclasses.replace(v, status=Status.FAILED, reason=refused[v.name]) if v.name in refused else v
+                 for v in verdicts)
 
 
 def inherited(env: Mapping[str, str] | None = None) -> Plan | None:

@@ -2,6 +2,7 @@
 a configuration nobody measured, the plan narrowing once SGLang resolves the arguments, and the
 line that pins the pick."""
 
+import dataclasses
 import json
 import sys
 
@@ -107,10 +108,28 @@ def test_picks_that_hook_one_target_wait_for_the_facts_behind_their_gates():
         late = bare.with_facts(CATALOGUE, f)
         assert acting(late) & graphs == ({graph} if graph else set()), (f.speculative_algorithm, acting(late) & graphs)
         assert acting(late) == acting(plans.resolve({config.ENV_SLOTS: "auto"}, facts=f))
-    named = plans.resolve({config.ENV_SLOTS: "auto,dflash_step_graph"})  # the user's token is in every pick
-    assert "conflicts with slot(s)" in named.verdict("eagle_step_graph").reason
+    # A step graph the user names beside auto waits with the rest, and acts on its own server.
+    for graph, f in (("eagle_step_graph", facts("EAGLE3", 1)), ("dflash_step_graph", facts("DFLASH", None)),
+                     ("dspark_step_graph", facts("DSPARK", None))):
+        named = plans.resolve({config.ENV_SLOTS: f"auto,{graph}"})
+        assert graphs <= acting(named), [named.verdict(n) for n in graphs]
+        for other in (facts("EAGLE3", 1), facts("DFLASH", None), facts("DSPARK", None)):
+            late = named.with_facts(CATALOGUE, other)
+            late.check_startup()  # strict: nothing refused
+            assert acting(late) == acting(plans.resolve({config.ENV_SLOTS: f"auto,{graph}"}, facts=other))
+            assert len(acting(late) & graphs) == 1
+        named.settle_auto(CATALOGUE).check_startup()  # no facts ever came: default and the user's graph
+        assert acting(named.settle_auto(CATALOGUE)) & graphs == {graph}
+    # Named together without auto: refused as before, facts or not.
     pinned = plans.resolve({config.ENV_SLOTS: "default,eagle_step_graph,dflash_step_graph"})
     assert {v.status for v in pinned.verdicts if v.name in ("eagle_step_graph", "dflash_step_graph")} == {Status.FAILED}
+    assert "conflicts with slot(s)" in pinned.verdict("eagle_step_graph").reason
+    # Once the pick is made, two acting claimants are both refused (as a plan made with the facts refuses them).
+    both = tuple(dataclasses.replace(v, status=Status.WOULD_APPLY, reason="") if v.name in graphs - {"dspark_step_graph"}
+                 else v for v in bare.verdicts)
+    refused = {v.name: v for v in plans.refuse_claims(both, CATALOGUE) if v.status is Status.FAILED}
+    assert {"eagle_step_graph", "dflash_step_graph"} <= refused.keys()
+    assert "both hook" in refused["eagle_step_graph"].reason
 
 
 def test_every_pick_names_results_folders_that_exist_with_a_readme():
@@ -139,6 +158,28 @@ def test_the_conflict_cases_are_left_to_the_pick():
     assert "eagle_step_graph" in acting(auto) and not acting(auto) & {
         "metadata_glue_graph", "draft_extend_glue_graph", "draft_decode_glue_graph"}
     assert "not picked by auto for EAGLE family, topk 1" in auto.verdict("metadata_glue_graph").reason
+
+
+@pytest.mark.parametrize("f, graph", [(facts("EAGLE3", 1), "eagle_step_graph"), (facts("DFLASH", None), "dflash_step_graph"),
+                                      (facts("DSPARK", None), "dspark_step_graph"), (facts("EAGLE3", 4), None),
+                                      (None, None)], ids=["eagle3-t1", "dflash", "dspark", "eagle3-t4", "no-facts"])
+def test_a_bare_plan_installs_the_step_graphs_behind_one_exclusive_hook_and_the_pick_leaves_one(f, graph):
+    """A process that hooks before the facts (no launcher plan): one registration per shared target with
+    the three step graphs behind it, and once the plan settles at most the pick's own acts."""
+    from sglang_hostsync_plugin import installer, runtime
+
+    graphs = {"eagle_step_graph", "dflash_step_graph", "dspark_step_graph"}
+    bare = plans.resolve({config.ENV_SLOTS: "auto"})
+    rt = runtime.Runtime()
+    registered = {}
+    installer.install(rt.state, bare, CATALOGUE, lambda path, hook, kind: registered.setdefault(path, hook))
+    for target in ("capture_one", "replay"):
+        (hook,) = [h for p, h in registered.items() if p.endswith(f"FullCudaGraphBackend.{target}")]
+        assert hook.__qualname__.endswith(".exclusive") and all(g in hook.__qualname__ for g in graphs), hook
+    assert graphs <= rt.state.active
+    rt.plan = bare.with_facts(CATALOGUE, f) if f is not None else bare
+    runtime._settle(rt, bare)
+    assert rt.state.active & graphs == ({graph} if graph else set())
 
 
 def test_auto_waits_for_sglangs_resolution_then_narrows_to_the_same_plan():

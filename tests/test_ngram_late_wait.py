@@ -239,11 +239,12 @@ def test_the_audit_times_the_moved_wait_as_the_resolves_wait_not_as_draft_prep(m
     assert synced == [["ngram_draft", stats.SEQ_LENS_PHASE]]
     assert [p for p, _, _ in clock.segments] == ["ngram_draft", stats.SEQ_LENS_PHASE, "ngram_draft"]
     # Untimed (another thread's clock, or none): the same wait, nothing recorded.
-    synced.clear()
-    _resolve(fm, batch, hooked=True)
-    monkeypatch.setattr(ph, "_clock", None)
-    _draft_prep(batch)
-    assert synced == [[]]
+    for other in (ph.PhaseClock(thread_id=threading.get_ident() + 1), None):
+        synced.clear()
+        _resolve(fm, batch, hooked=True)
+        monkeypatch.setattr(ph, "_clock", other)
+        _draft_prep(batch)
+        assert synced == [[]] and (other is None or not other.segments)
 
 
 def test_a_batch_left_to_stocks_mask_loop_takes_the_wait_before_it_reads_the_lengths(ngram_worker, monkeypatch):
