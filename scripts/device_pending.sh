@@ -137,7 +137,7 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
 --slots default,eagle_host,ngram_host,-audit --slots default,eagle_host,ngram_full_mask,ngram_device_draft,-audit \
 $COMMON --max-new-tokens 128 --time-budget 440" \
       HOSTSYNC_NGRAM_E2E_DIR=/tmp/hostsync-ngram_copy/run/e2e GPU_TESTS="tests/test_gpu_ngram_device_draft.py" \
-      TESTS_TIMEOUT=90 bash scripts/device_call.sh ;;
+      TESTS_TIMEOUT=85 bash scripts/device_call.sh ;;
   8c)  # NGRAM's copying workload on an 8B-shaped target, whose GPU step outlasts the host's: can the host run ahead
        # with the device draft? Four 15 GB servers on one GPU (audited arms: the run-ahead is the audit's)
     NAME=ngram_8b E2E_TIMEOUT=520 E2E_ARGS="--configs ngram-p1 --checkpoint-shape llama-8b-bigram --arms stock,audit \

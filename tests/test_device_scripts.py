@@ -39,3 +39,15 @@ def test_each_calls_e2e_arguments_parse(call):
     for spec in specs:
         config.parse_slot_spec(spec, catalogue)  # raises on an unknown name or a conflicting pair
 
+
+@pytest.mark.parametrize("call", calls())
+def test_each_call_fits_the_device_tools_limit(call):
+    """The inner timeouts (the e2e's plus device_call.sh's 45 s margin, the GPU tests', step_graph_weights')
+    add up to under the 590 s a call is given, so the archive is written before the tool's limit."""
+    with open(PENDING) as f:
+        body = f.read().split(f"\n  {call})", 1)[1].split(";;", 1)[0]
+    limits = {k: int(v) for k, v in re.findall(r"\b(E2E_TIMEOUT|TESTS_TIMEOUT|SGW_TIMEOUT)=(\d+)", body)}
+    e2e = limits.get("E2E_TIMEOUT", 480) + 45 if "E2E_ARGS=" in body else 0
+    total = e2e + limits.get("TESTS_TIMEOUT", 150 if "GPU_TESTS=" in body else 0) + limits.get("SGW_TIMEOUT", 0)
+    assert total <= 590, (call, total, limits)
+
