@@ -1,14 +1,17 @@
 """The device calls' e2e arguments parse (``DRY_RUN=1``: the e2e's launch plan, nothing started) and
-every server's ``SGLANG_HOSTSYNC_SLOTS`` is a selection the plugin accepts, so a typo costs no device time."""
+every server's plan, resolved for its own arguments as the launcher resolves it, refuses nothing, so a
+typo or a pair its server makes unsafe costs no device time."""
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 
 import pytest
 
-from sglang_hostsync_plugin import config, registry
+from sglang_hostsync_plugin import config, doctor, plan as plans, registry
+from sglang_hostsync_plugin.slot import Status
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PENDING = os.path.join(REPO, "scripts", "device_pending.sh")
@@ -33,11 +36,15 @@ def test_each_calls_e2e_arguments_parse(call):
         body = f.read().split(f"\n  {call})", 1)[1].split(";;", 1)[0]
     if "E2E_ARGS=" in body:
         assert out.stdout.startswith("matrix: "), (call, out.stdout[:500])
-    catalogue = registry.catalogue()
-    specs = re.findall(r"SGLANG_HOSTSYNC_SLOTS=(\S+)", out.stdout)
-    assert bool(specs) == ("--slots" in body or "--arms stock,audit" in body), (call, specs)
-    for spec in specs:
-        config.parse_slot_spec(spec, catalogue)  # raises on an unknown name or a conflicting pair
+    servers = [shlex.split(line) for line in out.stdout.splitlines() if "sglang.launch_server" in line]
+    plugin = [w for w in servers if any(x.startswith(config.ENV_SLOTS + "=") for x in w)]
+    assert bool(plugin) == ("--slots" in body or "--arms stock,audit" in body), (call, len(servers))
+    for words in plugin:
+        env = dict(w.split("=", 1) for w in words[:words.index("-m")] if re.match(r"^[A-Z_]+=", w))
+        args, _ = doctor._parser().parse_known_args(["doctor", *words[words.index("sglang.launch_server") + 1:]])
+        plan = plans.resolve(env, facts=doctor.facts_of(args))  # raises on an unknown name or a declared conflict
+        refused = plan.config_errors() + [v.name for v in plan.verdicts if v.selected and v.status is Status.FAILED]
+        assert not refused, (call, env[config.ENV_SLOTS], refused)
 
 
 @pytest.mark.parametrize("call", calls())
