@@ -130,6 +130,16 @@ def preset_hints(plan, catalogue, facts) -> list[str]:
     return hints
 
 
+def auto_hints(plan, facts) -> list[str]:
+    """A selection without ``auto`` on a configuration ``auto`` has a measured pick for: what it would
+    pick (a user who pinned ``default`` before ``auto`` existed, or copied an older set)."""
+    picked = choice.pick(facts) if facts is not None and not choice.is_auto(plan.spec) else None
+    if picked is None or picked.evidence is None or picked.spec == plan.spec:
+        return []
+    return [f"SGLANG_HOSTSYNC_SLOTS=auto (or unset) picks {picked.spec} here ({picked.label}: measured {picked.gain} "
+            f"stock at c1 / c8, {picked.evidence})"]
+
+
 def audit_hints(plan, catalogue, facts) -> list[str]:
     """With the audit selected: the slot that times this algorithm's step, where the selection
     leaves it off (the audit's own phases are EAGLE v2's)."""
@@ -228,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
                               "ok": False, "error": message, "slots": []}, indent=2))
         return 2
     catalogue = registry.catalogue()
-    hints = preset_hints(plan, catalogue, facts) + audit_hints(plan, catalogue, facts)
+    hints = auto_hints(plan, facts) + preset_hints(plan, catalogue, facts) + audit_hints(plan, catalogue, facts)
     rows = report.doctor_rows(plan, catalogue)
     common = dict(sglang=installed, supported_sglang=version.SUPPORTED_SGLANG, selected=list(plan.selected),
                   strict=plan.strict, choice=auto_line(plan))

@@ -228,6 +228,17 @@ def test_the_doctor_prints_the_pick(monkeypatch, capsys):
     assert data["choice"].endswith("SGLANG_HOSTSYNC_SLOTS=default,eagle_host")
 
 
+def test_the_doctor_names_autos_pick_to_a_selection_without_auto(monkeypatch, capsys):
+    argv = ["doctor", "--speculative-algorithm", "DFLASH", "--page-size", "16", "--attention-backend", "triton"]
+    monkeypatch.setenv(config.ENV_SLOTS, "default")
+    assert doctor.main(argv) == 0
+    text = capsys.readouterr().out.replace("\n  ", " ")
+    assert "hint: SGLANG_HOSTSYNC_SLOTS=auto (or unset) picks default,dflash_step_graph here (DFlash, triton" in text
+    for spec, f in (("auto", facts("DFLASH", None)), ("default,dflash_step_graph", facts("DFLASH", None)),
+                    ("default", facts("EAGLE", 4, backend="fa3")), ("default", None)):  # unmeasured: nothing to say
+        assert doctor.auto_hints(plans.resolve({config.ENV_SLOTS: spec}, facts=f), f) == [], spec
+
+
 @pytest.mark.parametrize("extra, label", [(["--pp-size", "2"], "pipeline parallel"),
                                           (["--disaggregation-mode", "decode"], "PD disaggregation (decode)")])
 def test_pipeline_parallel_and_pd_servers_are_unmeasured_in_sglangs_args_and_the_doctors(monkeypatch, capsys, extra,
