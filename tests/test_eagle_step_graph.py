@@ -207,6 +207,21 @@ def eager_step():
     return original, calls
 
 
+def test_the_audit_times_a_replays_launch_as_its_own_phase(flow, monkeypatch):
+    """What is left of a replayed step's host time beside the launch (the audit's phase tables)."""
+    import threading
+
+    from sglang_hostsync_plugin.slots import audit_phases as ph
+
+    r, captured = flow
+    clock = ph.PhaseClock(thread_id=threading.get_ident())
+    monkeypatch.setattr(ph, "_clock", clock)
+    original, _ = eager_step()
+    for _ in range(sg.WARMUPS + 2):
+        sg.step_hook(original, WORKER, batch())
+    assert [p for p, _, _ in clock.segments] == [ph.STEP_GRAPH_LAUNCH] * 2 and r.driver.launched == [100, 100]
+
+
 def test_two_eager_steps_then_a_capture_then_replays(flow):
     r, captured = flow
     original, calls = eager_step()

@@ -60,6 +60,7 @@ EAGLE_COMMON = "sglang.srt.speculative.eagle_worker_common"
 EAGLE_UTILS = "sglang.srt.speculative.eagle_utils"
 DECODE_RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner"
 SEQ_LENS_RESOLVE = "seq_lens_resolve"  # the per-step wait for step N-1, wherever a slot moves it (run_as)
+STEP_GRAPH_LAUNCH = "step_graph_launch"  # a step graph's one launch (eagle_step_graph.launch_graph, run_as)
 
 # (phase, function): scheduler loop, EAGLE-family v2 draft / verify / draft extend, the
 # target graph runner's per-replay metadata load. "run_batch" is the audit's own hook.

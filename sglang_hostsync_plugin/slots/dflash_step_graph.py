@@ -426,7 +426,7 @@ def launch(worker, sg: StepGraph, batch, copies, on_publish):
     r = _route
     record_stream(batch.seq_lens)  # before the copy reads it
     torch._foreach_copy_(*copies)
-    r.driver.launch(sg.exe, stream_handle())
+    es.launch_graph(r, sg.exe, stream_handle())
     es.replayed(r, NAME)
     out = sg.output()
     if on_publish is not None:

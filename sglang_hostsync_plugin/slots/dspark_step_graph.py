@@ -454,7 +454,7 @@ def launch(worker, sg: StepGraph, batch, copies, on_publish):
     record_stream(batch.seq_lens)  # before the copy reads it
     worker._verify_executor.begin_simulated_step()  # (SGLang's draw and fill_ on this stream; else a no-op)
     torch._foreach_copy_(*copies)
-    r.driver.launch(sg.exe, stream_handle())
+    es.launch_graph(r, sg.exe, stream_handle())
     forget_staged_params(worker)
     es.replayed(r, NAME)
     out = sg.output()

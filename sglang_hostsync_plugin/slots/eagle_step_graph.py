@@ -81,6 +81,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..slot import HookTarget, ServingFacts, Slot, SlotKind, TargetKind, config_precheck
+from . import audit_phases
 from .draft_extend_glue_graph import CheckTally, glue_inert, run_check
 
 logger = logging.getLogger("sglang.srt.plugins.hostsync")
@@ -632,10 +633,15 @@ def capture(original, worker, batch, tensors, key) -> StepGraph | None:
     return StepGraph(bs, slots, result, cap.parts, parent, exe, pool=cap.pool)
 
 
+def launch_graph(r: Route, exe, stream) -> None:
+    """A step graph's launch (all three step graphs'); the audit times it as its own phase."""
+    audit_phases.run_as(audit_phases.STEP_GRAPH_LAUNCH, r.driver.launch, exe, stream)
+
+
 def launch(worker, sg: StepGraph, copies, on_publish):
     torch._foreach_copy_(*copies)
     worker.activate_step_by_batch(sg.bs)
-    _route.driver.launch(sg.exe, stream_handle())
+    launch_graph(_route, sg.exe, stream_handle())
     replayed(_route, NAME)
     out = sg.output()
     if on_publish is not None:
