@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from sglang_hostsync_plugin import config, doctor, plan as plans, registry
+from sglang_hostsync_plugin import config, doctor, plan as plans
 from sglang_hostsync_plugin.slot import Status
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
