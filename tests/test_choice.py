@@ -160,6 +160,18 @@ def test_the_conflict_cases_are_left_to_the_pick():
     assert "not picked by auto for EAGLE family, topk 1" in auto.verdict("metadata_glue_graph").reason
 
 
+def test_claimants_of_different_picks_wait_only_as_plain_function_hooks():
+    """An edit site's parts or a class override compose with no other claimant (installer): across picks
+    they are refused as before, the plain hooks of the same two slots are not."""
+    pair = [CATALOGUE["eagle_step_graph"], CATALOGUE["dflash_step_graph"]]
+    assert plans.claim_conflicts(pair, "auto", CATALOGUE, open_pick=True) == {}
+    assert plans.claim_conflicts(pair, "auto", CATALOGUE, open_pick=False).keys() == {s.name for s in pair}
+    as_site = [dataclasses.replace(s, targets=tuple(dataclasses.replace(t, site=object(), needs_upstream_original=True)
+                                                    if t.path.endswith("capture_one")
+                                                    else t for t in s.targets)) for s in pair]  # a site each
+    assert plans.claim_conflicts(as_site, "auto", CATALOGUE, open_pick=True).keys() == {s.name for s in pair}
+
+
 @pytest.mark.parametrize("f, graph", [(facts("EAGLE3", 1), "eagle_step_graph"), (facts("DFLASH", None), "dflash_step_graph"),
                                       (facts("DSPARK", None), "dspark_step_graph"), (facts("EAGLE3", 4), None),
                                       (None, None)], ids=["eagle3-t1", "dflash", "dspark", "eagle3-t4", "no-facts"])
