@@ -40,8 +40,11 @@
 #   CALL=8d bash scripts/device_pending.sh  # 8c's target unaudited (speed): stock, default, auto's NGRAM set
 #                                           # (ngram_host), the device draft: is auto's NGRAM set below stock
 #                                           # where the GPU step outlasts the host's (8c's audited arms read 0.945x)?
+#   CALL=8e bash scripts/device_pending.sh  # NGRAM triton page 1, "small" checkpoints (drafts rarely accept): stock,
+#                                           # auto (ngram_host's set), the same set named, the device draft's set
 #   CALL=10s bash scripts/device_pending.sh # CALL=10's DSpark half alone with an `auto` arm (6 servers): its host
-#                                           # work at c1, and auto's pick on a DSpark server
+#                                           # work at c1, and auto's pick on a DSpark server;
+#                                           # then eagle_step_graph's GPU tests (launch_graph)
 #   CALL=9 / CALL=9b bash scripts/device_pending.sh  # issue 67's step graphs, each with its
 #                                           # real server: 9 dflash_step_graph on dflash-p16, 9b dspark_step_graph
 #                                           # on dspark-p16 (stock / default / the slot, self-check on)
@@ -148,12 +151,17 @@ $COMMON --max-new-tokens 128 --time-budget 440" \
 --slots default,-audit --slots default,eagle_host,ngram_host,-audit \
 --slots default,eagle_host,ngram_full_mask,ngram_device_draft,-audit $COMMON --max-new-tokens 128 \
 --ready-timeout 420 --time-budget 500" bash scripts/device_call.sh ;;
+  8e)  # NGRAM triton page 1 on the "small" checkpoints (no copying: accept length ~1): does the device draft, which
+       # loses SGLang's cross-request trie, stay ahead of auto's NGRAM set where drafts rarely accept?
+    NAME=ngram_small E2E_TIMEOUT=400 E2E_ARGS="--configs ngram-p1 --arms stock --slots auto,-audit \
+--slots default,eagle_host,ngram_host,-audit --slots default,eagle_host,ngram_full_mask,ngram_device_draft,-audit \
+$COMMON --time-budget 380" bash scripts/device_call.sh ;;
   10s)
     GRAPHS=default,dflash_step_graph,dspark_step_graph
     NAME=dspark_graph_e2e E2E_TIMEOUT=400 E2E_ARGS="--configs dspark-p16 --checkpoint-shape small-bigram \
 --arms stock,audit --slots default,-audit --slots auto,-audit --slots $GRAPHS,-audit --slots $GRAPHS \
 --plugin-env SGLANG_HOSTSYNC_AUDIT_MARKS=1 --plugin-env SGLANG_HOSTSYNC_STEP_GRAPH_CHECK=32 $COMMON \
---time-budget 380" bash scripts/device_call.sh ;;
+--time-budget 380" GPU_TESTS="tests/test_gpu_eagle_step_graph.py" TESTS_TIMEOUT=60 bash scripts/device_call.sh ;;
   10)  # each step graph is inert in the other's configuration, so one arm holds both; the eager self-check every 32nd
       # replay (its eager step counts in the arm's host work and speed: against the slots, by about 1/32 of a step)
     GRAPHS=default,dflash_step_graph,dspark_step_graph
