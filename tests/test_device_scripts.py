@@ -37,6 +37,10 @@ def test_each_calls_e2e_arguments_parse(call):
     if "E2E_ARGS=" in body:
         assert out.stdout.startswith("matrix: "), (call, out.stdout[:500])
     servers = [shlex.split(line) for line in out.stdout.splitlines() if "sglang.launch_server" in line]
+    logs = [line.split("log: ", 1)[1] for line in out.stdout.splitlines() if line.startswith("  log: ")]
+    assert len(logs) == len(servers), call
+    # its first-start copy is the longest name an arm's files take (CALL=7b's log once could not be opened)
+    assert all(len(os.path.basename(p[:-len(".log")] + ".first-start.log").encode()) <= 255 for p in logs), call
     plugin = [w for w in servers if any(x.startswith(config.ENV_SLOTS + "=") for x in w)]
     assert bool(plugin) == ("--slots" in body or "--arms stock,audit" in body), (call, len(servers))
     for words in plugin:

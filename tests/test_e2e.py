@@ -1186,3 +1186,45 @@ def test_an_ngram_servers_trie_is_emptied_before_each_comparison_and_round(tmp_p
                "prompts": 4, "evidence": False}
     md = stats.markdown([], {"ngram-p1/plugin": {"ready_s": 1.0}}, {"ngram-p1/plugin": verdict})
     assert "NO: prompt 1, token 9: output ids differ (no evidence: trie)" in md
+
+
+def test_an_arms_file_stem_fits_a_file_name_and_stays_distinct():
+    short = matrix.file_stem("eagle3-t1-p16", "slots:default,eagle_step_graph,-audit")
+    assert short == "eagle3-t1-p16__slots_default_eagle_step_graph_-audit"
+    # CALL=7b's third arm (H100 2026-12-07: "File name too long" opening its log, after two servers had started)
+    minus = ",".join("-" + n for n in ("metadata_glue_graph", "draft_extend_glue_graph", "draft_decode_glue_graph",
+                                       "draft_extend_topk_graph", "fused_draft_page_locs", "fused_relay_stash",
+                                       "fused_tree_compact", "greedy_row_argmax", "draft_vocab_topk"))
+    long_a = matrix.file_stem("eagle3-t1-p16", f"slots:default,eagle_step_graph,eagle_host,{minus},-audit")
+    long_b = matrix.file_stem("eagle3-t1-p16", f"slots:default,eagle_step_graph,eagle_host,{minus},-chain_tree_full_mask,-audit")
+    assert len(long_a) <= matrix.STEM_MAX and len(long_b) <= matrix.STEM_MAX and long_a != long_b
+    assert long_a.startswith("eagle3-t1-p16__slots_default_eagle_step_graph_eagle_host")
+    assert len((long_b + ".first-start.log").encode()) <= 255
+
+
+def test_a_launch_that_fails_stops_the_servers_already_started(tmp_path, monkeypatch):
+    # CALL=7b (H100 2026-12-07): the third server's log could not be opened; the two started kept running and
+    # answered on the next call's ports, which then compared an EAGLE3 server against NGRAM ones.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+    port = free_port_base(2)
+    started = []
+    real_server, real_launch = run.Server, matrix.launch
+
+    class Recorded(real_server):
+        def __init__(self, launch):
+            super().__init__(launch)
+            started.append(self)
+
+    def launch(config, arm, *a, **k):
+        if started:
+            raise OSError(36, "File name too long")
+        return real_launch(config, arm, *a, **k)
+
+    monkeypatch.setattr(run, "Server", Recorded)
+    monkeypatch.setattr(matrix, "launch", launch)
+    argv = ["--server-module", "fake_sglang_server", "--weights", "dummy", "--configs", "standalone-t4-p16",
+            "--arms", "stock,plugin", "--port", str(port), "--out", str(tmp_path / "run"), "--ready-timeout", "30"]
+    with pytest.raises(OSError):
+        run.main(argv)
+    assert len(started) == 1
+    assert started[0].proc.poll() is not None  # stopped, not left on its port

@@ -3,6 +3,7 @@ commands. Pure data and string building; nothing here starts a process."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
@@ -261,7 +262,7 @@ def launch(config: Config, arm: Arm, port: int, opts: Options, models: dict[str,
     if arm.slots is not None:
         argv.append("--enable-hostsync-plugin")
     argv += list(opts.extra_server_args)
-    stem = f"{config.name}__{_safe(arm.name)}"
+    stem = file_stem(config.name, arm.name)
     trace = os.path.join(out_dir, f"{stem}.trace.tsv") if arm.audited else ""
     env = arm.env()
     if arm.audited and config.audit_phases_slot:
@@ -294,8 +295,20 @@ def server_needs(configs, opts: Options) -> dict[str, list[str]]:
     return needs
 
 
+STEM_MAX = 120  # a file name is at most 255 bytes; the longest suffix is ".first-start.log"
+
+
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def file_stem(config_name: str, arm_name: str) -> str:
+    """The name of an arm's log and trace files: readable, and cut with a hash of the whole past
+    STEM_MAX (a long slot list once made the server's log name too long to open, H100 2026-12-07)."""
+    stem = f"{config_name}__{_safe(arm_name)}"
+    if len(stem) <= STEM_MAX:
+        return stem
+    return f"{stem[:STEM_MAX - 13]}--{hashlib.sha1(stem.encode()).hexdigest()[:11]}"
 
 
 def parse_plugin_env(items: list[str]) -> tuple[tuple[str, str], ...]:

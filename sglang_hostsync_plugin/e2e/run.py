@@ -379,11 +379,11 @@ def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, res
             result["servers"][f"{config.name}/{arm.name}"] = {"ready_s": None, "error": busy}
         return
     servers = {}
-    for i, arm in enumerate(arms):
-        ln = matrix.launch(config, arm, port + i, opts, models, out_dir)
-        say(f"{config.name}/{arm.name}: {ln.shell()}")
-        servers[arm.name] = Server(ln)
-    try:
+    try:  # a failure while launching stops the servers already started (one left up took the next run's ports)
+        for i, arm in enumerate(arms):
+            ln = matrix.launch(config, arm, port + i, opts, models, out_dir)
+            say(f"{config.name}/{arm.name}: {ln.shell()}")
+            servers[arm.name] = Server(ln)
         live = {}
         ready = client.wait_ready_all({name: (srv.base, srv.t0, srv.alive) for name, srv in servers.items()},
                                       args.ready_timeout)
@@ -761,7 +761,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"matrix: {len(configs)} configurations x {len(arms)} arms x concurrency {args.concurrency} "
               f"x {args.rounds} rounds; servers of one configuration run at once")
         for ln in launches(configs, arms, opts, out_dir, models, args.port):
-            print(f"{ln.config} / {ln.arm}:\n  {ln.shell()}")
+            print(f"{ln.config} / {ln.arm}:\n  {ln.shell()}\n  log: {ln.log}")
         return 0
     problem = preflight(matrix.server_needs(configs, opts), opts) or ports_problem(args.port, len(arms))
     if problem:
