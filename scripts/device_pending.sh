@@ -28,6 +28,7 @@
 #                                           # STANDALONE topk 1 page 16 triton, real-traffic pass first
 #   CALL=7b bash scripts/device_pending.sh  # CALL=7 again with a third set: the combined one without the slots that
 #                                           # change the captured step's kernels (why combined is slower at c1)
+#   CALL=7c bash scripts/device_pending.sh  # 7b's question on STANDALONE topk 1 page 16 alone (about 4 minutes)
 #   CALL=8 bash scripts/device_pending.sh   # issue 65's benchmark: NGRAM page 1 triton on the e2e's "small-bigram"
 #                                           # checkpoints, whose outputs repeat every 16 tokens (n-gram drafting has
 #                                           # something to copy), stock vs auto's set (ngram_host) vs
@@ -132,6 +133,13 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
     NAME=t1set_b E2E_TIMEOUT=540 E2E_ARGS="--configs eagle3-t1-p16,standalone-t1-p16 --arms stock \
 --slots default,eagle_step_graph,-audit --slots $COMBINED,-audit --slots $HOST_ONLY,-audit $COMMON \
 --time-budget 520" bash scripts/device_call.sh ;;
+  7c)  # 7b's question on STANDALONE topk 1 page 16 alone (where the combined set read 0.883x the step graph at c1),
+       # for a session with about 4 minutes of device time: stock, the step graph, the host-only combined set
+    HOST_ONLY=default,eagle_step_graph,eagle_host,-metadata_glue_graph,-draft_extend_glue_graph,-draft_decode_glue_graph,\
+-draft_extend_topk_graph,-fused_draft_page_locs,-fused_relay_stash,-fused_tree_compact,-greedy_row_argmax,\
+-draft_vocab_topk,-chain_tree_full_mask
+    NAME=t1set_c E2E_TIMEOUT=200 E2E_ARGS="--configs standalone-t1-p16 --arms stock --slots default,eagle_step_graph,-audit \
+--slots $HOST_ONLY,-audit $COMMON --time-budget 185" bash scripts/device_call.sh ;;
   8)  # the copying workload (small-bigram: outputs repeat every 16 tokens); audited arms (syncs, run-ahead) and
       # unaudited ones (speed); then the slot's GPU tests check this e2e
     NAME=ngram_copy E2E_TIMEOUT=460 E2E_ARGS="--configs ngram-p1 \
