@@ -20,6 +20,7 @@ sends SGLang's SSE chunks (``data: {json}``, cumulative ``output_ids``, then ``d
 2 ms apart; a client that hangs up mid-stream is logged ("stream cut by the client") and
 counted. ``GET /v1/loads`` says, as SGLang's does, the KV tokens held (``num_used_tokens``,
 ``num_total_tokens``: each request's prompt and ``max_new_tokens`` while it runs).
+``foreign`` says another model path in ``/server_info`` (a server of an earlier run on the port).
 ``perturb_traffic`` changes the last output id of requests with a ``logit_bias``; ``leak``
 keeps the tokens of a stream the client cut held for good."""
 
@@ -46,6 +47,7 @@ def main():
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--enable-hostsync-plugin", action="store_true")
     ap.add_argument("--speculative-algorithm", default=None)
+    ap.add_argument("--model-path", default=None)
     args, _ = ap.parse_known_args()
     # NGRAM's trie, as far as the e2e can see it: once three requests ran at once it holds outputs that
     # differ between servers, so this server's greedy outputs move (by its port) until /flush_cache.
@@ -66,6 +68,7 @@ def main():
 
     signal.signal(signal.SIGTERM, on_term)
     kv_tokens = 1 << 20
+    model_path = "/elsewhere/model" if "foreign" in tokens else args.model_path
     small = os.environ.get("FAKE_SMALL_KV_ONCE")
     if "small_kv" in tokens or ("small_kv_once" in tokens and small and not os.path.exists(small)):
         if small:
@@ -122,7 +125,7 @@ def main():
 
         def do_GET(self):
             if self.path == "/server_info":
-                return self._send(200, {"max_total_num_tokens": kv_tokens})
+                return self._send(200, {"max_total_num_tokens": kv_tokens, "model_path": model_path})
             if self.path.split("?")[0] == "/v1/loads":  # SGLang's per-DP-rank load snapshot, its token fields
                 with lock:
                     load = {"dp_rank": 0, "num_running_reqs": state.get("inflight", 0), "num_waiting_reqs": 0,

@@ -1228,3 +1228,19 @@ def test_a_launch_that_fails_stops_the_servers_already_started(tmp_path, monkeyp
         run.main(argv)
     assert len(started) == 1
     assert started[0].proc.poll() is not None  # stopped, not left on its port
+
+
+def test_a_server_answering_with_another_model_is_not_measured_as_the_arms(tmp_path, monkeypatch):
+    # CALL=11b (H100 2026-12-07): three arms' servers could not bind their ports, where an earlier call's
+    # EAGLE3 servers answered; their real-traffic pass compared those instead.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "run"
+    argv = ["--server-module", "fake_sglang_server", "--weights", "dummy", "--configs", "standalone-t4-p16", "--arms", "stock",
+            "--slots", "foreign", "--concurrency", "1", "--rounds", "1", "--requests", "2", "--max-new-tokens", "8",
+            "--identity-tokens", "4", "--prompt-len", "64", "--port", str(free_port_base(2)), "--out", str(out)]
+    assert run.main(argv) == 1
+    result = json.load(open(out / "e2e.json"))
+    srv = result["servers"]["standalone-t4-p16/slots:foreign"]
+    assert srv["ready_s"] is None and "another server answers on this port (model /elsewhere/model" in srv["error"]
+    assert result["servers"]["standalone-t4-p16/stock"]["ready_s"] is not None
+    assert [r["arm"] for r in result["rows"]] == ["stock"]

@@ -64,14 +64,21 @@ def health(base: str, timeout: float = 2.0) -> bool:
         return False
 
 
+def server_info(base: str, timeout: float = 5.0) -> dict:
+    """SGLang's ``/server_info`` (its server arguments and scheduler facts), or {} where the server
+    does not answer it."""
+    try:
+        with urllib.request.urlopen(f"{base}/server_info", timeout=timeout) as resp:
+            info = json.loads(resp.read())
+    except (urllib.error.URLError, OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
 def kv_tokens(base: str, timeout: float = 5.0) -> int | None:
     """The KV pool's size in tokens (SGLang's ``/server_info`` field ``max_total_num_tokens``),
     or None where the server does not say."""
-    try:
-        with urllib.request.urlopen(f"{base}/server_info", timeout=timeout) as resp:
-            value = json.loads(resp.read()).get("max_total_num_tokens")
-    except (urllib.error.URLError, OSError, ValueError, AttributeError):
-        return None
+    value = server_info(base, timeout).get("max_total_num_tokens")
     return value if isinstance(value, int) else None
 
 

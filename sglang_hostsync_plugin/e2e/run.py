@@ -395,6 +395,9 @@ def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, res
                 if isinstance(ready[name], client.ClientError):
                     raise ready[name]
                 srv.info["ready_s"] = ready[name]  # from its own launch, polled beside the others
+                alien = not_its_own(srv)
+                if alien:
+                    raise client.ClientError(f"{srv.base}: {alien}")
                 short = kv_short(srv, need)
                 if short:  # its first request would wait until the client's timeout
                     raise client.ClientError(f"{srv.base}: {short}")
@@ -573,6 +576,18 @@ def traffic_failures(result: dict) -> list[str]:
         if a and a.get("evidence") and not a["identical"] and not a.get("errors"):
             bad.append(f"{key}: the request after the aborts differs from stock's")
     return bad
+
+
+def not_its_own(srv: Server) -> str | None:
+    """Why the server answering on this arm's port is another one (``/server_info``'s model path is not
+    the one launched), or None. A server left on the port by an earlier run answered for three arms
+    whose own could not bind (H100 2026-12-07), and was compared as theirs."""
+    argv = list(srv.launch.argv)
+    launched = argv[argv.index("--model-path") + 1] if "--model-path" in argv else None
+    answered = client.server_info(srv.base).get("model_path")
+    if launched is None or not isinstance(answered, str) or os.path.normpath(answered) == os.path.normpath(launched):
+        return None
+    return f"another server answers on this port (model {answered}, this arm launched {launched})"
 
 
 def kv_short(srv: Server, need_tokens: int) -> str | None:
