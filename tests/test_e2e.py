@@ -1244,3 +1244,40 @@ def test_a_server_answering_with_another_model_is_not_measured_as_the_arms(tmp_p
     assert srv["ready_s"] is None and "another server answers on this port (model /elsewhere/model" in srv["error"]
     assert result["servers"]["standalone-t4-p16/stock"]["ready_s"] is not None
     assert [r["arm"] for r in result["rows"]] == ["stock"]
+
+
+def test_auto_is_judged_against_stock_and_the_best_arm_identical_to_stock():
+    """Issue 63's bar per configuration and concurrency: identical, no round below stock, at least 98% of the
+    best unaudited arm identical to stock (by round); an arm that changed outputs or ran audited is no bar,
+    and the arm that runs auto's own pick is its A/A twin."""
+    rows = [load_row("c", 1, "stock", r, [100], 100) for r in range(3)]
+    rows += [load_row("c", 1, "slots:auto", r, [v], v) for r, v in enumerate([110, 112, 99])]
+    rows += [load_row("c", 1, "slots:b", r, [v], v) for r, v in enumerate([115, 113, 112])]  # identical, faster
+    rows += [load_row("c", 1, "slots:wrong", r, [200], 200) for r in range(3)]  # faster, outputs differ
+    rows += [load_row("c", 1, "slots:audited", r, [300], 300) for r in range(3)]  # its timers cost: no bar
+    arm_slots = {"stock": None, "slots:auto": "auto", "slots:b": "default,b", "slots:wrong": "default,w",
+                 "slots:audited": "default,b,audit"}
+    same = {"identical": True, "first_mismatch": None, "logprobs_compared": True, "evidence": True}
+    identity = {f"c/{a}": same for a in ("slots:auto", "slots:b", "slots:audited")}
+    identity["c/slots:wrong"] = {**same, "identical": False}
+    traffic = {"c/slots:auto": {"sequential": {"identical": True, "evidence": True},
+                                "concurrent": {"errors": [], "completed": 40, "aborted": 8, "health": True}}}
+    servers = {"c/slots:auto": {"status_block": ["x hostsync: sglang 0.5.23, SGLANG_HOSTSYNC_SLOTS='auto'",
+                                                 "  auto: C: measured 1.1x; pin it with SGLANG_HOSTSYNC_SLOTS=default,a"]}}
+    cell_rows = stats.cells(rows)
+    (v,) = stats.auto_verdicts(cell_rows, arm_slots, identity, traffic, servers)
+    assert v["picked"] == "default,a" and v["identical"] is True
+    assert v["best"] == "slots:b" and not v["best_is_the_pick"]
+    assert v["lowest_round"] == pytest.approx(0.99) and not v["never_below"]
+    assert v["over_best"] == pytest.approx(110 / 115) and not v["within"]
+    # b is the set auto picked: the pair is A/A, so auto is within by its choice (the round-one miss stays)
+    servers["c/slots:auto"]["status_block"][1] = "  auto: C: 1.1x; pin it with SGLANG_HOSTSYNC_SLOTS=b,default"
+    (v,) = stats.auto_verdicts(cell_rows, arm_slots, identity, traffic, servers)
+    assert v["best_is_the_pick"] and v["within"]
+    md = "\n".join(stats.auto_lines([v]))
+    assert "| c | 1 | slots:auto | b,default | yes | 1.100 (0.990) | slots:b (1.130) = the pick (A/A) | 0.957 | NO |" in md
+    # auto's own outputs differ in the real-traffic pass: not identical, whatever its speed
+    traffic["c/slots:auto"]["sequential"]["identical"] = False
+    (v,) = stats.auto_verdicts(cell_rows, arm_slots, identity, traffic, servers)
+    assert v["identical"] is False
+    assert stats.auto_verdicts(cell_rows, {**arm_slots, "slots:auto": "default"}, identity, traffic, servers) == []

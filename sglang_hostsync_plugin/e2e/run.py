@@ -719,7 +719,9 @@ def write_report(out_dir: str, metas: list[dict], cell_rows: list[dict], servers
                  real_traffic: dict | None = None) -> str:
     """e2e.md, and e2e.png: one group per (configuration, concurrency) in sorted order,
     one bar per non-stock arm (colors in arm order), tok/s/user over stock, line at 1."""
-    md = stats.traffic_markdown(real_traffic or {}) + stats.markdown(cell_rows, servers, identity)
+    arm_slots = {a: sl for m in metas for a, sl in (m.get("arm_slots") or {}).items()}
+    md = stats.traffic_markdown(real_traffic or {}) + stats.markdown(cell_rows, servers, identity, arm_slots,
+                                                                     real_traffic)
     with open(os.path.join(out_dir, "e2e.md"), "w") as f:
         f.write(_header(metas) + md)
     arms = []

@@ -562,7 +562,97 @@ def traffic_markdown(traffic: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n\n"
 
 
-def markdown(cell_rows: list[dict], servers: dict[str, dict], identity: dict[str, dict]) -> str:
+AUTO_WITHIN = 0.98  # issue 63's bar: auto's tok/s/user at least 98% of the best identical arm's
+
+
+def _identical(key: str, identity: dict, traffic: dict) -> bool | None:
+    """Every output check a server had against stock passed (None: it had none)."""
+    checks = []
+    if key in identity:
+        checks.append(bool(identity[key]["identical"]) and identity[key].get("evidence", True))
+    t = traffic.get(key) or {}
+    for part in ("sequential", "after_aborts"):
+        if t.get(part) is not None:
+            checks.append(bool(t[part]["identical"]) and t[part].get("evidence", True))
+    if t.get("concurrent") is not None:
+        checks.append(not t["concurrent"]["errors"] and not t.get("errors"))
+    return all(checks) if checks else None
+
+
+PIN = "pin it with SGLANG_HOSTSYNC_SLOTS="
+
+
+def auto_pick(status_block: Sequence[str]) -> str | None:
+    """The slot list ``auto`` picked, from the status block's ``auto:`` line (``choice.line``)."""
+    for line in status_block:
+        if line.strip().startswith("auto:") and PIN in line:
+            return line.split(PIN, 1)[1].strip()
+    return None
+
+
+def auto_verdicts(cell_rows: list[dict], arm_slots: dict[str, str | None], identity: dict, traffic: dict,
+                  servers: dict | None = None) -> list[dict]:
+    """Per (configuration, concurrency) with an unaudited ``auto`` arm: whether it was identical to stock,
+    its lowest round against stock, and its tok/s/user over the best unaudited arm identical to stock,
+    round by round (issue 63: identical, never below stock, within 2% of the best arm). Where the best arm
+    runs the very set ``auto`` picked, the two are an A/A pair and ``auto`` is within by its choice."""
+    def tokens(arm):
+        return {t.strip() for t in (arm_slots.get(arm) or "").split(",")}
+
+    def audited(c):  # by its slots where known: a report made without the traces has no audit figures
+        return "audit" in tokens(c["arm"]) if c["arm"] in arm_slots else c["audit"] is not None
+
+    def is_auto(arm):
+        return "auto" in tokens(arm)
+
+    grouped: dict[tuple, list[dict]] = collections.defaultdict(list)
+    for c in cell_rows:
+        if c["arm"] not in NOT_PLUGIN and not audited(c):
+            grouped[(c["config"], c["concurrency"])].append(c)
+    out = []
+    for (config, conc), cs in sorted(grouped.items()):
+        for auto in (c for c in cs if is_auto(c["arm"])):
+            ok = {c["arm"]: _identical(f"{config}/{c['arm']}", identity, traffic) for c in cs}
+            fair = [c for c in cs if ok[c["arm"]] and c["ratio_tok_s_user"] is not None]
+            best = max(fair, key=lambda c: c["ratio_tok_s_user"], default=None)
+            ra, rb = auto["tok_s_user_by_round"], (best or {}).get("tok_s_user_by_round") or {}
+            by = [r for k in sorted(ra.keys() & rb.keys()) if (r := _ratio(ra[k], rb[k])) is not None]
+            over_best = 1.0 if best is auto else median(by)
+            lowest = min(auto["ratio_by_round"]) if auto["ratio_by_round"] else None
+            picked = auto_pick(((servers or {}).get(f"{config}/{auto['arm']}") or {}).get("status_block") or ())
+            same_set = (best is not None and best is not auto and picked is not None
+                        and tokens(best["arm"]) == {t.strip() for t in picked.split(",")})
+            out.append({"config": config, "concurrency": conc, "arm": auto["arm"], "picked": picked,
+                        "identical": ok[auto["arm"]], "ratio": auto["ratio_tok_s_user"], "lowest_round": lowest,
+                        "best": None if best is None else best["arm"],
+                        "best_ratio": None if best is None else best["ratio_tok_s_user"],
+                        "best_is_the_pick": same_set, "over_best": over_best, "rounds_paired": len(by),
+                        "never_below": lowest is not None and lowest >= 1.0,
+                        "within": same_set or (over_best is not None and over_best >= AUTO_WITHIN)})
+    return out
+
+
+AUTO_HEADER = ("| config | conc | auto arm | its pick | identical | over stock (lowest round) "
+               "| best identical arm (over stock) | auto / best | identical, never below stock, within |")
+
+
+def auto_row(v: dict) -> str:
+    return (f"| {v['config']} | {v['concurrency']} | {v['arm']} | {v['picked'] or '-'} | {_yes(bool(v['identical']))} | "
+            f"{fmt(v['ratio'], '.3f')} ({fmt(v['lowest_round'], '.3f')}) | {v['best'] or '-'} "
+            f"({fmt(v['best_ratio'], '.3f')}){' = the pick (A/A)' if v['best_is_the_pick'] else ''} | "
+            f"{fmt(v['over_best'], '.3f')} | {_yes(bool(v['identical']) and v['never_below'] and v['within'])} |")
+
+
+def auto_lines(verdicts: list[dict]) -> list[str]:
+    if not verdicts:
+        return []
+    return ["", f"`auto` against stock and the best arm identical to stock (unaudited arms; within: at least "
+                f"{AUTO_WITHIN:.0%} of the best, median of the rounds both ran):", "",
+            AUTO_HEADER, "|" + " --- |" * AUTO_HEADER.count(" | ") + " --- |", *map(auto_row, verdicts)]
+
+
+def markdown(cell_rows: list[dict], servers: dict[str, dict], identity: dict[str, dict],
+             arm_slots: dict[str, str | None] | None = None, traffic: dict | None = None) -> str:
     """The report: one table of cells, one of servers (ready time, identity)."""
     lines = [
         "| config | conc | arm | tok/s/user median (p10) | ratio (by round) | total tok/s | accept len | syncs/step | run-ahead (worst round) | lead ms median (p10) | host µs/step: CPU (work, x stock code's) |",
@@ -611,6 +701,7 @@ def markdown(cell_rows: list[dict], servers: dict[str, dict], identity: dict[str
     lines += ramp_work_lines(cell_rows)
     lines += attribution_tables(cell_rows)
     lines += attribution_tables(cell_rows, "attribution_first", FIRST_STEP_HEADING)
+    lines += auto_lines(auto_verdicts(cell_rows, arm_slots or {}, identity, traffic or {}, servers))
     lines += arm_ab_lines(cell_rows)
     lines += phase_ab_lines(cell_rows)
     sites = collections.Counter()

@@ -1,0 +1,58 @@
+"""`auto` against stock and the best identical arm, over every e2e run of the given results folders.
+
+    python benchmarks/auto_verdicts.py benchmarks/results/2026-12-07-h100-c benchmarks/results/2026-12-07-h100-d
+
+Each folder's ``*e2e.json`` / ``*e2e.json.xz`` with an unaudited ``auto`` arm gives one row per configuration and
+concurrency (``stats.auto_verdicts``, the table the e2e report has since 2026-12-07): what ``auto`` picked, whether
+it was identical to stock, its ratio to stock and lowest round, the best unaudited arm identical to stock, and
+``auto`` over that arm by round. Issue 63's bar: identical, never below stock, within 2% of the best.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import lzma
+import os
+import sys
+
+from sglang_hostsync_plugin.e2e import stats
+
+
+def load(path: str) -> dict:
+    opener = lzma.open if path.endswith(".xz") else open
+    with opener(path, "rt") as f:
+        return json.load(f)
+
+
+def verdicts(path: str) -> list[dict]:
+    result = load(path)
+    cell_rows = stats.cells(result.get("rows") or [])
+    return stats.auto_verdicts(cell_rows, result["meta"].get("arm_slots") or {}, result.get("identity") or {},
+                               result.get("traffic") or {}, result.get("servers") or {})
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("folders", nargs="+")
+    args = p.parse_args(argv)
+    rows = []
+    for folder in args.folders:
+        for path in sorted(glob.glob(os.path.join(folder, "**", "*e2e.json*"), recursive=True)):
+            if not path.endswith((".json", ".json.xz")) or "/rereport/" in path:
+                continue
+            for v in verdicts(path):
+                rows.append((os.path.relpath(path, os.path.dirname(os.path.abspath(folder))), v))
+    if not rows:
+        print("no unaudited auto arm in these runs")
+        return 0
+    print("| run " + stats.AUTO_HEADER)
+    print("| --- " * (stats.AUTO_HEADER.count(" | ") + 2) + "|")
+    for run, v in rows:
+        print(f"| {run} " + stats.auto_row(v))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
