@@ -46,6 +46,7 @@
 #   CALL=10s bash scripts/device_pending.sh # CALL=10's DSpark half alone with an `auto` arm (6 servers): its host
 #                                           # work at c1, and auto's pick on a DSpark server;
 #                                           # then eagle_step_graph's GPU tests (launch_graph)
+#   CALL=10f bash scripts/device_pending.sh # DFlash p16 alone with an `auto` arm: auto's DFlash row on a GPU
 #   CALL=9 / CALL=9b bash scripts/device_pending.sh  # issue 67's step graphs, each with its
 #                                           # real server: 9 dflash_step_graph on dflash-p16, 9b dspark_step_graph
 #                                           # on dspark-p16 (stock / default / the slot, self-check on)
@@ -69,8 +70,10 @@
 # since), 9 and 9b ran (their acceptance check failed: accept length 1.00; they now run on "small-bigram",
 # whose block drafts are built to accept). 10, 8, 9 and 9b ran again (benchmarks/results/2026-12-07-h100-b/): 10's
 # step-graph servers logged a capture's pool assert, fixed since. 10, 8c, 7, 11c and 11b (shorter) ran on the
-# final code (benchmarks/results/2026-12-07-h100-c/). Next: 10s (67: DSpark c1's host work read 0.52x there),
-# 8d (63: auto's NGRAM set on a GPU-bound target), 7b, 11 and 5 (63), 12 and 4 (67's extra evidence), 6b (64).
+# final code (benchmarks/results/2026-12-07-h100-c/). 10s, 8d and 8e ran, 7b failed (a log name too long, fixed since)
+# and 11b with it (its ports were taken; benchmarks/results/2026-12-07-h100-d/). Next, for issue 63 (each has an auto
+# arm; benchmarks/auto_verdicts.py judges them): 7c (or 7b with 9 minutes), 11b, 11, 5, 10f, 11c (auto now picks the
+# step graph there), 2 (standalone-t4-p1's auto row); then 6b (64), 12 and 4 (67's extra evidence).
 # The device tool: carry [".device-bundle-fi"], timeout 590, and start the next call within the
 # machine's 30 s idle release.
 set -u
@@ -170,6 +173,11 @@ $COMMON --time-budget 380" bash scripts/device_call.sh ;;
 --arms stock,audit --slots default,-audit --slots auto,-audit --slots $GRAPHS,-audit --slots $GRAPHS \
 --plugin-env SGLANG_HOSTSYNC_AUDIT_MARKS=1 --plugin-env SGLANG_HOSTSYNC_STEP_GRAPH_CHECK=32 $COMMON \
 --time-budget 380" GPU_TESTS="tests/test_gpu_eagle_step_graph.py" TESTS_TIMEOUT=60 bash scripts/device_call.sh ;;
+  10f)  # CALL=10's DFlash half alone with an `auto` arm (auto's DFlash row never ran on a GPU): stock, default, auto,
+        # the step graph, unaudited, the self-check every 32nd replay
+    NAME=dflash_auto E2E_TIMEOUT=400 E2E_ARGS="--configs dflash-p16 --checkpoint-shape small-bigram --arms stock \
+--slots default,-audit --slots auto,-audit --slots default,dflash_step_graph,-audit \
+--plugin-env SGLANG_HOSTSYNC_STEP_GRAPH_CHECK=32 $COMMON --time-budget 380" bash scripts/device_call.sh ;;
   10)  # each step graph is inert in the other's configuration, so one arm holds both; the eager self-check every 32nd
       # replay (its eager step counts in the arm's host work and speed: against the slots, by about 1/32 of a step)
     GRAPHS=default,dflash_step_graph,dspark_step_graph
