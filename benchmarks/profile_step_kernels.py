@@ -121,8 +121,10 @@ def reduce_trace(events: list[dict], steps: int) -> dict:
 
 
 def arm_stem(key: str) -> str:
-    """A result key (``config/arm``) as this script names that arm's files (``<stem>.gpu.tsv.xz``)."""
-    return key.replace("/", "__").replace(":", "_").replace(",", "_")
+    """A result key (``config/arm``) as this script names that arm's files (``<stem>.gpu.tsv.xz``): the e2e's
+    file stem, cut with a hash where a long slot list would make the name too long."""
+    config, arm = key.split("/", 1)
+    return matrix.file_stem(config, arm)
 
 
 def _tsv(rows) -> bytes:
@@ -245,11 +247,11 @@ def main(argv=None) -> int:
     results = {}
     for config in configs:
         servers = {}
-        for i, arm in enumerate(arms):
-            ln = matrix.launch(config, arm, args.port + i, opts, models, out_dir)
-            run.say(f"{config.name}/{arm.name}: {ln.shell()}")
-            servers[arm.name] = run.Server(ln)
-        try:
+        try:  # a failed launch stops the servers already started (the e2e's run_config does the same)
+            for i, arm in enumerate(arms):
+                ln = matrix.launch(config, arm, args.port + i, opts, models, out_dir)
+                run.say(f"{config.name}/{arm.name}: {ln.shell()}")
+                servers[arm.name] = run.Server(ln)
             for name, srv in servers.items():
                 key = f"{config.name}/{name}"
                 try:

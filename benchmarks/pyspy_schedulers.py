@@ -37,6 +37,9 @@ import sys
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
+from sglang_hostsync_plugin.e2e import matrix  # noqa: E402  (an arm's folder is named as its e2e files)
+
 
 def scheduler_pids() -> list[int]:
     out = []
@@ -103,7 +106,7 @@ def record(ns) -> int:
     for pid, arm in pids.items():
         if arm is None:
             continue
-        folder = os.path.join(ns.out, f"{ns.config}__{re.sub(r'[^A-Za-z0-9_,-]', '_', arm)}")
+        folder = os.path.join(ns.out, matrix.file_stem(ns.config, arm))
         with open(os.path.join(ns.out, "arms.tsv"), "a") as f:
             f.write(f"{ns.config}\t{arm}\t{pid}\t{os.path.basename(folder)}\n")
         print(f"pyspy: {ns.config}/{arm}: pid {pid} -> {folder}", flush=True)

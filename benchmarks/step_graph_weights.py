@@ -100,16 +100,16 @@ def main(argv=None) -> int:
     with open(os.path.join(site, "sitecustomize.py"), "w") as f:
         f.write(SITECUSTOMIZE)
     servers = {}
-    for i, (name, slots) in enumerate(ARMS.items()):
-        launch = matrix.launch(config, matrix.Arm(name, slots), args.port + i, opts, models, args.out)
-        if name == "fault":
-            path = os.environ.get("PYTHONPATH", "")
-            launch.env.update(HOSTSYNC_FAIL_CAPTURES=str(args.fail_captures),
-                              PYTHONPATH=site + (os.pathsep + path if path else ""))
-        servers[name] = run.Server(launch)
     summary: dict = {"out": args.out, "failures": []}
     fail = summary["failures"].append
-    try:
+    try:  # a failed launch stops the servers already started
+        for i, (name, slots) in enumerate(ARMS.items()):
+            launch = matrix.launch(config, matrix.Arm(name, slots), args.port + i, opts, models, args.out)
+            if name == "fault":
+                path = os.environ.get("PYTHONPATH", "")
+                launch.env.update(HOSTSYNC_FAIL_CAPTURES=str(args.fail_captures),
+                                  PYTHONPATH=site + (os.pathsep + path if path else ""))
+            servers[name] = run.Server(launch)
         ready = client.wait_ready_all({n: (s.base, s.t0, s.alive) for n, s in servers.items()}, args.ready_timeout)
         summary["ready_s"] = {n: (round(v, 1) if isinstance(v, float) else str(v)) for n, v in ready.items()}
         if any(not isinstance(v, float) for v in ready.values()):

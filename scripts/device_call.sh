@@ -16,12 +16,7 @@ if [ -n "${DRY_RUN:-}" ]; then
   exit 0
 fi
 G=/tmp/hostsync-$NAME; rm -rf "$G"; mkdir -p "$G"
-# Servers an earlier call's e2e left (their models live under /tmp/hostsync-*) would answer on this call's ports.
-STRAY="sglang.launch_server --model-path /tmp/hostsync-"
-if pgrep -f "$STRAY" > /dev/null; then
-  echo "stopping e2e servers an earlier call left: $(pgrep -f "$STRAY" | tr '\n' ' ')" | tee "$G/strays.log"
-  pkill -KILL -f "$STRAY"; sleep 5
-fi
+bash scripts/stop_stray_servers.sh "$G/strays.log"
 source "${HOSTSYNC_BUNDLE:-.device-bundle-fi}/setup.sh" > "$G/bundle.log" 2>&1 || { cat "$G/bundle.log"; exit 1; }
 export PYTHONPATH=$PWD/tests:${PYTHONPATH:-} PYTHONUNBUFFERED=1 HOSTSYNC_GPU_TESTS=1
 export FLASHINFER_WORKSPACE_BASE="${FLASHINFER_WORKSPACE_BASE:-$HOME/.cache/sglang}"

@@ -78,6 +78,7 @@
 # machine's 30 s idle release.
 set -u
 cd "$(dirname "$0")/.."
+[ -n "${DRY_RUN:-}" ] || bash scripts/stop_stray_servers.sh  # before CALL=3's step_graph_weights, which starts servers too
 COMMON="--concurrency 1 8 --rounds 6 --requests 2 --max-new-tokens 64 --traffic-requests 48 --traffic-aborts 8 \
 --server-arg=--disable-prefill-cuda-graph --ready-timeout 300"
 case "${CALL:-}" in

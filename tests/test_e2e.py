@@ -1199,40 +1199,39 @@ def test_an_arms_file_stem_fits_a_file_name_and_stays_distinct():
     long_b = matrix.file_stem("eagle3-t1-p16", f"slots:default,eagle_step_graph,eagle_host,{minus},-chain_tree_full_mask,-audit")
     assert len(long_a) <= matrix.STEM_MAX and len(long_b) <= matrix.STEM_MAX and long_a != long_b
     assert long_a.startswith("eagle3-t1-p16__slots_default_eagle_step_graph_eagle_host")
-    assert len((long_b + ".first-start.log").encode()) <= 255
+    assert matrix.file_stem("c", "slots:é") == "c__slots__"  # counted in characters: ASCII only
 
 
 def test_a_launch_that_fails_stops_the_servers_already_started(tmp_path, monkeypatch):
-    # CALL=7b (H100 2026-12-07): the third server's log could not be opened; the two started kept running and
-    # answered on the next call's ports, which then compared an EAGLE3 server against NGRAM ones.
+    # CALL=7b (H100 2026-12-07): the fourth server's log could not be opened; the three started kept running and
+    # answered on the next call's ports, which then compared EAGLE3 servers against NGRAM ones.
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
     port = free_port_base(2)
     started = []
-    real_server, real_launch = run.Server, matrix.launch
 
-    class Recorded(real_server):
+    class Recorded(run.Server):
         def __init__(self, launch):
+            if started:  # where the real one failed: opening the arm's log
+                raise OSError(36, "File name too long", launch.log)
             super().__init__(launch)
             started.append(self)
 
-    def launch(config, arm, *a, **k):
-        if started:
-            raise OSError(36, "File name too long")
-        return real_launch(config, arm, *a, **k)
-
     monkeypatch.setattr(run, "Server", Recorded)
-    monkeypatch.setattr(matrix, "launch", launch)
     argv = ["--server-module", "fake_sglang_server", "--weights", "dummy", "--configs", "standalone-t4-p16",
             "--arms", "stock,plugin", "--port", str(port), "--out", str(tmp_path / "run"), "--ready-timeout", "30"]
-    with pytest.raises(OSError):
-        run.main(argv)
-    assert len(started) == 1
-    assert started[0].proc.poll() is not None  # stopped, not left on its port
+    try:
+        with pytest.raises(OSError):
+            run.main(argv)
+        assert len(started) == 1
+        assert started[0].proc.poll() is not None  # stopped, not left on its port
+    finally:
+        for srv in started:
+            srv.stop()
 
 
 def test_a_server_answering_with_another_model_is_not_measured_as_the_arms(tmp_path, monkeypatch):
     # CALL=11b (H100 2026-12-07): three arms' servers could not bind their ports, where an earlier call's
-    # EAGLE3 servers answered; their real-traffic pass compared those instead.
+    # EAGLE3 servers answered; the e2e compared those in their place.
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
     out = tmp_path / "run"
     argv = ["--server-module", "fake_sglang_server", "--weights", "dummy", "--configs", "standalone-t4-p16", "--arms", "stock",
@@ -1275,9 +1274,81 @@ def test_auto_is_judged_against_stock_and_the_best_arm_identical_to_stock():
     (v,) = stats.auto_verdicts(cell_rows, arm_slots, identity, traffic, servers)
     assert v["best_is_the_pick"] and v["within"]
     md = "\n".join(stats.auto_lines([v]))
-    assert "| c | 1 | slots:auto | b,default | yes | 1.100 (0.990) | slots:b (1.130) = the pick (A/A) | 0.957 | NO |" in md
-    # auto's own outputs differ in the real-traffic pass: not identical, whatever its speed
-    traffic["c/slots:auto"]["sequential"]["identical"] = False
-    (v,) = stats.auto_verdicts(cell_rows, arm_slots, identity, traffic, servers)
-    assert v["identical"] is False
+    assert "| c | 1 | slots:auto | b,default | yes | 1.100 (0.990) | slots:b (1.130) = the pick (A/A) | 0.957 (3) | NO |" in md
     assert stats.auto_verdicts(cell_rows, {**arm_slots, "slots:auto": "default"}, identity, traffic, servers) == []
+
+
+@pytest.mark.parametrize("change, verdict", [
+    (lambda i, t: t["c/slots:auto"]["sequential"].update(identical=False), False),
+    (lambda i, t: t["c/slots:auto"].update(after_aborts={"identical": False, "evidence": True}), False),
+    (lambda i, t: t["c/slots:auto"]["concurrent"].update(errors=["HTTP 500"]), False),
+    (lambda i, t: t["c/slots:auto"].update(errors=["timeout"]), False),
+    (lambda i, t: i.update({"c/slots:auto": {**i["c/slots:auto"], "identical": False}}), False),
+    # NGRAM's trie not flushed: no evidence either way (the e2e's own verdicts skip such checks)
+    (lambda i, t: t["c/slots:auto"].update(after_aborts={"identical": False, "evidence": False}),
+     stats.NO_EVIDENCE),
+    (lambda i, t: i.update({"c/slots:auto": {**i["c/slots:auto"], "identical": False, "evidence": False}}),
+     stats.NO_EVIDENCE),
+    (lambda i, t: (i.pop("c/slots:auto"), t.pop("c/slots:auto")), None),
+])
+def test_auto_is_identical_only_where_every_check_it_had_passed(change, verdict):
+    rows = [load_row("c", 1, arm, r, [v], v) for arm, v in (("stock", 100), ("slots:auto", 110), ("slots:b", 105))
+            for r in range(2)]
+    same = {"identical": True, "first_mismatch": None, "logprobs_compared": True, "evidence": True}
+    identity = {"c/slots:auto": dict(same), "c/slots:b": dict(same)}
+    traffic = {"c/slots:auto": {"sequential": {"identical": True, "evidence": True},
+                                "after_aborts": {"identical": True, "evidence": True},
+                                "concurrent": {"errors": [], "completed": 40, "aborted": 8, "health": True}}}
+    change(identity, traffic)
+    (v,) = stats.auto_verdicts(stats.cells(rows), {"slots:auto": "auto", "slots:b": "b"}, identity, traffic)
+    assert v["identical"] == verdict if verdict is not None else v["identical"] is None
+    # only an arm identical to stock is a bar: auto, not identical, is measured against b alone
+    assert v["best"] == ("slots:auto" if verdict is True else "slots:b")
+    row = stats.auto_row(v)
+    assert row.endswith("| yes |") == (verdict is True)
+    assert {True: "| yes |", False: "| NO |", stats.NO_EVIDENCE: "| no evidence |", None: "| - |"}[verdict] in row
+
+
+def test_auto_verdicts_without_stock_or_slots_of_an_older_run():
+    # an arm missing from arm_slots (an older e2e.json) counts as audited by its audit figures
+    rows = [load_row("c", 1, arm, r, [v], v) for arm, v in (("stock", 100), ("slots:auto", 110), ("slots:x", 300),
+                                                             ("slots:y", 120)) for r in range(2)]
+    cell_rows = stats.cells(rows)
+    for c in cell_rows:
+        c["audit"] = {"syncs_per_step": 0.0} if c["arm"] == "slots:x" else None
+    same = {"identical": True, "first_mismatch": None, "logprobs_compared": True}
+    identity = {f"c/{a}": same for a in ("slots:auto", "slots:x", "slots:y")}
+    (v,) = stats.auto_verdicts(cell_rows, {"slots:auto": "auto"}, identity, {})
+    assert v["best"] == "slots:y" and v["over_best"] == pytest.approx(110 / 120)
+    # no stock rows: no ratio, no bar, no verdict of speed
+    (v,) = stats.auto_verdicts(stats.cells([r for r in rows if r["arm"] == "slots:auto"]), {"slots:auto": "auto"}, {}, {})
+    assert v["best"] is None and v["ratio"] is None and v["lowest_round"] is None
+    assert not v["never_below"] and not v["within"] and v["identical"] is None
+
+
+def test_the_report_has_autos_table_from_the_runs_own_arm_slots_and_traffic(tmp_path):
+    rows = [load_row("c", 1, arm, r, [v], v) for arm, v in (("stock", 100), ("slots:auto,-audit", 120)) for r in range(2)]
+    result = {"meta": {"arms": ["stock", "slots:auto,-audit"], "arm_slots": {"stock": None, "slots:auto,-audit": "auto"},
+                       "configs": ["c"], "command": "x", "date": "d", "concurrency": [1], "rounds": 2,
+                       "max_new_tokens": 8},
+              "rows": rows, "servers": {"c/slots:auto,-audit": {"ready_s": 1.0, "status_block": [
+                  "  auto: C: 1.2x; pin it with SGLANG_HOSTSYNC_SLOTS=default,a"]}, "c/stock": {"ready_s": 1.0}},
+              "identity": {"c/slots:auto,-audit": {"identical": True, "first_mismatch": None, "logprobs_compared": True}},
+              "traffic": {"c/slots:auto,-audit": {"sequential": {"identical": False, "evidence": True, "same": 24,
+                                                                 "compared": 25, "mismatches": [{"name": "x"}]}}}}
+    md = run.report(result, str(tmp_path), {})
+    assert "| c | 1 | slots:auto,-audit | default,a | NO | 1.200 (1.200) | - (-) | - (0) | NO |" in md
+
+
+def test_a_server_is_its_arms_where_sglang_rewrote_the_model_path_it_was_launched_with(monkeypatch):
+    # SGLang rewrites a model path it downloads (ModelScope, a Hub GGUF); its launch command keeps the original
+    launch = matrix.Launch("c", "stock", 31000, ("python", "-m", "sglang.launch_server", "--model-path", "/m/t",
+                                                 "--port", "31000"), {}, "/tmp/x.log", "")
+    srv = type("S", (), {"launch": launch, "base": "http://127.0.0.1:31000"})()
+    answers = {"model_path": "/cache/t-snapshot", "launch_command": "--model-path /m/t --port 31000"}
+    monkeypatch.setattr(client, "server_info", lambda base: answers)
+    assert run.not_its_own(srv) is None
+    answers["launch_command"] = "--model-path /tmp/hostsync-t1set_b/run/e2e/models/t --port 31000"
+    assert "another server answers on this port (model /cache/t-snapshot" in run.not_its_own(srv)
+    answers.clear()  # a server that does not say (or an older SGLang): not judged
+    assert run.not_its_own(srv) is None

@@ -18,6 +18,7 @@ sys.path[:0] = [os.path.join(HERE, "..", ".."), os.path.join(HERE, "..")]  # the
 
 import raw_archive  # noqa: E402  (the traces are inside the run folder's raw.tar.xz)
 
+from sglang_hostsync_plugin.e2e import matrix  # noqa: E402
 from sglang_hostsync_plugin.slots.audit import parse_trace  # noqa: E402
 
 BUCKETS = ((1, 1), (2, 3), (4, 6), (7, 10), (11, 10**9))
@@ -28,7 +29,8 @@ def main(folder):
     for name in raw_archive.listdir(folder):
         if ".trace.tsv" not in name:
             continue
-        config, arm_file = name.split(".trace")[0].split("__", 1)
+        stem = name.split(".trace")[0]
+        config = stem.split("__", 1)[0]
         steps = parse_trace(raw_archive.read_text(os.path.join(folder, name)))
         by = {s.step: s for s in steps}
         since = {}
@@ -36,7 +38,7 @@ def main(folder):
             since[s.step] = since.get(s.step - 1, 0) + 1 if s.decode else 0
         for conc in sorted({r["concurrency"] for r in run["rows"]}):
             rows = [r for r in run["rows"] if r["config"] == config and r["concurrency"] == conc
-                    and r["arm"].replace(":", "_").replace(",", "_") == arm_file]
+                    and matrix.file_stem(config, r["arm"]) == stem]
             pairs, misses, idle = 0, collections.Counter(), 0.0
             total = collections.Counter()
             for s in steps:
@@ -56,7 +58,7 @@ def main(folder):
                 continue
             cells = ", ".join(f"{lo}-{hi if hi < 10**9 else 'end'}: {misses[i]}/{total[i]}"
                               for i, (lo, hi) in enumerate(BUCKETS))
-            print(f"{config} {arm_file} c{conc}: {pairs} decode pairs, run-ahead {1 - sum(misses.values()) / pairs:.3f}; "
+            print(f"{stem} c{conc}: {pairs} decode pairs, run-ahead {1 - sum(misses.values()) / pairs:.3f}; "
                   f"misses by steps after the prefill ({cells}); GPU idle before a step {idle / pairs:.0f} µs per step")
 
 

@@ -295,11 +295,11 @@ def server_needs(configs, opts: Options) -> dict[str, list[str]]:
     return needs
 
 
-STEM_MAX = 120  # a file name is at most 255 bytes; the longest suffix is ".first-start.log"
+STEM_MAX = 120  # a file name is at most 255 bytes; suffixes run to 19 (".trace.rank1.tsv.xz", ".first-start.log.xz")
 
 
 def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    return "".join(c if (c.isascii() and c.isalnum()) or c in "-_." else "_" for c in name)
 
 
 def file_stem(config_name: str, arm_name: str) -> str:

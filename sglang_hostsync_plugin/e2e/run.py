@@ -579,13 +579,17 @@ def traffic_failures(result: dict) -> list[str]:
 
 
 def not_its_own(srv: Server) -> str | None:
-    """Why the server answering on this arm's port is another one (``/server_info``'s model path is not
-    the one launched), or None. A server left on the port by an earlier run answered for three arms
-    whose own could not bind (H100 2026-12-07), and was compared as theirs."""
+    """Why the server answering on this arm's port is another one, or None: ``/server_info``'s model path is
+    not the one launched, nor is it in the server's own launch command (SGLang rewrites a path it downloads).
+    A server left on the port by an earlier run answered for three arms whose own could not bind (H100
+    2026-12-07), and was compared as theirs. One launched with the very same model path is not told apart."""
     argv = list(srv.launch.argv)
     launched = argv[argv.index("--model-path") + 1] if "--model-path" in argv else None
-    answered = client.server_info(srv.base).get("model_path")
+    info = client.server_info(srv.base)
+    answered, command = info.get("model_path"), info.get("launch_command")
     if launched is None or not isinstance(answered, str) or os.path.normpath(answered) == os.path.normpath(launched):
+        return None
+    if isinstance(command, str) and launched in command.split():
         return None
     return f"another server answers on this port (model {answered}, this arm launched {launched})"
 

@@ -565,18 +565,26 @@ def traffic_markdown(traffic: dict[str, dict]) -> str:
 AUTO_WITHIN = 0.98  # issue 63's bar: auto's tok/s/user at least 98% of the best identical arm's
 
 
-def _identical(key: str, identity: dict, traffic: dict) -> bool | None:
-    """Every output check a server had against stock passed (None: it had none)."""
+NO_EVIDENCE = "no evidence"
+
+
+def _identical(key: str, identity: dict, traffic: dict) -> bool | str | None:
+    """True where every output check a server had against stock passed, False where one failed, NO_EVIDENCE
+    where none failed but one could not decide (NGRAM's trie not flushed), None where it had none."""
     checks = []
     if key in identity:
-        checks.append(bool(identity[key]["identical"]) and identity[key].get("evidence", True))
+        checks.append((bool(identity[key]["identical"]), identity[key].get("evidence", True)))
     t = traffic.get(key) or {}
     for part in ("sequential", "after_aborts"):
         if t.get(part) is not None:
-            checks.append(bool(t[part]["identical"]) and t[part].get("evidence", True))
+            checks.append((bool(t[part]["identical"]), t[part].get("evidence", True)))
     if t.get("concurrent") is not None:
-        checks.append(not t["concurrent"]["errors"] and not t.get("errors"))
-    return all(checks) if checks else None
+        checks.append((not t["concurrent"]["errors"] and not t.get("errors"), True))
+    if not checks:
+        return None
+    if any(not same and evidence for same, evidence in checks):
+        return False
+    return True if all(evidence for _, evidence in checks) else NO_EVIDENCE
 
 
 PIN = "pin it with SGLANG_HOSTSYNC_SLOTS="
@@ -613,11 +621,11 @@ def auto_verdicts(cell_rows: list[dict], arm_slots: dict[str, str | None], ident
     for (config, conc), cs in sorted(grouped.items()):
         for auto in (c for c in cs if is_auto(c["arm"])):
             ok = {c["arm"]: _identical(f"{config}/{c['arm']}", identity, traffic) for c in cs}
-            fair = [c for c in cs if ok[c["arm"]] and c["ratio_tok_s_user"] is not None]
+            fair = [c for c in cs if ok[c["arm"]] is True and c["ratio_tok_s_user"] is not None]
             best = max(fair, key=lambda c: c["ratio_tok_s_user"], default=None)
             ra, rb = auto["tok_s_user_by_round"], (best or {}).get("tok_s_user_by_round") or {}
             by = [r for k in sorted(ra.keys() & rb.keys()) if (r := _ratio(ra[k], rb[k])) is not None]
-            over_best = 1.0 if best is auto else median(by)
+            over_best = median(by)
             lowest = min(auto["ratio_by_round"]) if auto["ratio_by_round"] else None
             picked = auto_pick(((servers or {}).get(f"{config}/{auto['arm']}") or {}).get("status_block") or ())
             same_set = (best is not None and best is not auto and picked is not None
@@ -633,14 +641,15 @@ def auto_verdicts(cell_rows: list[dict], arm_slots: dict[str, str | None], ident
 
 
 AUTO_HEADER = ("| config | conc | auto arm | its pick | identical | over stock (lowest round) "
-               "| best identical arm (over stock) | auto / best | identical, never below stock, within |")
+               "| best identical arm (over stock) | auto / best (rounds) | identical, never below stock, within |")
 
 
 def auto_row(v: dict) -> str:
-    return (f"| {v['config']} | {v['concurrency']} | {v['arm']} | {v['picked'] or '-'} | {_yes(bool(v['identical']))} | "
+    same = {True: "yes", False: "NO", NO_EVIDENCE: "no evidence", None: "-"}[v["identical"]]
+    return (f"| {v['config']} | {v['concurrency']} | {v['arm']} | {v['picked'] or '-'} | {same} | "
             f"{fmt(v['ratio'], '.3f')} ({fmt(v['lowest_round'], '.3f')}) | {v['best'] or '-'} "
             f"({fmt(v['best_ratio'], '.3f')}){' = the pick (A/A)' if v['best_is_the_pick'] else ''} | "
-            f"{fmt(v['over_best'], '.3f')} | {_yes(bool(v['identical']) and v['never_below'] and v['within'])} |")
+            f"{fmt(v['over_best'], '.3f')} ({v['rounds_paired']}) | {_yes(v['identical'] is True and v['never_below'] and v['within'])} |")
 
 
 def auto_lines(verdicts: list[dict]) -> list[str]:

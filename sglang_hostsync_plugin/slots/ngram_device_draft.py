@@ -535,7 +535,7 @@ SLOT = Slot(
     summary="NGRAM's draft as a prompt-lookup chain proposed on the device from a device token history, "
             "inside the step: no trie lookup, accepted-token reads or draft copies, and on triton no per-step "
             "seq-lens wait (FlashInfer keeps it); acceptance differs from the trie's, so greedy ids match stock's only up "
-            "to verify numerics (near-tied ids can flip: 2 of 25 requests on a random model)",
+            "to verify numerics (2 of 25 requests differed on a random model, near-ties likely)",
     default=False,
     requires=(ngram_full_mask.NAME,),  # its part of the site builds the full mask from the device tree
     conflicts=tuple(CONFLICTS),
