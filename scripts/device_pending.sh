@@ -23,6 +23,8 @@
 #   CALL=6 / CALL=6b bash scripts/device_pending.sh   # two slots' GPU tests whole, each with
 #                                           # its real server: 6 ngram_device_draft incl. part 2 (triton NGRAM),
 #                                           # 6b the certified plan's FlashInfer topk-1 e2e: what registering waits on
+#   CALL=13 bash scripts/device_pending.sh  # issue 64's FlashInfer plan made on the device, against FlashInfer's
+#                                           # planner (tests/test_gpu_flashinfer_device_plan.py; no server)
 #   CALL=7 bash scripts/device_pending.sh   # issue 63's combined topk-1 set (eagle_step_graph + the eagle_host
 #                                           # slots that may run beside it) against each alone, EAGLE3 and
 #                                           # STANDALONE topk 1 page 16 triton, real-traffic pass first
@@ -73,7 +75,8 @@
 # final code (benchmarks/results/2026-12-07-h100-c/). 10s, 8d and 8e ran, 7b failed (a log name too long, fixed since)
 # and 11b with it (its ports were taken; benchmarks/results/2026-12-07-h100-d/). Next, for issue 63 (each has an auto
 # arm; benchmarks/auto_verdicts.py judges them): 7c (or 7b with 9 minutes), 11b, 11, 5, 10f, 11c (auto now picks the
-# step graph there), 2 (standalone-t4-p1's auto row); then 6b (64), 12 and 4 (67's extra evidence).
+# step graph there), 2 (standalone-t4-p1's auto row); for issue 64: 13 (short: run it first) and 6b; 12 and 4
+# (67's extra evidence).
 # The device tool: carry [".device-bundle-fi"], timeout 590, and start the next call within the
 # machine's 30 s idle release.
 set -u
@@ -119,6 +122,8 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
 --server-arg=--disable-prefill-cuda-graph --ready-timeout 300 --time-budget 520" bash scripts/device_call.sh ;;
   6)
     NAME=ngram_draft GPU_TESTS="tests/test_gpu_ngram_device_draft.py" TESTS_TIMEOUT=560 bash scripts/device_call.sh ;;
+  13)  # issue 64's device plan against FlashInfer's own planner (no server; about a minute after the bundle)
+    NAME=device_plan GPU_TESTS="tests/test_gpu_flashinfer_device_plan.py" TESTS_TIMEOUT=240 bash scripts/device_call.sh ;;
   6b)
     NAME=cert_plan GPU_TESTS="tests/test_gpu_flashinfer_certified_plan.py" TESTS_TIMEOUT=560 \
       bash scripts/device_call.sh ;;

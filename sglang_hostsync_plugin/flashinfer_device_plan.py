@@ -1,0 +1,108 @@
+"""FlashInfer 0.7.2's FA2 prefill plan made on the device, from the device's own lengths (issue 64).
+
+Under CUDA graphs everything the planner writes that depends on the KV lengths lives in the device int
+workspace: the chunk size, the (request, qo tile, kv tile) work list, ``merge_indptr``, ``o_indptr``,
+``block_valid_mask`` and the row count. ``plan_info`` (the offsets, the padded batch size, ``cta_tile_q``,
+``split_kv``, which is always true under CUDA graphs) is fixed by the captured shape. So the plan a replay
+needs can be computed on the stream from the exact device lengths, with no host lengths and no sync:
+``prefill_plan`` is ``scheduler.cuh``'s ``PrefillBinarySearchKVChunkSize`` + ``PrefillSplitQOKVIndptr`` for
+that case (no sliding window, no fixed split, split KV on), checked against the CPU port
+(``flashinfer_split.prefill_split_qo_kv_indptr``) in ``tests/test_flashinfer_device_plan.py``.
+
+Not wired into SGLang yet (docs/flashinfer-bound-plan.md, "A plan made on the device"); nothing imports it.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _prefill_plan_kernel(
+    qo_indptr, kv_indptr,  # int32 [bs + 1] each, KV in pages
+    ws32, ws8,  # the device int workspace as int32 and as uint8 (block_valid_mask is bytes)
+    bs, gqa, cta_tile_q, max_batch_size_if_split, min_kv_chunk_size, page_size, padded, max_rows,
+    request_off, qo_tile_off, kv_tile_off, merge_off, o_off, chunk_off, mask_off, rows_off,  # int32 / byte offsets
+    BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+):
+    offs = tl.arange(0, BLOCK)
+    live = offs < bs
+    qo_lo = tl.load(qo_indptr + offs, mask=live, other=0)
+    qo_len = tl.load(qo_indptr + offs + 1, mask=live, other=0) - qo_lo
+    kv = tl.load(kv_indptr + offs + 1, mask=live, other=0) - tl.load(kv_indptr + offs, mask=live, other=0)
+    tiles_q = tl.where(live, (qo_len * gqa + cta_tile_q - 1) // cta_tile_q, 0)
+    kv1 = tl.maximum(kv, 1)
+
+    # PrefillBinarySearchKVChunkSize: the smallest chunk whose work list fits the split budget
+    low = min_kv_chunk_size
+    high = tl.maximum(tl.max(tl.where(live, kv1, 1), axis=0), 1)
+    for _ in range(SEARCH_STEPS):
+        active = low < high
+        mid = tl.maximum((low + high) // 2, 1)
+        work = tl.sum(tiles_q * ((kv1 + mid - 1) // mid), axis=0)
+        over = work > max_batch_size_if_split
+        low = tl.where(active & over, mid + 1, low)
+        high = tl.where(active & (work <= max_batch_size_if_split), mid, high)
+    chunk = low
+
+    chunks = tl.where(live, (kv1 + chunk - 1) // chunk, 0)
+    per_request = tiles_q * chunks
+    start = tl.cumsum(per_request, axis=0) - per_request  # each request's first work item
+    new_batch_size = tl.sum(per_request, axis=0)
+    outs = qo_len * chunks
+    tl.store(ws32 + o_off, 0)
+    tl.store(ws32 + o_off + 1 + offs, tl.cumsum(outs, axis=0), mask=live)
+    tl.store(ws32 + chunk_off, chunk * page_size)
+    total_rows = tl.load(qo_indptr + bs)
+    tl.store(ws32 + rows_off, total_rows)
+
+    # The work list, item p: its request is the last whose start is <= p; within it, qo tiles outer, kv tiles inner
+    row_out = tl.cumsum(outs, axis=0) - outs  # merge_indptr before each request's first row
+    for p0 in range(0, padded, BLOCK_P):
+        p = p0 + tl.arange(0, BLOCK_P)
+        owns = (start[None, :] <= p[:, None]) & live[None, :] & (per_request[None, :] > 0)
+        r = tl.max(tl.where(owns, offs[None, :], -1), axis=1)  # requests with no work (no query rows) own none
+        pick = offs[None, :] == r[:, None]
+        r_start = tl.sum(tl.where(pick, start[None, :], 0), axis=1)
+        r_chunks = tl.maximum(tl.sum(tl.where(pick, chunks[None, :], 0), axis=1), 1)
+        j = p - r_start
+        valid = p < new_batch_size
+        tl.store(ws32 + request_off + p, r, mask=valid)
+        tl.store(ws32 + qo_tile_off + p, j // r_chunks, mask=valid)
+        tl.store(ws32 + kv_tile_off + p, j % r_chunks, mask=valid)
+        tl.store(ws8 + mask_off + p, valid.to(tl.uint8), mask=p < padded)
+
+    # merge_indptr: one entry per query row, each row adding its request's chunk count
+    tl.store(ws32 + merge_off, 0)
+    for q0 in range(0, max_rows, BLOCK_P):  # the captured row count bounds the real one
+        q = q0 + tl.arange(0, BLOCK_P)
+        mine = (qo_lo[None, :] <= q[:, None]) & live[None, :] & (qo_len[None, :] > 0)
+        r = tl.max(tl.where(mine, offs[None, :], -1), axis=1)
+        pick = offs[None, :] == r[:, None]
+        base = tl.sum(tl.where(pick, row_out[None, :], 0), axis=1)
+        lo = tl.sum(tl.where(pick, qo_lo[None, :], 0), axis=1)
+        n = tl.sum(tl.where(pick, chunks[None, :], 0), axis=1)
+        tl.store(ws32 + merge_off + 1 + q, base + (q - lo + 1) * n, mask=q < total_rows)
+
+
+def prefill_plan(qo_indptr, kv_indptr, workspace, plan_info: dict, *, batch_size: int, gqa: int,
+                 max_batch_size_if_split: int, page_size: int) -> None:
+    """Writes, on ``qo_indptr``'s stream, what FlashInfer's CUDA-graph prefill plan writes for these lengths
+    into ``workspace`` (the device int workspace, uint8) at ``plan_info``'s offsets (byte offsets, as
+    ``flashinfer_split.PLAN_INFO_FIELDS`` names them; ``cta_tile_q`` and ``padded_batch_size`` from the same
+    plan_info). ``kv_indptr`` in pages; both int32 with ``batch_size + 1`` entries on the device."""
+    ws32 = workspace.view(dtype=torch.int32)
+    block = max(16, triton.next_power_of_2(batch_size))
+    padded = plan_info["padded_batch_size"]
+    _prefill_plan_kernel[(1,)](
+        qo_indptr, kv_indptr, ws32, workspace,
+        batch_size, gqa, plan_info["cta_tile_q"], max_batch_size_if_split, max(128 // page_size, 1), page_size, padded,
+        plan_info["total_num_rows"],
+        plan_info["request_indices_offset"] // 4, plan_info["qo_tile_indices_offset"] // 4,
+        plan_info["kv_tile_indices_offset"] // 4, plan_info["merge_indptr_offset"] // 4,
+        plan_info["o_indptr_offset"] // 4, plan_info["kv_chunk_size_ptr_offset"] // 4,
+        plan_info["block_valid_mask_offset"], plan_info["total_num_rows_offset"] // 4,
+        BLOCK=block, BLOCK_P=32, SEARCH_STEPS=32,
+    )

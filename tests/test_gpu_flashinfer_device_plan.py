@@ -1,0 +1,69 @@
+"""The device plan against FlashInfer 0.7.2's own CUDA-graph prefill planner (through SGLang's
+``fast_prefill_plan``, as SGLang replays verify and draft extend): the bytes it writes at plan_info's offsets
+equal the ones FlashInfer wrote into its pinned buffer, on random lengths near chunk boundaries, for every
+batch size and query width SGLang captures; and it runs inside a CUDA graph. Skipped without CUDA."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+pytest.importorskip("flashinfer")
+
+from sglang_hostsync_plugin import flashinfer_split as fs  # noqa: E402
+from sglang_hostsync_plugin.flashinfer_device_plan import prefill_plan  # noqa: E402
+from test_gpu_flashinfer_certified_plan import HEADS, Prefill, _indptr, _lens  # noqa: E402
+
+
+def _device_plan(site: Prefill, kv_lens, info: dict, ws: torch.Tensor) -> None:
+    qo = torch.arange(0, (site.bs + 1) * site.qo, site.qo, dtype=torch.int32, device="cuda")
+    prefill_plan(qo, _indptr(kv_lens).cuda(), ws, info, batch_size=site.bs, gqa=site.hq // site.hkv,
+                 max_batch_size_if_split=fs.prefill_max_batch_size_if_split(fs.Device.current().num_sm, site.hkv),
+                 page_size=1)
+
+
+def test_the_device_plan_writes_what_flashinfers_planner_writes():
+    rng = random.Random(3)
+    device = fs.Device.current()
+    checked = 0
+    for bs in (1, 2, 3, 4, 7, 8, 16, 32, 64):
+        for qo in (1, 2, 4, 8):
+            site = Prefill(bs, qo, rng.choice(HEADS))
+            for _ in range(8):
+                lens = _lens(rng, bs)
+                call, plan_info, pinned = site.plan(lens)
+                info = dict(zip(fs.PLAN_INFO_FIELDS, (int(x) for x in plan_info)))
+                ws = torch.zeros(pinned.numel(), dtype=torch.uint8, device="cuda")
+                _device_plan(site, lens, info, ws)
+                model = fs.plan_call(call, device)
+                assert fs.read_written(plan_info, ws.cpu(), model, bs) == fs.read_written(plan_info, pinned, model, bs), \
+                    (bs, qo, lens)
+                checked += 1
+    assert checked == 9 * 4 * 8
+
+
+def test_the_device_plan_replays_in_a_cuda_graph_from_the_lengths_on_the_device():
+    rng = random.Random(4)
+    site = Prefill(8, 4, (32, 8))
+    lens = _lens(rng, 8)
+    _, plan_info, pinned = site.plan(lens)
+    info = dict(zip(fs.PLAN_INFO_FIELDS, (int(x) for x in plan_info)))
+    ws = torch.zeros(pinned.numel(), dtype=torch.uint8, device="cuda")
+    qo = torch.arange(0, 9 * 4, 4, dtype=torch.int32, device="cuda")
+    kv = _indptr(lens).cuda()
+    gqa, split = 4, fs.prefill_max_batch_size_if_split(fs.Device.current().num_sm, 8)
+    prefill_plan(qo, kv, ws, info, batch_size=8, gqa=gqa, max_batch_size_if_split=split, page_size=1)  # compile
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        prefill_plan(qo, kv, ws, info, batch_size=8, gqa=gqa, max_batch_size_if_split=split, page_size=1)
+    for _ in range(10):
+        lens = _lens(rng, 8)
+        call, plan_info, pinned = site.plan(lens)
+        kv.copy_(_indptr(lens).cuda())
+        ws.zero_()
+        graph.replay()
+        model = fs.plan_call(call, fs.Device.current())
+        assert fs.read_written(plan_info, ws.cpu(), model, 8) == fs.read_written(plan_info, pinned, model, 8), lens
