@@ -32,9 +32,11 @@ def test_the_device_plan_writes_what_flashinfers_planner_writes():
     for bs in (1, 2, 3, 4, 7, 8, 16, 32, 64):
         for qo in (1, 2, 4, 8):
             site = Prefill(bs, qo, rng.choice(HEADS))
+            fixed = list(site.w._plan_info)  # the capture's: the device plan leaves it as it is
             for _ in range(8):
                 lens = _lens(rng, bs)
                 call, plan_info, pinned = site.plan(lens)
+                assert plan_info == fixed, (bs, qo, lens)  # no field of it moves with the lengths
                 info = dict(zip(fs.PLAN_INFO_FIELDS, (int(x) for x in plan_info)))
                 ws = torch.zeros(pinned.numel(), dtype=torch.uint8, device="cuda")
                 _device_plan(site, lens, info, ws)
