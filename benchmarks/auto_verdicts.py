@@ -5,7 +5,7 @@
 Each folder's ``*e2e.json`` / ``*e2e.json.xz`` with an unaudited ``auto`` arm gives one row per configuration and
 concurrency (``stats.auto_verdicts``, the table the e2e report has since 2026-12-07): what ``auto`` picked, whether
 it was identical to stock, its ratio to stock and lowest round, the best unaudited arm identical to stock, and
-``auto`` over that arm by round. Issue 63's bar: identical, never below stock, within 2% of the best.
+``auto`` over that arm by round. The bar: identical, never below stock, within 2% of the best.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""FlashInfer 0.7.2's FA2 prefill plan made on the device, from the device's own lengths (issue 64).
+"""FlashInfer 0.7.2's FA2 prefill plan made on the device from the device's own lengths: no host lengths, no sync.
 
 Under CUDA graphs everything the planner writes that depends on the KV lengths lives in the device int
 workspace: the chunk size, the (request, qo tile, kv tile) work list, ``merge_indptr``, ``o_indptr``,

@@ -562,7 +562,7 @@ def traffic_markdown(traffic: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n\n"
 
 
-AUTO_WITHIN = 0.98  # issue 63's bar: auto's tok/s/user at least 98% of the best identical arm's
+AUTO_WITHIN = 0.98  # auto's bar: auto's tok/s/user at least 98% of the best identical arm's
 
 
 NO_EVIDENCE = "no evidence"
@@ -602,7 +602,7 @@ def auto_verdicts(cell_rows: list[dict], arm_slots: dict[str, str | None], ident
                   servers: dict | None = None) -> list[dict]:
     """Per (configuration, concurrency) with an unaudited ``auto`` arm: whether it was identical to stock,
     its lowest round against stock, and its tok/s/user over the best unaudited arm identical to stock,
-    round by round (issue 63: identical, never below stock, within 2% of the best arm). Where the best arm
+    round by round (auto's bar: identical, never below stock, within 2% of the best arm). Where the best arm
     runs the very set ``auto`` picked, the two are an A/A pair and ``auto`` is within by its choice."""
     def tokens(arm):
         return {t.strip() for t in (arm_slots.get(arm) or "").split(",")}
