@@ -4,8 +4,9 @@
 
 Each folder's ``*e2e.json`` / ``*e2e.json.xz`` with an unaudited ``auto`` arm gives one row per configuration and
 concurrency (``stats.auto_verdicts``, the table the e2e report has since 2026-12-07): what ``auto`` picked, whether
-it was identical to stock, its ratio to stock and lowest round, the best unaudited arm identical to stock, and
-``auto`` over that arm by round. The bar: identical, never below stock, within 2% of the best.
+it was identical to stock, its ratio to stock and lowest round, the best unaudited arm identical to stock,
+``auto`` over that arm by round, and what ``auto`` picks for that server today (a row whose pick changed since
+needs a new run). The bar: identical, never below stock, within 2% of the best.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ import glob
 import json
 import lzma
 import os
+import shlex
 import sys
 
+from sglang_hostsync_plugin import choice, doctor
 from sglang_hostsync_plugin.e2e import stats
 
 
@@ -26,11 +29,35 @@ def load(path: str) -> dict:
         return json.load(f)
 
 
+def todays_pick(command: str) -> str | None:
+    """What ``auto`` picks today for the server a run launched (its command as e2e.json keeps it), from the
+    doctor's reading of its arguments; None where the facts leave the class open."""
+    words = shlex.split(command)
+    if "sglang.launch_server" not in words:
+        return None
+    args, _ = doctor._parser().parse_known_args(["doctor", *words[words.index("sglang.launch_server") + 1:]])
+    picked = choice.pick(doctor.facts_of(args))
+    return None if picked is None else picked.spec
+
+
 def verdicts(path: str) -> list[dict]:
+    """The run's ``auto`` verdicts, each with ``today``: what ``auto`` picks for that server now."""
     result = load(path)
     cell_rows = stats.cells(result.get("rows") or [])
-    return stats.auto_verdicts(cell_rows, result["meta"].get("arm_slots") or {}, result.get("identity") or {},
-                               result.get("traffic") or {}, result.get("servers") or {})
+    servers = result.get("servers") or {}
+    out = stats.auto_verdicts(cell_rows, result["meta"].get("arm_slots") or {}, result.get("identity") or {},
+                              result.get("traffic") or {}, servers)
+    for v in out:
+        v["today"] = todays_pick((servers.get(f"{v['config']}/{v['arm']}") or {}).get("command", ""))
+    return out
+
+
+def today_cell(v: dict) -> str:
+    if v["today"] is None:
+        return "-"
+    same = v["picked"] is not None and {t.strip() for t in v["today"].split(",")} == {
+        t.strip() for t in v["picked"].split(",")}
+    return "the same" if same else f"`{v['today']}` (not run here)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,10 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     if not rows:
         print("no unaudited auto arm in these runs")
         return 0
-    print("| run " + stats.AUTO_HEADER)
-    print("| --- " * (stats.AUTO_HEADER.count(" | ") + 2) + "|")
+    print("| run " + stats.AUTO_HEADER + " auto's pick today |")
+    print("| --- " * (stats.AUTO_HEADER.count(" | ") + 3) + "|")
     for run, v in rows:
-        print(f"| {run} " + stats.auto_row(v))
+        print(f"| {run} " + stats.auto_row(v) + f" {today_cell(v)} |")
     return 0
 
 

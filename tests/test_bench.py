@@ -402,3 +402,36 @@ def test_plugin_load_report_takes_each_arm_against_no_plugin():
     assert [c.strip() for c in default_launcher.split("|")[2:-1]] == ["3.00", "2.60", "0.50", "1.00", "7.20", "+0.80", "-", "2.30"]
     assert rows["default"][-3:] == ["+0.60", "950", "-"]  # the scheduler table's row (read last)
     assert "### detokenizer" not in lines  # a kind without samples is left out
+
+
+def _auto_verdicts():
+    spec = importlib.util.spec_from_file_location("auto_verdicts", os.path.join(REPO, "benchmarks", "auto_verdicts.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_auto_verdicts_say_which_runs_auto_picks_differently_today(tmp_path, capsys):
+    """A run where auto had no row (topk 1, page 1, triton: it ran default) against today's row for that
+    server, read from the server's own launch command; a run that picked today's set says so."""
+    av = _auto_verdicts()
+    rows = [{"config": c, "concurrency": 1, "arm": a, "round": r, "errors": [],
+             "load": {"requests": 1, "tok_s_user_median": v, "tok_s_total": v, "accept_length": 1.5,
+                      "tok_s_user_all": [v]}}
+            for c in ("standalone-t1-p1", "eagle3-t4-p16") for a, v in (("stock", 100), ("slots:auto,-audit", 101))
+            for r in range(2)]
+    args = {"standalone-t1-p1": "--speculative-algorithm STANDALONE --speculative-eagle-topk 1 --page-size 1",
+            "eagle3-t4-p16": "--speculative-algorithm EAGLE3 --speculative-eagle-topk 4 --page-size 16"}
+    picked = {"standalone-t1-p1": "default", "eagle3-t4-p16": "default,eagle_host"}
+    result = {"meta": {"arm_slots": {"stock": None, "slots:auto,-audit": "auto"}}, "rows": rows,
+              "identity": {}, "traffic": {}, "servers": {
+                  f"{c}/slots:auto,-audit": {
+                      "command": f"SGLANG_HOSTSYNC_SLOTS=auto /usr/bin/python3 -m sglang.launch_server --model-path /m "
+                                 f"--attention-backend triton --speculative-num-steps 3 --speculative-num-draft-tokens 4 "
+                                 f"{args[c]} --enable-hostsync-plugin",
+                      "status_block": [f"  auto: x; pin it with SGLANG_HOSTSYNC_SLOTS={picked[c]}"]} for c in args}}
+    (tmp_path / "e2e.json").write_text(json.dumps(result))
+    by = {v["config"]: av.today_cell(v) for v in av.verdicts(str(tmp_path / "e2e.json"))}
+    assert by == {"standalone-t1-p1": "`default,eagle_step_graph` (not run here)", "eagle3-t4-p16": "the same"}
+    assert av.main([str(tmp_path)]) == 0
+    assert "| `default,eagle_step_graph` (not run here) |" in capsys.readouterr().out
