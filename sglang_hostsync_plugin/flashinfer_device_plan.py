@@ -6,8 +6,9 @@ workspace: the chunk size, the (request, qo tile, kv tile) work list, ``merge_in
 ``split_kv``, which is always true under CUDA graphs) is fixed by the captured shape. So the plan a replay
 needs can be computed on the stream from the exact device lengths, with no host lengths and no sync:
 ``prefill_plan`` is ``scheduler.cuh``'s ``PrefillBinarySearchKVChunkSize`` + ``PrefillSplitQOKVIndptr`` for
-that case (no sliding window, no fixed split, split KV on), checked against the CPU port
-(``flashinfer_split.prefill_split_qo_kv_indptr``) in ``tests/test_flashinfer_device_plan.py``.
+that case (no sliding window, no fixed split, split KV on); ``decode_plan`` is ``DecodePlan``'s (the CUDA-core
+decode kernel's planner). Both are checked against the CPU port (``flashinfer_split``) in
+``tests/test_flashinfer_device_plan.py``.
 
 Not wired into SGLang yet (docs/flashinfer-bound-plan.md, "A plan made on the device"); nothing imports it.
 """
@@ -20,32 +21,47 @@ import triton.language as tl
 
 
 @triton.jit
-def _prefill_plan_kernel(
-    qo_indptr, kv_indptr,  # int32 [bs + 1] each, KV in pages
+def _plan_kernel(
+    qo_indptr, kv_indptr,  # int32 [bs + 1] each, KV in pages (qo_indptr unread by a decode plan)
     ws32, ws8,  # the device int workspace as int32 and as uint8 (block_valid_mask is bytes)
-    bs, gqa, cta_tile_q, max_batch_size_if_split, min_kv_chunk_size, page_size, padded, max_rows,
+    bs, gqa, cta_tile_q, budget, min_kv_chunk_size, page_size, padded, max_rows,
     request_off, qo_tile_off, kv_tile_off, merge_off, o_off, chunk_off, mask_off, rows_off,  # int32 / byte offsets
-    BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, SEARCH_STEPS: tl.constexpr,
+    DECODE: tl.constexpr, SPLIT: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr,
+    SEARCH_STEPS: tl.constexpr,
 ):
     offs = tl.arange(0, BLOCK)
     live = offs < bs
-    qo_lo = tl.load(qo_indptr + offs, mask=live, other=0)
-    qo_len = tl.load(qo_indptr + offs + 1, mask=live, other=0) - qo_lo
     kv = tl.load(kv_indptr + offs + 1, mask=live, other=0) - tl.load(kv_indptr + offs, mask=live, other=0)
-    tiles_q = tl.where(live, (qo_len * gqa + cta_tile_q - 1) // cta_tile_q, 0)
     kv1 = tl.maximum(kv, 1)
+    if DECODE:  # one query row, one tile per request
+        qo_lo = offs
+        qo_len = live.to(tl.int32)
+        tiles_q = qo_len
+    else:
+        qo_lo = tl.load(qo_indptr + offs, mask=live, other=0)
+        qo_len = tl.load(qo_indptr + offs + 1, mask=live, other=0) - qo_lo
+        tiles_q = tl.where(live, (qo_len * gqa + cta_tile_q - 1) // cta_tile_q, 0)
 
-    # PrefillBinarySearchKVChunkSize: the smallest chunk whose work list fits the split budget
-    low = min_kv_chunk_size
-    high = tl.maximum(tl.max(tl.where(live, kv1, 1), axis=0), 1)
-    for _ in range(SEARCH_STEPS):
-        active = low < high
-        mid = tl.maximum((low + high) // 2, 1)
-        work = tl.sum(tiles_q * ((kv1 + mid - 1) // mid), axis=0)
-        over = work > max_batch_size_if_split
-        low = tl.where(active & over, mid + 1, low)
-        high = tl.where(active & (work <= max_batch_size_if_split), mid, high)
-    chunk = low
+    if SPLIT:
+        # PrefillBinarySearchKVChunkSize / PartitionPagedKVCacheBinarySearchMinNumPagePerBatch: the smallest
+        # chunk whose work list fits the budget (the decode search counts an empty request as no work)
+        low = min_kv_chunk_size
+        if DECODE:
+            high = tl.max(tl.where(live, kv, 0), axis=0)
+        else:
+            high = tl.maximum(tl.max(tl.where(live, kv1, 1), axis=0), 1)
+        for _ in range(SEARCH_STEPS):
+            active = low < high
+            mid = tl.maximum((low + high) // 2, 1)
+            if DECODE:
+                work = tl.sum(tl.where(live, (kv + mid - 1) // mid, 0), axis=0)
+            else:
+                work = tl.sum(tiles_q * ((kv1 + mid - 1) // mid), axis=0)
+            low = tl.where(active & (work > budget), mid + 1, low)
+            high = tl.where(active & (work <= budget), mid, high)
+        chunk = low
+    else:  # a decode batch that fills the grid on its own: one chunk per request, as long as the longest
+        chunk = tl.maximum(tl.max(tl.where(live, kv, 1), axis=0), 1)
 
     chunks = tl.where(live, (kv1 + chunk - 1) // chunk, 0)
     per_request = tiles_q * chunks
@@ -55,11 +71,8 @@ def _prefill_plan_kernel(
     tl.store(ws32 + o_off, 0)
     tl.store(ws32 + o_off + 1 + offs, tl.cumsum(outs, axis=0), mask=live)
     tl.store(ws32 + chunk_off, chunk * page_size)
-    total_rows = tl.load(qo_indptr + bs)
-    tl.store(ws32 + rows_off, total_rows)
 
     # The work list, item p: its request is the last whose start is <= p; within it, qo tiles outer, kv tiles inner
-    row_out = tl.cumsum(outs, axis=0) - outs  # merge_indptr before each request's first row
     for p0 in range(0, padded, BLOCK_P):
         p = p0 + tl.arange(0, BLOCK_P)
         owns = (start[None, :] <= p[:, None]) & live[None, :] & (per_request[None, :] > 0)
@@ -70,21 +83,27 @@ def _prefill_plan_kernel(
         j = p - r_start
         valid = p < new_batch_size
         tl.store(ws32 + request_off + p, r, mask=valid)
-        tl.store(ws32 + qo_tile_off + p, j // r_chunks, mask=valid)
         tl.store(ws32 + kv_tile_off + p, j % r_chunks, mask=valid)
-        tl.store(ws8 + mask_off + p, valid.to(tl.uint8), mask=p < padded)
+        if not DECODE:
+            tl.store(ws32 + qo_tile_off + p, j // r_chunks, mask=valid)
+        if SPLIT:
+            tl.store(ws8 + mask_off + p, valid.to(tl.uint8), mask=p < padded)
 
-    # merge_indptr: one entry per query row, each row adding its request's chunk count
-    tl.store(ws32 + merge_off, 0)
-    for q0 in range(0, max_rows, BLOCK_P):  # the captured row count bounds the real one
-        q = q0 + tl.arange(0, BLOCK_P)
-        mine = (qo_lo[None, :] <= q[:, None]) & live[None, :] & (qo_len[None, :] > 0)
-        r = tl.max(tl.where(mine, offs[None, :], -1), axis=1)
-        pick = offs[None, :] == r[:, None]
-        base = tl.sum(tl.where(pick, row_out[None, :], 0), axis=1)
-        lo = tl.sum(tl.where(pick, qo_lo[None, :], 0), axis=1)
-        n = tl.sum(tl.where(pick, chunks[None, :], 0), axis=1)
-        tl.store(ws32 + merge_off + 1 + q, base + (q - lo + 1) * n, mask=q < total_rows)
+    if not DECODE:
+        total_rows = tl.load(qo_indptr + bs)
+        tl.store(ws32 + rows_off, total_rows)
+        # merge_indptr: one entry per query row, each row adding its request's chunk count
+        row_out = tl.cumsum(outs, axis=0) - outs  # merge_indptr before each request's first row
+        tl.store(ws32 + merge_off, 0)
+        for q0 in range(0, max_rows, BLOCK_P):  # the captured row count bounds the real one
+            q = q0 + tl.arange(0, BLOCK_P)
+            mine = (qo_lo[None, :] <= q[:, None]) & live[None, :] & (qo_len[None, :] > 0)
+            r = tl.max(tl.where(mine, offs[None, :], -1), axis=1)
+            pick = offs[None, :] == r[:, None]
+            base = tl.sum(tl.where(pick, row_out[None, :], 0), axis=1)
+            lo = tl.sum(tl.where(pick, qo_lo[None, :], 0), axis=1)
+            n = tl.sum(tl.where(pick, chunks[None, :], 0), axis=1)
+            tl.store(ws32 + merge_off + 1 + q, base + (q - lo + 1) * n, mask=q < total_rows)
 
 
 def prefill_plan(qo_indptr, kv_indptr, workspace, plan_info: dict, *, batch_size: int, gqa: int,
@@ -94,15 +113,30 @@ def prefill_plan(qo_indptr, kv_indptr, workspace, plan_info: dict, *, batch_size
     ``flashinfer_split.PLAN_INFO_FIELDS`` names them; ``cta_tile_q`` and ``padded_batch_size`` from the same
     plan_info). ``kv_indptr`` in pages; both int32 with ``batch_size + 1`` entries on the device."""
     ws32 = workspace.view(dtype=torch.int32)
-    block = max(16, triton.next_power_of_2(batch_size))
-    padded = plan_info["padded_batch_size"]
-    _prefill_plan_kernel[(1,)](
+    _plan_kernel[(1,)](
         qo_indptr, kv_indptr, ws32, workspace,
-        batch_size, gqa, plan_info["cta_tile_q"], max_batch_size_if_split, max(128 // page_size, 1), page_size, padded,
-        plan_info["total_num_rows"],
+        batch_size, gqa, plan_info["cta_tile_q"], max_batch_size_if_split, max(128 // page_size, 1), page_size,
+        plan_info["padded_batch_size"], plan_info["total_num_rows"],
         plan_info["request_indices_offset"] // 4, plan_info["qo_tile_indices_offset"] // 4,
         plan_info["kv_tile_indices_offset"] // 4, plan_info["merge_indptr_offset"] // 4,
         plan_info["o_indptr_offset"] // 4, plan_info["kv_chunk_size_ptr_offset"] // 4,
         plan_info["block_valid_mask_offset"], plan_info["total_num_rows_offset"] // 4,
-        BLOCK=block, BLOCK_P=32, SEARCH_STEPS=32,
+        DECODE=False, SPLIT=True, BLOCK=max(16, triton.next_power_of_2(batch_size)), BLOCK_P=32, SEARCH_STEPS=32,
+    )
+
+
+def decode_plan(kv_indptr, workspace, plan_info: dict, *, batch_size: int, page_size: int) -> None:
+    """The same for FlashInfer's CUDA-core decode plan (``DecodePlan`` under CUDA graphs: ``DecodePlanInfo``'s
+    fields by name). Its split budget is the grid's blocks over the KV heads, which under CUDA graphs is the
+    plan's padded batch size: ``nb * gdy > max_grid`` holds exactly when ``nb > max_grid // gdy``."""
+    ws32 = workspace.view(dtype=torch.int32)
+    padded = plan_info["padded_batch_size"]
+    _plan_kernel[(1,)](
+        kv_indptr, kv_indptr, ws32, workspace,
+        batch_size, 1, 1, padded, max(128 // page_size, 1), page_size, padded, 0,
+        plan_info["request_indices_offset"] // 4, 0, plan_info["kv_tile_indices_offset"] // 4, 0,
+        plan_info["o_indptr_offset"] // 4, plan_info["kv_chunk_size_ptr_offset"] // 4,
+        plan_info["block_valid_mask_offset"], 0,
+        DECODE=True, SPLIT=bool(plan_info["split_kv"]), BLOCK=max(16, triton.next_power_of_2(batch_size)),
+        BLOCK_P=32, SEARCH_STEPS=32,
     )

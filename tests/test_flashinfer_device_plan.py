@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from sglang_hostsync_plugin import flashinfer_split as port
-from sglang_hostsync_plugin.flashinfer_device_plan import prefill_plan
+from sglang_hostsync_plugin.flashinfer_device_plan import decode_plan, prefill_plan
 
 FIELDS = ("request_indices_offset", "qo_tile_indices_offset", "kv_tile_indices_offset", "merge_indptr_offset",
           "o_indptr_offset", "kv_chunk_size_ptr_offset", "block_valid_mask_offset", "total_num_rows_offset")
-SLOT = 4096  # bytes between two arrays of the synthetic layout
+SLOT = 8192  # bytes between two arrays of the synthetic layout (2048 int32: more than any padded size here)
 
 
 def layout(model) -> dict:
@@ -83,3 +83,56 @@ def test_a_wrong_plan_is_caught_by_the_comparison():
     plan_info = [{"split_kv": 1, "enable_cuda_graph": 1}.get(f, layout(model).get(f, 0)) for f in port.PLAN_INFO_FIELDS]
     stale = torch.full((64 + len(FIELDS) * SLOT,), 0xA5, dtype=torch.uint8)
     assert port.compare(model, plan_info, stale, 2)
+
+
+DECODE_FIELDS = ("request_indices_offset", "kv_tile_indices_offset", "o_indptr_offset", "kv_chunk_size_ptr_offset",
+                 "block_valid_mask_offset")
+
+
+def decode_case(kv_tokens, *, kv_heads, page_size, max_grid):
+    bs = len(kv_tokens)
+    kv_indptr = port.page_indptr(kv_tokens, page_size)
+    model = port.decode_plan(kv_indptr, kv_heads, page_size, True, max_grid)
+    info = {f: 64 + i * SLOT for i, f in enumerate(DECODE_FIELDS)}
+    info.update(padded_batch_size=model.padded_batch_size, split_kv=model.split_kv)
+    ws = torch.full((64 + len(DECODE_FIELDS) * SLOT,), 0xA5, dtype=torch.uint8)
+    decode_plan(torch.tensor(kv_indptr, dtype=torch.int32), ws, info, batch_size=bs, page_size=page_size)
+    raw = ws.view(torch.int32)
+
+    def i32(field, n):
+        return tuple(raw[info[field] // 4: info[field] // 4 + n].tolist())
+
+    n = model.new_batch_size
+    got = {"request_indices": i32("request_indices_offset", n), "kv_tile_indices": i32("kv_tile_indices_offset", n),
+           "o_indptr": i32("o_indptr_offset", bs + 1), "kv_chunk_size": i32("kv_chunk_size_ptr_offset", 1)[0]}
+    want = {"request_indices": model.request_indices, "kv_tile_indices": model.kv_tile_indices,
+            "o_indptr": model.o_indptr, "kv_chunk_size": model.kv_chunk_size_tokens}
+    if model.split_kv:
+        at = info["block_valid_mask_offset"]
+        got["block_valid_mask"] = tuple(ws[at: at + model.padded_batch_size].tolist())
+        want["block_valid_mask"] = (1,) * n + (0,) * (model.padded_batch_size - n)
+    else:  # no mask is allocated: nothing may be written there
+        at = info["block_valid_mask_offset"]
+        assert set(ws[at: at + 64].tolist()) == {0xA5}
+    return model, got, want
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_device_decode_plan_is_flashinfers_cuda_core_decode_plan(seed):
+    rng = random.Random(2000 + seed)
+    bs = rng.choice([1, 2, 3, 5, 8, 16, 31, 64, 100])
+    kv_heads = rng.choice([1, 2, 4, 8])
+    page_size = rng.choice([1, 16])
+    max_grid = rng.choice([132, 264, 528, 1056])  # num_blocks_per_sm x 132 SMs
+    # KV of at least one token, as every SGLang decode row has: FlashInfer's decode search counts an empty
+    # request as no work and its list then as one item, so enough empty ones make the list longer than the
+    # padded arrays it is written into (the device plan writes only within them)
+    kv = [rng.choice([1, rng.randrange(1, 200), rng.randrange(1, 40000), page_size * rng.randrange(1, 300)])
+          for _ in range(bs)]
+    model, got, want = decode_case(kv, kv_heads=kv_heads, page_size=page_size, max_grid=max_grid)
+    assert got == want, (seed, bs, kv_heads, max_grid, model.split_kv)
+
+
+def test_a_decode_batch_that_fills_the_grid_is_planned_unsplit():
+    model, got, want = decode_case([5000] * 40, kv_heads=8, page_size=1, max_grid=264)  # 40 x 8 >= 264
+    assert not model.split_kv and got == want

@@ -1,7 +1,8 @@
-"""The device plan against FlashInfer 0.7.2's own CUDA-graph prefill planner (through SGLang's
-``fast_prefill_plan``, as SGLang replays verify and draft extend): the bytes it writes at plan_info's offsets
-equal the ones FlashInfer wrote into its pinned buffer, on random lengths near chunk boundaries, for every
-batch size and query width SGLang captures; and it runs inside a CUDA graph. Skipped without CUDA."""
+"""The device plan against FlashInfer 0.7.2's own CUDA-graph planners: the prefill planner through SGLang's
+``fast_prefill_plan`` (as SGLang replays verify and draft extend) and the CUDA-core decode planner (the
+multi-step draft at GQA below 4). The bytes it writes at plan_info's offsets equal the ones FlashInfer wrote
+into its pinned buffer, on random lengths near chunk boundaries, for every batch size and query width SGLang
+captures; and it runs inside a CUDA graph. Skipped without CUDA."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import pytest
 import torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-pytest.importorskip("flashinfer")
+flashinfer = pytest.importorskip("flashinfer")
 
 from sglang_hostsync_plugin import flashinfer_split as fs  # noqa: E402
-from sglang_hostsync_plugin.flashinfer_device_plan import prefill_plan  # noqa: E402
+from sglang_hostsync_plugin.flashinfer_device_plan import decode_plan, prefill_plan  # noqa: E402
 from test_gpu_flashinfer_certified_plan import HEADS, Prefill, _indptr, _lens  # noqa: E402
 
 
@@ -69,3 +70,45 @@ def test_the_device_plan_replays_in_a_cuda_graph_from_the_lengths_on_the_device(
         graph.replay()
         model = fs.plan_call(call, fs.Device.current())
         assert fs.read_written(plan_info, ws.cpu(), model, 8) == fs.read_written(plan_info, pinned, model, 8), lens
+
+
+DECODE_INFO = ("padded_batch_size", "v_offset", "s_offset", "request_indices_offset", "kv_tile_indices_offset",
+               "o_indptr_offset", "block_valid_mask_offset", "kv_chunk_size_ptr_offset", "enable_cuda_graph",
+               "split_kv")  # scheduler.cuh DecodePlanInfo::ToVector
+
+
+def _decode_written(info: dict, ws: torch.Tensor, bs: int) -> dict:
+    raw = ws.cpu()
+    i32 = raw.view(torch.int32)
+    o = i32[info["o_indptr_offset"] // 4: info["o_indptr_offset"] // 4 + bs + 1].tolist()
+    n = o[-1]
+    out = {"o_indptr": o, "request_indices": i32[info["request_indices_offset"] // 4:][:n].tolist(),
+           "kv_tile_indices": i32[info["kv_tile_indices_offset"] // 4:][:n].tolist(),
+           "kv_chunk_size": int(i32[info["kv_chunk_size_ptr_offset"] // 4])}
+    if info["split_kv"]:
+        at = info["block_valid_mask_offset"]
+        out["block_valid_mask"] = raw[at: at + info["padded_batch_size"]].tolist()
+    return out
+
+
+@pytest.mark.parametrize("heads", [(8, 8), (16, 8), (32, 32)])  # GQA below 4: SGLang's CUDA-core draft decode
+def test_the_device_decode_plan_writes_what_flashinfers_cuda_core_planner_writes(heads):
+    rng = random.Random(5)
+    hq, hkv = heads
+    for bs in (1, 2, 4, 8, 16, 48):
+        i32 = dict(dtype=torch.int32, device="cuda")
+        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), "NHD", use_cuda_graph=True,
+            use_tensor_cores=False, paged_kv_indptr_buffer=torch.zeros(bs + 1, **i32),
+            paged_kv_indices_buffer=torch.zeros(1 << 20, **i32), paged_kv_last_page_len_buffer=torch.ones(bs, **i32))
+        last = torch.ones(bs, **i32)
+        for _ in range(10):
+            lens = _lens(rng, bs)
+            indptr = _indptr(lens)
+            w.plan(indptr.cuda(), torch.zeros(int(indptr[-1]), **i32), last, hq, hkv, 128, 1,
+                   data_type=torch.bfloat16, q_data_type=torch.bfloat16)
+            info = dict(zip(DECODE_INFO, (int(x) for x in w._plan_info)))
+            ws = torch.zeros(w._pin_memory_int_workspace_buffer.numel(), dtype=torch.uint8, device="cuda")
+            decode_plan(indptr.cuda(), ws, info, batch_size=bs, page_size=1)
+            assert _decode_written(info, ws, bs) == _decode_written(info, w._pin_memory_int_workspace_buffer, bs), \
+                (bs, heads, lens)
