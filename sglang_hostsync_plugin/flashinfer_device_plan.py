@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .flashinfer_split import PLAN_INFO_FIELDS, prefill_max_batch_size_if_split
+
 
 @triton.jit
 def _plan_kernel(
@@ -140,3 +142,22 @@ def decode_plan(kv_indptr, workspace, plan_info: dict, *, batch_size: int, page_
         DECODE=True, SPLIT=bool(plan_info["split_kv"]), BLOCK=max(16, triton.next_power_of_2(batch_size)),
         BLOCK_P=32, SEARCH_STEPS=32,
     )
+
+
+def replan_prefill(wrapper, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, *,
+                   num_qo_heads: int, num_kv_heads: int, page_size: int, num_sm: int) -> None:
+    """SGLang's ``fast_prefill_plan`` for a captured fa2 CUDA-graph wrapper without any host lengths: the
+    device buffers copied as it copies them, and the planner's arrays made on the device into the wrapper's
+    int workspace, at the capture's ``_plan_info``, which stays. No custom mask (topk > 1 verify) yet."""
+    if not (wrapper.is_cuda_graph_enabled and getattr(wrapper, "_backend", None) == "fa2"
+            and getattr(wrapper, "_plan_info", None) is not None):
+        raise ValueError("replan_prefill needs an fa2 CUDA-graph wrapper planned once (the capture)")
+    batch_size = len(paged_kv_last_page_len)
+    wrapper._qo_indptr_buf.copy_(qo_indptr, non_blocking=True)
+    wrapper._paged_kv_indptr_buf.copy_(paged_kv_indptr, non_blocking=True)
+    wrapper._paged_kv_last_page_len_buf.copy_(paged_kv_last_page_len, non_blocking=True)
+    wrapper._paged_kv_indices_buf[: len(paged_kv_indices)].copy_(paged_kv_indices, non_blocking=True)
+    info = dict(zip(PLAN_INFO_FIELDS, (int(x) for x in wrapper._plan_info)))
+    prefill_plan(wrapper._qo_indptr_buf, wrapper._paged_kv_indptr_buf, wrapper._int_workspace_buffer, info,
+                 batch_size=batch_size, gqa=num_qo_heads // num_kv_heads,
+                 max_batch_size_if_split=prefill_max_batch_size_if_split(num_sm, num_kv_heads), page_size=page_size)

@@ -2,7 +2,8 @@
 ``fast_prefill_plan`` (as SGLang replays verify and draft extend) and the CUDA-core decode planner (the
 multi-step draft at GQA below 4). The bytes it writes at plan_info's offsets equal the ones FlashInfer wrote
 into its pinned buffer, on random lengths near chunk boundaries, for every batch size and query width SGLang
-captures; and it runs inside a CUDA graph. Skipped without CUDA."""
+captures; it runs inside a CUDA graph; and FlashInfer's attention after ``replan_prefill`` is bit for bit the
+attention after SGLang's ``fast_prefill_plan``. Skipped without CUDA."""
 
 from __future__ import annotations
 
@@ -112,3 +113,34 @@ def test_the_device_decode_plan_writes_what_flashinfers_cuda_core_planner_writes
             decode_plan(indptr.cuda(), ws, info, batch_size=bs, page_size=1)
             assert _decode_written(info, ws, bs) == _decode_written(info, w._pin_memory_int_workspace_buffer, bs), \
                 (bs, heads, lens)
+
+
+def test_attention_after_the_device_replan_is_bit_identical_to_attention_after_sglangs():
+    """The whole point: FlashInfer's kernels, given the plan made on the device (no host lengths), compute the
+    same bits as after SGLang's fast_prefill_plan from the exact host lengths."""
+    from sglang.srt.layers.attention.flashinfer_backend import fast_prefill_plan
+    from sglang_hostsync_plugin.flashinfer_device_plan import replan_prefill
+
+    rng = random.Random(6)
+    torch.manual_seed(6)
+    hq, hkv, hd, pool = 32, 8, 128, 50000
+    k = torch.randn(pool, 1, hkv, hd, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn(pool, 1, hkv, hd, dtype=torch.bfloat16, device="cuda")
+    num_sm = fs.Device.current().num_sm
+    for bs, qo in ((1, 4), (2, 8), (4, 4), (8, 2), (16, 1), (3, 8)):
+        stock, mine = Prefill(bs, qo, (hq, hkv)), Prefill(bs, qo, (hq, hkv))
+        for _ in range(6):
+            lens = [min(n, 20000) for n in _lens(rng, bs)]
+            qo_host = torch.arange(0, (bs + 1) * qo, qo, dtype=torch.int32)
+            kv_host = _indptr(lens)
+            idx = torch.randint(0, pool, (int(kv_host[-1]),), dtype=torch.int32, device="cuda")
+            last = torch.ones(bs, dtype=torch.int32, device="cuda")
+            fast_prefill_plan(stock.w, qo_host.cuda(), kv_host.cuda(), idx, last, hq, hkv, hd, 1,
+                              q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16, non_blocking=True,
+                              qo_indptr_host=qo_host, kv_indptr_host=kv_host,
+                              kv_lens_host=torch.tensor(lens, dtype=torch.int32), max_q_len=qo, max_kv_len=max(lens))
+            replan_prefill(mine.w, qo_host.cuda(), kv_host.cuda(), idx, last, num_qo_heads=hq, num_kv_heads=hkv,
+                           page_size=1, num_sm=num_sm)
+            q = torch.randn(bs * qo, hq, hd, dtype=torch.bfloat16, device="cuda")
+            a, b = stock.w.run(q, (k, v)), mine.w.run(q, (k, v))
+            assert torch.equal(a, b), (bs, qo, lens, (a.float() - b.float()).abs().max().item())
