@@ -136,3 +136,35 @@ def test_the_device_decode_plan_is_flashinfers_cuda_core_decode_plan(seed):
 def test_a_decode_batch_that_fills_the_grid_is_planned_unsplit():
     model, got, want = decode_case([5000] * 40, kv_heads=8, page_size=1, max_grid=264)  # 40 x 8 >= 264
     assert not model.split_kv and got == want
+
+
+def test_replan_prefill_copies_sglangs_buffers_and_plans_into_the_wrappers_workspace():
+    """``replan_prefill`` on a stand-in for a captured fa2 wrapper: the four device buffers as
+    ``fast_prefill_plan`` copies them, the plan at the capture's ``_plan_info`` (which stays); a wrapper
+    never planned, or not fa2, is refused."""
+    from types import SimpleNamespace
+
+    from sglang_hostsync_plugin.flashinfer_device_plan import replan_prefill
+
+    bs, qo, lens = 3, 4, [700, 5, 9000]
+    qo_indptr = torch.arange(0, (bs + 1) * qo, qo, dtype=torch.int32)
+    kv_indptr = torch.tensor(port.page_indptr(lens, 1), dtype=torch.int32)
+    model = port.plan_prefill_for_lens(lens, qo)
+    info = layout(model)
+    plan_info = [{"split_kv": 1, "enable_cuda_graph": 1}.get(f, info.get(f, 0)) for f in port.PLAN_INFO_FIELDS]
+    i32 = dict(dtype=torch.int32)
+    w = SimpleNamespace(is_cuda_graph_enabled=True, _backend="fa2", _plan_info=list(plan_info),
+                        _qo_indptr_buf=torch.zeros(bs + 1, **i32), _paged_kv_indptr_buf=torch.zeros(bs + 1, **i32),
+                        _paged_kv_last_page_len_buf=torch.zeros(bs, **i32), _paged_kv_indices_buf=torch.zeros(20000, **i32),
+                        _int_workspace_buffer=torch.full((64 + len(FIELDS) * SLOT,), 0xA5, dtype=torch.uint8))
+    indices = torch.arange(sum(lens), dtype=torch.int32)
+    replan_prefill(w, qo_indptr, kv_indptr, indices, torch.ones(bs, **i32), num_qo_heads=32, num_kv_heads=8,
+                   page_size=1, num_sm=port.H100_NUM_SM)
+    assert torch.equal(w._qo_indptr_buf, qo_indptr) and torch.equal(w._paged_kv_indptr_buf, kv_indptr)
+    assert torch.equal(w._paged_kv_indices_buf[: sum(lens)], indices) and int(w._paged_kv_last_page_len_buf.sum()) == bs
+    assert w._plan_info == plan_info
+    assert port.compare(model, plan_info, w._int_workspace_buffer, bs) == []
+    for broken in ({"_plan_info": None}, {"_backend": "fa3"}, {"is_cuda_graph_enabled": False}):
+        with pytest.raises(ValueError, match="planned once"):
+            replan_prefill(SimpleNamespace(**{**vars(w), **broken}), qo_indptr, kv_indptr, indices,
+                           torch.ones(bs, **i32), num_qo_heads=32, num_kv_heads=8, page_size=1, num_sm=132)
