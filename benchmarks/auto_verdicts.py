@@ -31,7 +31,8 @@ def load(path: str) -> dict:
 
 def todays_pick(command: str) -> str | None:
     """What ``auto`` picks today for the server a run launched (its command as e2e.json keeps it), from the
-    doctor's reading of its arguments; None where the facts leave the class open."""
+    doctor's reading of its arguments (the e2e's servers use none the doctor leaves out, such as
+    ``--disable-cuda-graph`` or LoRA); None where the facts leave the class open."""
     words = shlex.split(command)
     if "sglang.launch_server" not in words:
         return None

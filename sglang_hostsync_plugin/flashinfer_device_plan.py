@@ -22,7 +22,12 @@ import triton.language as tl
 from .flashinfer_split import PLAN_INFO_FIELDS, prefill_max_batch_size_if_split
 
 
-@triton.jit
+# Every integer argument changes with the captured bucket or the layout: one compiled variant for all of them.
+INT_ARGS = ["bs", "gqa", "cta_tile_q", "budget", "min_kv_chunk_size", "page_size", "padded", "max_rows", "request_off",
+            "qo_tile_off", "kv_tile_off", "merge_off", "o_off", "chunk_off", "mask_off", "rows_off"]
+
+
+@triton.jit(do_not_specialize=INT_ARGS)
 def _plan_kernel(
     qo_indptr, kv_indptr,  # int32 [bs + 1] each, KV in pages (qo_indptr unread by a decode plan)
     ws32, ws8,  # the device int workspace as int32 and as uint8 (block_valid_mask is bytes)
@@ -83,7 +88,7 @@ def _plan_kernel(
         r_start = tl.sum(tl.where(pick, start[None, :], 0), axis=1)
         r_chunks = tl.maximum(tl.sum(tl.where(pick, chunks[None, :], 0), axis=1), 1)
         j = p - r_start
-        valid = p < new_batch_size
+        valid = (p < new_batch_size) & (p < padded)  # within the arrays, whatever the lengths
         tl.store(ws32 + request_off + p, r, mask=valid)
         tl.store(ws32 + kv_tile_off + p, j % r_chunks, mask=valid)
         if not DECODE:
@@ -110,10 +115,18 @@ def _plan_kernel(
 
 def prefill_plan(qo_indptr, kv_indptr, workspace, plan_info: dict, *, batch_size: int, gqa: int,
                  max_batch_size_if_split: int, page_size: int) -> None:
-    """Writes, on ``qo_indptr``'s stream, what FlashInfer's CUDA-graph prefill plan writes for these lengths
+    """Writes, on the current stream, what FlashInfer's CUDA-graph prefill plan writes for these lengths
     into ``workspace`` (the device int workspace, uint8) at ``plan_info``'s offsets (byte offsets, as
     ``flashinfer_split.PLAN_INFO_FIELDS`` names them; ``cta_tile_q`` and ``padded_batch_size`` from the same
-    plan_info). ``kv_indptr`` in pages; both int32 with ``batch_size + 1`` entries on the device."""
+    plan_info). ``kv_indptr`` in pages; both int32 with ``batch_size + 1`` entries on the device. The caller
+    keeps the real row count within the captured one (``plan_info``'s ``total_num_rows``) and passes the
+    capture's split budget: then the work list fits the padded arrays, as FlashInfer's checks require."""
+    if not (plan_info["enable_cuda_graph"] and plan_info["split_kv"]):
+        # without split KV (disable_split_kv) merge_indptr has no array of its own: its offset is 0
+        raise ValueError("the device plan covers CUDA-graph plans with split KV only")
+    if max_batch_size_if_split > plan_info["padded_batch_size"]:
+        raise ValueError(f"a split budget of {max_batch_size_if_split} exceeds the captured padded batch size "
+                         f"{plan_info['padded_batch_size']} (another device's SM count?)")
     ws32 = workspace.view(dtype=torch.int32)
     _plan_kernel[(1,)](
         qo_indptr, kv_indptr, ws32, workspace,
@@ -145,18 +158,28 @@ def decode_plan(kv_indptr, workspace, plan_info: dict, *, batch_size: int, page_
 
 
 def replan_prefill(wrapper, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, *,
-                   num_qo_heads: int, num_kv_heads: int, page_size: int, num_sm: int) -> None:
+                   num_qo_heads: int, num_kv_heads: int, page_size: int, num_sm: int | None = None,
+                   fixed_split_size: int | None = None) -> None:
     """SGLang's ``fast_prefill_plan`` for a captured fa2 CUDA-graph wrapper without any host lengths: the
     device buffers copied as it copies them, and the planner's arrays made on the device into the wrapper's
-    int workspace, at the capture's ``_plan_info``, which stays. No custom mask (topk > 1 verify) yet."""
+    int workspace, at the capture's ``_plan_info``, which stays. ``_qo_indptr_last`` is left too (only an eager
+    ``run()`` reads it; SGLang's sites replay a fixed width). Refused: a custom mask (topk > 1 verify), a
+    sliding window, a fixed split size (its ``split_kv`` follows the lengths). ``num_sm``: the wrapper's device's."""
     if not (wrapper.is_cuda_graph_enabled and getattr(wrapper, "_backend", None) == "fa2"
             and getattr(wrapper, "_plan_info", None) is not None):
         raise ValueError("replan_prefill needs an fa2 CUDA-graph wrapper planned once (the capture)")
+    if (getattr(wrapper, "_custom_mask_buf", None) is not None or getattr(wrapper, "_window_left", -1) >= 0
+            or (fixed_split_size or 0) > 0 or len(wrapper._plan_info) != len(PLAN_INFO_FIELDS)
+            or num_qo_heads % num_kv_heads):
+        raise ValueError("replan_prefill covers no custom mask, no sliding window and no fixed split size")
+    if num_sm is None:
+        num_sm = torch.cuda.get_device_properties(wrapper.device).multi_processor_count
     batch_size = len(paged_kv_last_page_len)
     wrapper._qo_indptr_buf.copy_(qo_indptr, non_blocking=True)
     wrapper._paged_kv_indptr_buf.copy_(paged_kv_indptr, non_blocking=True)
     wrapper._paged_kv_last_page_len_buf.copy_(paged_kv_last_page_len, non_blocking=True)
-    wrapper._paged_kv_indices_buf[: len(paged_kv_indices)].copy_(paged_kv_indices, non_blocking=True)
+    wrapper._paged_kv_indices_buf[: len(paged_kv_indices)].copy_(
+        paged_kv_indices, non_blocking=paged_kv_indices.device == wrapper._paged_kv_indices_buf.device)
     info = dict(zip(PLAN_INFO_FIELDS, (int(x) for x in wrapper._plan_info)))
     prefill_plan(wrapper._qo_indptr_buf, wrapper._paged_kv_indptr_buf, wrapper._int_workspace_buffer, info,
                  batch_size=batch_size, gqa=num_qo_heads // num_kv_heads,

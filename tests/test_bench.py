@@ -411,10 +411,17 @@ def _auto_verdicts():
     return mod
 
 
-def test_auto_verdicts_say_which_runs_auto_picks_differently_today(tmp_path, capsys):
-    """A run where auto had no row (topk 1, page 1, triton: it ran default) against today's row for that
-    server, read from the server's own launch command; a run that picked today's set says so."""
+def test_auto_verdicts_say_which_runs_auto_picks_differently_today(tmp_path, capsys, monkeypatch):
+    """A run where auto had no row (it ran default) against today's row for that server, read from the
+    server's own launch command; a run that picked today's set says so. Today's rows stand in (by topk)."""
     av = _auto_verdicts()
+    seen = []
+
+    def pick(facts):
+        seen.append((facts.speculative_algorithm, facts.topk, facts.page_size))
+        return av.choice.Choice("x", "default,eagle_step_graph" if facts.topk == 1 else "default,eagle_host", None)
+
+    monkeypatch.setattr(av.choice, "pick", pick)
     rows = [{"config": c, "concurrency": 1, "arm": a, "round": r, "errors": [],
              "load": {"requests": 1, "tok_s_user_median": v, "tok_s_total": v, "accept_length": 1.5,
                       "tok_s_user_all": [v]}}
@@ -433,5 +440,6 @@ def test_auto_verdicts_say_which_runs_auto_picks_differently_today(tmp_path, cap
     (tmp_path / "e2e.json").write_text(json.dumps(result))
     by = {v["config"]: av.today_cell(v) for v in av.verdicts(str(tmp_path / "e2e.json"))}
     assert by == {"standalone-t1-p1": "`default,eagle_step_graph` (not run here)", "eagle3-t4-p16": "the same"}
+    assert sorted(seen) == [("EAGLE3", 4, 16), ("STANDALONE", 1, 1)]  # the facts of each server's own arguments
     assert av.main([str(tmp_path)]) == 0
     assert "| `default,eagle_step_graph` (not run here) |" in capsys.readouterr().out

@@ -10,16 +10,24 @@ import torch
 from sglang_hostsync_plugin import flashinfer_split as port
 from sglang_hostsync_plugin.flashinfer_device_plan import decode_plan, prefill_plan
 
-FIELDS = ("request_indices_offset", "qo_tile_indices_offset", "kv_tile_indices_offset", "merge_indptr_offset",
-          "o_indptr_offset", "kv_chunk_size_ptr_offset", "block_valid_mask_offset", "total_num_rows_offset")
-SLOT = 8192  # bytes between two arrays of the synthetic layout (2048 int32: more than any padded size here)
+STALE = 0xA5  # the bytes a replayed workspace holds from earlier plans
 
 
-def layout(model) -> dict:
-    info = {f: 64 + i * SLOT for i, f in enumerate(FIELDS)}
-    info.update(cta_tile_q=model.cta_tile_q, padded_batch_size=model.padded_batch_size,
-                total_num_rows=model.total_num_rows)
-    return info
+def packed(sizes: dict) -> tuple[dict, int]:
+    """FlashInfer's int workspace layout: each array after the last, 16-byte aligned (AlignedAllocator)."""
+    offsets, at = {}, 0
+    for field, size in sizes.items():
+        offsets[field] = at
+        at += -(-size // 16) * 16
+    return offsets, at + 16
+
+
+def untouched_outside(ws: torch.Tensor, written: list) -> bool:
+    """Every byte outside the spans the plan may write still holds STALE: no array ran into another."""
+    keep = torch.ones(ws.numel(), dtype=torch.bool)
+    for at, n in written:
+        keep[at: at + n] = False
+    return bool((ws[keep] == STALE).all())
 
 
 def run_case(qo_lens, kv_tokens, *, qo_heads, kv_heads, page_size, captured_rows=None, num_sm=132):
@@ -29,18 +37,31 @@ def run_case(qo_lens, kv_tokens, *, qo_heads, kv_heads, page_size, captured_rows
         qo_indptr.append(qo_indptr[-1] + n)
     kv_indptr = port.page_indptr(kv_tokens, page_size)
     max_split = port.prefill_max_batch_size_if_split(num_sm, kv_heads)
+    rows = captured_rows or qo_indptr[-1]
     model = port.prefill_split_qo_kv_indptr(
-        qo_indptr, kv_indptr, total_num_rows=captured_rows or qo_indptr[-1], batch_size=bs, num_qo_heads=qo_heads,
+        qo_indptr, kv_indptr, total_num_rows=rows, batch_size=bs, num_qo_heads=qo_heads,
         num_kv_heads=kv_heads, head_dim=128, page_size=page_size, max_batch_size_if_split=max_split,
         enable_cuda_graph=True)
-    info = layout(model)
-    ws = torch.full((64 + len(FIELDS) * SLOT,), 0xA5, dtype=torch.uint8)  # stale bytes, as a replayed workspace has
+    padded = model.padded_batch_size
+    info, size = packed({"request_indices_offset": 4 * padded, "qo_tile_indices_offset": 4 * padded,
+                         "kv_tile_indices_offset": 4 * padded, "o_indptr_offset": 4 * (bs + 1),
+                         "kv_chunk_size_ptr_offset": 4, "merge_indptr_offset": 4 * (rows + 1),
+                         "block_valid_mask_offset": padded, "total_num_rows_offset": 4})
+    info.update(cta_tile_q=model.cta_tile_q, padded_batch_size=padded, total_num_rows=rows, split_kv=1,
+                enable_cuda_graph=1)
+    ws = torch.full((size,), STALE, dtype=torch.uint8)
     prefill_plan(torch.tensor(qo_indptr, dtype=torch.int32), torch.tensor(kv_indptr, dtype=torch.int32), ws, info,
                  batch_size=bs, gqa=qo_heads // kv_heads, max_batch_size_if_split=max_split, page_size=page_size)
-    plan_info = [0] * len(port.PLAN_INFO_FIELDS)
-    for i, f in enumerate(port.PLAN_INFO_FIELDS):
-        plan_info[i] = {"split_kv": 1, "enable_cuda_graph": 1}.get(f, info.get(f, 0))
-    return model, port.compare(model, plan_info, ws, bs)
+    plan_info = [info.get(f, 0) for f in port.PLAN_INFO_FIELDS]
+    n = model.new_batch_size
+    written = [(info["request_indices_offset"], 4 * n), (info["qo_tile_indices_offset"], 4 * n),
+               (info["kv_tile_indices_offset"], 4 * n), (info["o_indptr_offset"], 4 * (bs + 1)),
+               (info["kv_chunk_size_ptr_offset"], 4), (info["merge_indptr_offset"], 4 * (qo_indptr[-1] + 1)),
+               (info["block_valid_mask_offset"], padded), (info["total_num_rows_offset"], 4)]
+    differ = port.compare(model, plan_info, ws, bs)
+    if not untouched_outside(ws, written):
+        differ.append("a byte outside the plan's arrays changed")
+    return model, differ
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -78,24 +99,48 @@ def test_one_request_that_fits_the_smallest_chunk_and_one_that_splits_to_the_bud
 
 
 def test_a_wrong_plan_is_caught_by_the_comparison():
-    # the comparison the tests rest on sees a plan the device did not make (stale bytes left in place)
+    # the checks the tests rest on see a plan the device did not make, and a write past an array's end
     model, _ = run_case([4, 4], [300, 5000], qo_heads=32, kv_heads=8, page_size=1)
-    plan_info = [{"split_kv": 1, "enable_cuda_graph": 1}.get(f, layout(model).get(f, 0)) for f in port.PLAN_INFO_FIELDS]
-    stale = torch.full((64 + len(FIELDS) * SLOT,), 0xA5, dtype=torch.uint8)
+    info, size = packed({"request_indices_offset": 4 * model.padded_batch_size, "o_indptr_offset": 12})
+    plan_info = [{"split_kv": 1, "enable_cuda_graph": 1}.get(f, info.get(f, 0)) for f in port.PLAN_INFO_FIELDS]
+    stale = torch.full((size,), STALE, dtype=torch.uint8)
     assert port.compare(model, plan_info, stale, 2)
+    stale[info["o_indptr_offset"] + 12] = 0
+    assert not untouched_outside(stale, [(info["o_indptr_offset"], 12)])
 
 
-DECODE_FIELDS = ("request_indices_offset", "kv_tile_indices_offset", "o_indptr_offset", "kv_chunk_size_ptr_offset",
-                 "block_valid_mask_offset")
+def test_a_work_list_longer_than_the_padded_arrays_stays_in_them():
+    # FlashInfer's decode search counts an empty request as no work: 100 empty and 4 long ones make a list of
+    # 232 items for 132 slots; the device plan writes within the arrays all the same
+    kv_indptr = port.page_indptr([0] * 100 + [30000] * 4, 1)
+    model = port.decode_plan(kv_indptr, 8, 1, True, 1056)
+    assert model.new_batch_size > model.padded_batch_size
+    padded = model.padded_batch_size
+    info, size = packed({"request_indices_offset": 4 * padded, "kv_tile_indices_offset": 4 * padded,
+                         "o_indptr_offset": 4 * (padded + 1), "kv_chunk_size_ptr_offset": 4,
+                         "block_valid_mask_offset": padded})
+    info.update(padded_batch_size=padded, split_kv=True)
+    ws = torch.full((size,), STALE, dtype=torch.uint8)
+    decode_plan(torch.tensor(kv_indptr, dtype=torch.int32), ws, info, batch_size=104, page_size=1)
+    assert untouched_outside(ws, [(info["request_indices_offset"], 4 * padded), (info["kv_tile_indices_offset"], 4 * padded),
+                                  (info["o_indptr_offset"], 4 * 105), (info["kv_chunk_size_ptr_offset"], 4),
+                                  (info["block_valid_mask_offset"], padded)])
+    assert ws.view(torch.int32)[info["o_indptr_offset"] // 4] == 0
 
 
 def decode_case(kv_tokens, *, kv_heads, page_size, max_grid):
     bs = len(kv_tokens)
     kv_indptr = port.page_indptr(kv_tokens, page_size)
     model = port.decode_plan(kv_indptr, kv_heads, page_size, True, max_grid)
-    info = {f: 64 + i * SLOT for i, f in enumerate(DECODE_FIELDS)}
-    info.update(padded_batch_size=model.padded_batch_size, split_kv=model.split_kv)
-    ws = torch.full((64 + len(DECODE_FIELDS) * SLOT,), 0xA5, dtype=torch.uint8)
+    padded = model.padded_batch_size
+    sizes = {"request_indices_offset": 4 * padded, "kv_tile_indices_offset": 4 * padded,
+             "o_indptr_offset": 4 * (padded + 1), "kv_chunk_size_ptr_offset": 4}
+    if model.split_kv:
+        sizes["block_valid_mask_offset"] = padded
+    info, size = packed(sizes)
+    info.setdefault("block_valid_mask_offset", 0)  # FlashInfer's DecodePlanInfo leaves it 0 without split KV
+    info.update(padded_batch_size=padded, split_kv=model.split_kv)
+    ws = torch.full((size,), STALE, dtype=torch.uint8)
     decode_plan(torch.tensor(kv_indptr, dtype=torch.int32), ws, info, batch_size=bs, page_size=page_size)
     raw = ws.view(torch.int32)
 
@@ -107,13 +152,14 @@ def decode_case(kv_tokens, *, kv_heads, page_size, max_grid):
            "o_indptr": i32("o_indptr_offset", bs + 1), "kv_chunk_size": i32("kv_chunk_size_ptr_offset", 1)[0]}
     want = {"request_indices": model.request_indices, "kv_tile_indices": model.kv_tile_indices,
             "o_indptr": model.o_indptr, "kv_chunk_size": model.kv_chunk_size_tokens}
+    written = [(info["request_indices_offset"], 4 * n), (info["kv_tile_indices_offset"], 4 * n),
+               (info["o_indptr_offset"], 4 * (bs + 1)), (info["kv_chunk_size_ptr_offset"], 4)]
     if model.split_kv:
         at = info["block_valid_mask_offset"]
-        got["block_valid_mask"] = tuple(ws[at: at + model.padded_batch_size].tolist())
-        want["block_valid_mask"] = (1,) * n + (0,) * (model.padded_batch_size - n)
-    else:  # no mask is allocated: nothing may be written there
-        at = info["block_valid_mask_offset"]
-        assert set(ws[at: at + 64].tolist()) == {0xA5}
+        got["block_valid_mask"] = tuple(ws[at: at + padded].tolist())
+        want["block_valid_mask"] = (1,) * n + (0,) * (padded - n)
+        written.append((at, padded))
+    got["outside"] = want["outside"] = untouched_outside(ws, written) or "a byte outside the plan's arrays changed"
     return model, got, want
 
 
@@ -150,21 +196,34 @@ def test_replan_prefill_copies_sglangs_buffers_and_plans_into_the_wrappers_works
     qo_indptr = torch.arange(0, (bs + 1) * qo, qo, dtype=torch.int32)
     kv_indptr = torch.tensor(port.page_indptr(lens, 1), dtype=torch.int32)
     model = port.plan_prefill_for_lens(lens, qo)
-    info = layout(model)
-    plan_info = [{"split_kv": 1, "enable_cuda_graph": 1}.get(f, info.get(f, 0)) for f in port.PLAN_INFO_FIELDS]
+    padded = model.padded_batch_size
+    info, size = packed({"request_indices_offset": 4 * padded, "qo_tile_indices_offset": 4 * padded,
+                         "kv_tile_indices_offset": 4 * padded, "o_indptr_offset": 4 * (bs + 1),
+                         "kv_chunk_size_ptr_offset": 4, "merge_indptr_offset": 4 * (bs * qo + 1),
+                         "block_valid_mask_offset": padded, "total_num_rows_offset": 4})
+    info.update(cta_tile_q=model.cta_tile_q, padded_batch_size=padded, total_num_rows=bs * qo, split_kv=1,
+                enable_cuda_graph=1)
+    plan_info = [info.get(f, 0) for f in port.PLAN_INFO_FIELDS]
     i32 = dict(dtype=torch.int32)
     w = SimpleNamespace(is_cuda_graph_enabled=True, _backend="fa2", _plan_info=list(plan_info),
                         _qo_indptr_buf=torch.zeros(bs + 1, **i32), _paged_kv_indptr_buf=torch.zeros(bs + 1, **i32),
                         _paged_kv_last_page_len_buf=torch.zeros(bs, **i32), _paged_kv_indices_buf=torch.zeros(20000, **i32),
-                        _int_workspace_buffer=torch.full((64 + len(FIELDS) * SLOT,), 0xA5, dtype=torch.uint8))
+                        _int_workspace_buffer=torch.full((size,), STALE, dtype=torch.uint8))
     indices = torch.arange(sum(lens), dtype=torch.int32)
     replan_prefill(w, qo_indptr, kv_indptr, indices, torch.ones(bs, **i32), num_qo_heads=32, num_kv_heads=8,
                    page_size=1, num_sm=port.H100_NUM_SM)
     assert torch.equal(w._qo_indptr_buf, qo_indptr) and torch.equal(w._paged_kv_indptr_buf, kv_indptr)
     assert torch.equal(w._paged_kv_indices_buf[: sum(lens)], indices) and int(w._paged_kv_last_page_len_buf.sum()) == bs
-    assert w._plan_info == plan_info
     assert port.compare(model, plan_info, w._int_workspace_buffer, bs) == []
-    for broken in ({"_plan_info": None}, {"_backend": "fa3"}, {"is_cuda_graph_enabled": False}):
-        with pytest.raises(ValueError, match="planned once"):
+    refusals = [({"_plan_info": None}, {}, "planned once"), ({"_backend": "fa3"}, {}, "planned once"),
+                ({"is_cuda_graph_enabled": False}, {}, "planned once"),
+                ({"_custom_mask_buf": torch.zeros(8, dtype=torch.uint8)}, {}, "no custom mask"),
+                ({"_window_left": 512}, {}, "no sliding window"), ({}, {"fixed_split_size": 256}, "no fixed split"),
+                ({}, {"num_sm": 264}, "another device's SM count"),  # its budget outgrows the captured arrays
+                ({"_plan_info": [1 if f == "split_kv" else 0 if f == "enable_cuda_graph" else v
+                                 for f, v in zip(port.PLAN_INFO_FIELDS, plan_info)]}, {}, "CUDA-graph plans")]
+    for broken, kwargs, why in refusals:
+        with pytest.raises(ValueError, match=why):
             replan_prefill(SimpleNamespace(**{**vars(w), **broken}), qo_indptr, kv_indptr, indices,
-                           torch.ones(bs, **i32), num_qo_heads=32, num_kv_heads=8, page_size=1, num_sm=132)
+                           torch.ones(bs, **i32), **{"num_qo_heads": 32, "num_kv_heads": 8, "page_size": 1,
+                                                     "num_sm": 132, **kwargs})
