@@ -6,6 +6,7 @@ import random
 
 import pytest
 import torch
+import triton
 
 from sglang_hostsync_plugin import flashinfer_split as port
 from sglang_hostsync_plugin.flashinfer_device_plan import decode_plan, prefill_plan
@@ -227,3 +228,40 @@ def test_replan_prefill_copies_sglangs_buffers_and_plans_into_the_wrappers_works
             replan_prefill(SimpleNamespace(**{**vars(w), **broken}), qo_indptr, kv_indptr, indices,
                            torch.ones(bs, **i32), **{"num_qo_heads": 32, "num_kv_heads": 8, "page_size": 1,
                                                      "num_sm": 132, **kwargs})
+
+
+COMPILE = """
+import sys
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, compile
+from sglang_hostsync_plugin.flashinfer_device_plan import _plan_kernel as kernel
+names = [p.name for p in kernel.params]
+for variant in (dict(DECODE=False, SPLIT=True), dict(DECODE=True, SPLIT=True), dict(DECODE=True, SPLIT=False)):
+    consts = {**variant, "BLOCK": 16, "BLOCK_P": 32, "SEARCH_STEPS": 32}
+    sig = {n: "constexpr" if n in consts else "*u8" if n == "ws8" else
+           "*i32" if n in ("qo_indptr", "kv_indptr", "ws32") else "i32" for n in names}
+    src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(n),): v for n, v in consts.items()})
+    try:
+        asm = compile(src, target=GPUTarget("cuda", 90, 32)).asm
+    except RuntimeError as exc:
+        if "ptxas" in str(exc):
+            print("no ptxas:", exc); sys.exit(3)
+        raise
+    print(variant, sorted(asm))
+"""
+
+
+def test_the_kernel_compiles_for_an_h100():
+    """The interpreter runs the kernel's Python; this compiles it as a GPU would (Triton's own compiler to an
+    sm_90 cubin, no GPU needed), where loop-carried types, runtime loop bounds and constexpr branches bite.
+    In a process of its own: under TRITON_INTERPRET Triton's language functions are the interpreter's."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True, timeout=300)
+    if out.returncode == 3:
+        pytest.skip(out.stdout.strip())
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.count("'cubin'") == 3, out.stdout
