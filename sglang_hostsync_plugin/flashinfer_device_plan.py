@@ -1,7 +1,7 @@
-"""FlashInfer 0.7.2's FA2 prefill plan made on the device from the device's own lengths: no host lengths, no sync.
+"""FlashInfer 0.7.2's fa2 CUDA-graph plans (prefill, CUDA-core decode) made on the device from its own lengths.
 
-Under CUDA graphs everything the planner writes that depends on the KV lengths lives in the device int
-workspace: the chunk size, the (request, qo tile, kv tile) work list, ``merge_indptr``, ``o_indptr``,
+No host lengths, no sync. Under CUDA graphs everything the planner writes that depends on the KV lengths
+lives in the device int workspace: the chunk size, the (request, qo tile, kv tile) work list, ``merge_indptr``, ``o_indptr``,
 ``block_valid_mask`` and the row count. ``plan_info`` (the offsets, the padded batch size, ``cta_tile_q``,
 ``split_kv``, which is always true under CUDA graphs) is fixed by the captured shape. So the plan a replay
 needs can be computed on the stream from the exact device lengths, with no host lengths and no sync:
