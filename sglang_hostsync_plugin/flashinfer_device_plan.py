@@ -159,19 +159,27 @@ def decode_plan(kv_indptr, workspace, plan_info: dict, *, batch_size: int, page_
 
 def replan_prefill(wrapper, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, *,
                    num_qo_heads: int, num_kv_heads: int, page_size: int, num_sm: int | None = None,
-                   fixed_split_size: int | None = None) -> None:
+                   fixed_split_size: int | None = None, custom_mask=None, query_width: int | None = None,
+                   max_kv_len_bound: int | None = None) -> None:
     """SGLang's ``fast_prefill_plan`` for a captured fa2 CUDA-graph wrapper without any host lengths: the
     device buffers copied as it copies them, and the planner's arrays made on the device into the wrapper's
     int workspace, at the capture's ``_plan_info``, which stays. ``_qo_indptr_last`` is left too (only an eager
-    ``run()`` reads it; SGLang's sites replay a fixed width). Refused: a custom mask (topk > 1 verify), a
-    sliding window, a fixed split size (its ``split_kv`` follows the lengths). ``num_sm``: the wrapper's device's."""
+    ``run()`` reads it; SGLang's sites replay a fixed width). A topk > 1 verify's ``custom_mask`` is packed as
+    SGLang packs it (``pack_verify_mask_into``), its indptr summed on the device, its grid sized from
+    ``max_kv_len_bound``, a host bound on every request's KV length (programs past a request's mask store
+    nothing). Refused: a sliding window, a fixed split size (its ``split_kv`` follows the lengths).
+    ``num_sm``: the wrapper's device's."""
     if not (wrapper.is_cuda_graph_enabled and getattr(wrapper, "_backend", None) == "fa2"
             and getattr(wrapper, "_plan_info", None) is not None):
         raise ValueError("replan_prefill needs an fa2 CUDA-graph wrapper planned once (the capture)")
-    if (getattr(wrapper, "_custom_mask_buf", None) is not None or getattr(wrapper, "_window_left", -1) >= 0
+    masked = getattr(wrapper, "_custom_mask_buf", None) is not None
+    if (masked != (custom_mask is not None) or getattr(wrapper, "_window_left", -1) >= 0
             or (fixed_split_size or 0) > 0 or len(wrapper._plan_info) != len(PLAN_INFO_FIELDS)
             or num_qo_heads % num_kv_heads):
-        raise ValueError("replan_prefill covers no custom mask, no sliding window and no fixed split size")
+        raise ValueError("replan_prefill covers a custom mask only where the capture had one, no sliding window "
+                         "and no fixed split size")
+    if masked and (page_size != 1 or not query_width or not max_kv_len_bound):
+        raise ValueError("a custom mask needs page size 1, its query width and a KV length bound")
     if num_sm is None:
         num_sm = torch.cuda.get_device_properties(wrapper.device).multi_processor_count
     batch_size = len(paged_kv_last_page_len)
@@ -180,6 +188,17 @@ def replan_prefill(wrapper, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_
     wrapper._paged_kv_last_page_len_buf.copy_(paged_kv_last_page_len, non_blocking=True)
     wrapper._paged_kv_indices_buf[: len(paged_kv_indices)].copy_(
         paged_kv_indices, non_blocking=paged_kv_indices.device == wrapper._paged_kv_indices_buf.device)
+    if masked:
+        from sglang.kernels.ops.speculative.pack_verify_mask import pack_verify_mask_into
+
+        kv = paged_kv_indptr[: batch_size + 1].to(torch.int64)
+        packed = (kv[1:] - kv[:-1]) * query_width + 7  # bytes per request's mask, as fast_prefill_plan sums them
+        wrapper._mask_indptr_buf[:1].zero_()
+        torch.cumsum(packed // 8, dim=0, dtype=wrapper._mask_indptr_buf.dtype,
+                     out=wrapper._mask_indptr_buf[1: batch_size + 1])
+        pack_verify_mask_into(custom_mask, wrapper._paged_kv_indptr_buf, wrapper._mask_indptr_buf,
+                              wrapper._custom_mask_buf, batch_size=batch_size, query_width=query_width,
+                              max_kv_len=max_kv_len_bound)
     info = dict(zip(PLAN_INFO_FIELDS, (int(x) for x in wrapper._plan_info)))
     prefill_plan(wrapper._qo_indptr_buf, wrapper._paged_kv_indptr_buf, wrapper._int_workspace_buffer, info,
                  batch_size=batch_size, gqa=num_qo_heads // num_kv_heads,

@@ -218,7 +218,7 @@ def test_replan_prefill_copies_sglangs_buffers_and_plans_into_the_wrappers_works
     assert port.compare(model, plan_info, w._int_workspace_buffer, bs) == []
     refusals = [({"_plan_info": None}, {}, "planned once"), ({"_backend": "fa3"}, {}, "planned once"),
                 ({"is_cuda_graph_enabled": False}, {}, "planned once"),
-                ({"_custom_mask_buf": torch.zeros(8, dtype=torch.uint8)}, {}, "no custom mask"),
+                ({"_custom_mask_buf": torch.zeros(8, dtype=torch.uint8)}, {}, "only where the capture had one"),
                 ({"_window_left": 512}, {}, "no sliding window"), ({}, {"fixed_split_size": 256}, "no fixed split"),
                 ({}, {"num_sm": 264}, "another device's SM count"),  # its budget outgrows the captured arrays
                 ({"_plan_info": [1 if f == "split_kv" else 0 if f == "enable_cuda_graph" else v
@@ -265,3 +265,52 @@ def test_the_kernel_compiles_for_an_h100():
         pytest.skip(out.stdout.strip())
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.count("'cubin'") == 3, out.stdout
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_replan_prefill_packs_a_topk_verify_mask_as_fast_prefill_plan_does(seed):
+    """A topk > 1 verify's tree mask: the packed bytes and their indptr, summed on the device and packed with a
+    grid from a KV bound, equal what SGLang's fast_prefill_plan makes from the exact host lengths."""
+    from types import SimpleNamespace
+
+    from sglang.kernels.ops.speculative.pack_verify_mask import pack_verify_mask_into
+
+    from sglang_hostsync_plugin.flashinfer_device_plan import replan_prefill
+
+    rng = random.Random(seed)
+    bs, width = rng.choice([1, 3, 8]), rng.choice([4, 8])
+    lens = [rng.randrange(width, 900) for _ in range(bs)]
+    qo_indptr = torch.arange(0, (bs + 1) * width, width, dtype=torch.int32)
+    kv_indptr = torch.tensor(port.page_indptr(lens, 1), dtype=torch.int32)
+    mask = torch.rand(int(kv_indptr[-1]) * width) < 0.5
+    model = port.plan_prefill_for_lens(lens, width)
+    padded = model.padded_batch_size
+    info, size = packed({"request_indices_offset": 4 * padded, "qo_tile_indices_offset": 4 * padded,
+                         "kv_tile_indices_offset": 4 * padded, "o_indptr_offset": 4 * (bs + 1),
+                         "kv_chunk_size_ptr_offset": 4, "merge_indptr_offset": 4 * (bs * width + 1),
+                         "block_valid_mask_offset": padded, "total_num_rows_offset": 4})
+    info.update(cta_tile_q=model.cta_tile_q, padded_batch_size=padded, total_num_rows=bs * width, split_kv=1,
+                enable_cuda_graph=1)
+    i32 = dict(dtype=torch.int32)
+    w = SimpleNamespace(is_cuda_graph_enabled=True, _backend="fa2",
+                        _plan_info=[info.get(f, 0) for f in port.PLAN_INFO_FIELDS],
+                        _qo_indptr_buf=torch.zeros(bs + 1, **i32), _paged_kv_indptr_buf=torch.zeros(bs + 1, **i32),
+                        _paged_kv_last_page_len_buf=torch.zeros(bs, **i32), _paged_kv_indices_buf=torch.zeros(8000, **i32),
+                        _int_workspace_buffer=torch.full((size,), STALE, dtype=torch.uint8),
+                        _mask_indptr_buf=torch.full((bs + 1,), -1, **i32),
+                        _custom_mask_buf=torch.full((8000,), STALE, dtype=torch.uint8))
+    replan_prefill(w, qo_indptr, kv_indptr, torch.arange(int(kv_indptr[-1]), **i32), torch.ones(bs, **i32),
+                   num_qo_heads=32, num_kv_heads=8, page_size=1, num_sm=132, custom_mask=mask, query_width=width,
+                   max_kv_len_bound=4096)
+    # fast_prefill_plan's own lines: the host indptr from the exact lengths, the grid from the exact maximum
+    lens_host = torch.tensor(lens, **i32)
+    want_indptr = torch.zeros(bs + 1, **i32)
+    want_indptr[1:] = torch.cumsum((lens_host * width + 7) // 8, dim=0)
+    want = torch.full((8000,), STALE, dtype=torch.uint8)
+    pack_verify_mask_into(mask, kv_indptr, want_indptr, want, batch_size=bs, query_width=width, max_kv_len=max(lens))
+    assert torch.equal(w._mask_indptr_buf, want_indptr)
+    assert torch.equal(w._custom_mask_buf, want)
+    assert port.compare(model, w._plan_info, w._int_workspace_buffer, bs) == []
+    with pytest.raises(ValueError, match="KV length bound"):
+        replan_prefill(w, qo_indptr, kv_indptr, torch.arange(int(kv_indptr[-1]), **i32), torch.ones(bs, **i32),
+                       num_qo_heads=32, num_kv_heads=8, page_size=1, num_sm=132, custom_mask=mask, query_width=width)
