@@ -31,6 +31,32 @@ def untouched_outside(ws: torch.Tensor, written: list) -> bool:
     return bool((ws[keep] == STALE).all())
 
 
+def prefill_layout(model, bs: int, rows: int) -> tuple[dict, int]:
+    """A CUDA-graph prefill plan's plan_info (as a dict) over FlashInfer's packed layout, and its size."""
+    padded = model.padded_batch_size
+    info, size = packed({"request_indices_offset": 4 * padded, "qo_tile_indices_offset": 4 * padded,
+                         "kv_tile_indices_offset": 4 * padded, "o_indptr_offset": 4 * (bs + 1),
+                         "kv_chunk_size_ptr_offset": 4, "merge_indptr_offset": 4 * (rows + 1),
+                         "block_valid_mask_offset": padded, "total_num_rows_offset": 4})
+    info.update(cta_tile_q=model.cta_tile_q, padded_batch_size=padded, total_num_rows=rows, split_kv=1,
+                enable_cuda_graph=1)
+    return info, size
+
+
+def stand_in_wrapper(info: dict, size: int, bs: int, masked: bool = False):
+    """The attributes of a captured fa2 CUDA-graph wrapper that ``replan_prefill`` reads and writes."""
+    from types import SimpleNamespace
+
+    i32 = dict(dtype=torch.int32)
+    return SimpleNamespace(
+        is_cuda_graph_enabled=True, _backend="fa2", _plan_info=[info.get(f, 0) for f in port.PLAN_INFO_FIELDS],
+        _qo_indptr_buf=torch.zeros(bs + 1, **i32), _paged_kv_indptr_buf=torch.zeros(bs + 1, **i32),
+        _paged_kv_last_page_len_buf=torch.zeros(bs, **i32), _paged_kv_indices_buf=torch.zeros(20000, **i32),
+        _int_workspace_buffer=torch.full((size,), STALE, dtype=torch.uint8),
+        _mask_indptr_buf=torch.full((bs + 1,), -1, **i32) if masked else None,
+        _custom_mask_buf=torch.full((8000,), STALE, dtype=torch.uint8) if masked else None)
+
+
 def run_case(qo_lens, kv_tokens, *, qo_heads, kv_heads, page_size, captured_rows=None, num_sm=132):
     bs = len(qo_lens)
     qo_indptr = [0]
@@ -44,12 +70,7 @@ def run_case(qo_lens, kv_tokens, *, qo_heads, kv_heads, page_size, captured_rows
         num_kv_heads=kv_heads, head_dim=128, page_size=page_size, max_batch_size_if_split=max_split,
         enable_cuda_graph=True)
     padded = model.padded_batch_size
-    info, size = packed({"request_indices_offset": 4 * padded, "qo_tile_indices_offset": 4 * padded,
-                         "kv_tile_indices_offset": 4 * padded, "o_indptr_offset": 4 * (bs + 1),
-                         "kv_chunk_size_ptr_offset": 4, "merge_indptr_offset": 4 * (rows + 1),
-                         "block_valid_mask_offset": padded, "total_num_rows_offset": 4})
-    info.update(cta_tile_q=model.cta_tile_q, padded_batch_size=padded, total_num_rows=rows, split_kv=1,
-                enable_cuda_graph=1)
+    info, size = prefill_layout(model, bs, rows)
     ws = torch.full((size,), STALE, dtype=torch.uint8)
     prefill_plan(torch.tensor(qo_indptr, dtype=torch.int32), torch.tensor(kv_indptr, dtype=torch.int32), ws, info,
                  batch_size=bs, gqa=qo_heads // kv_heads, max_batch_size_if_split=max_split, page_size=page_size)
@@ -189,27 +210,16 @@ def test_replan_prefill_copies_sglangs_buffers_and_plans_into_the_wrappers_works
     """``replan_prefill`` on a stand-in for a captured fa2 wrapper: the four device buffers as
     ``fast_prefill_plan`` copies them, the plan at the capture's ``_plan_info`` (which stays); a wrapper
     never planned, or not fa2, is refused."""
-    from types import SimpleNamespace
-
     from sglang_hostsync_plugin.flashinfer_device_plan import replan_prefill
 
     bs, qo, lens = 3, 4, [700, 5, 9000]
     qo_indptr = torch.arange(0, (bs + 1) * qo, qo, dtype=torch.int32)
     kv_indptr = torch.tensor(port.page_indptr(lens, 1), dtype=torch.int32)
     model = port.plan_prefill_for_lens(lens, qo)
-    padded = model.padded_batch_size
-    info, size = packed({"request_indices_offset": 4 * padded, "qo_tile_indices_offset": 4 * padded,
-                         "kv_tile_indices_offset": 4 * padded, "o_indptr_offset": 4 * (bs + 1),
-                         "kv_chunk_size_ptr_offset": 4, "merge_indptr_offset": 4 * (bs * qo + 1),
-                         "block_valid_mask_offset": padded, "total_num_rows_offset": 4})
-    info.update(cta_tile_q=model.cta_tile_q, padded_batch_size=padded, total_num_rows=bs * qo, split_kv=1,
-                enable_cuda_graph=1)
+    info, size = prefill_layout(model, bs, bs * qo)
     plan_info = [info.get(f, 0) for f in port.PLAN_INFO_FIELDS]
     i32 = dict(dtype=torch.int32)
-    w = SimpleNamespace(is_cuda_graph_enabled=True, _backend="fa2", _plan_info=list(plan_info),
-                        _qo_indptr_buf=torch.zeros(bs + 1, **i32), _paged_kv_indptr_buf=torch.zeros(bs + 1, **i32),
-                        _paged_kv_last_page_len_buf=torch.zeros(bs, **i32), _paged_kv_indices_buf=torch.zeros(20000, **i32),
-                        _int_workspace_buffer=torch.full((size,), STALE, dtype=torch.uint8))
+    w = stand_in_wrapper(info, size, bs)
     indices = torch.arange(sum(lens), dtype=torch.int32)
     replan_prefill(w, qo_indptr, kv_indptr, indices, torch.ones(bs, **i32), num_qo_heads=32, num_kv_heads=8,
                    page_size=1, num_sm=port.H100_NUM_SM)
@@ -225,7 +235,7 @@ def test_replan_prefill_copies_sglangs_buffers_and_plans_into_the_wrappers_works
                                  for f, v in zip(port.PLAN_INFO_FIELDS, plan_info)]}, {}, "CUDA-graph plans")]
     for broken, kwargs, why in refusals:
         with pytest.raises(ValueError, match=why):
-            replan_prefill(SimpleNamespace(**{**vars(w), **broken}), qo_indptr, kv_indptr, indices,
+            replan_prefill(type(w)(**{**vars(w), **broken}), qo_indptr, kv_indptr, indices,
                            torch.ones(bs, **i32), **{"num_qo_heads": 32, "num_kv_heads": 8, "page_size": 1,
                                                      "num_sm": 132, **kwargs})
 
@@ -271,8 +281,6 @@ def test_the_kernel_compiles_for_an_h100():
 def test_replan_prefill_packs_a_topk_verify_mask_as_fast_prefill_plan_does(seed):
     """A topk > 1 verify's tree mask: the packed bytes and their indptr, summed on the device and packed with a
     grid from a KV bound, equal what SGLang's fast_prefill_plan makes from the exact host lengths."""
-    from types import SimpleNamespace
-
     from sglang.kernels.ops.speculative.pack_verify_mask import pack_verify_mask_into
 
     from sglang_hostsync_plugin.flashinfer_device_plan import replan_prefill
@@ -284,21 +292,9 @@ def test_replan_prefill_packs_a_topk_verify_mask_as_fast_prefill_plan_does(seed)
     kv_indptr = torch.tensor(port.page_indptr(lens, 1), dtype=torch.int32)
     mask = torch.rand(int(kv_indptr[-1]) * width) < 0.5
     model = port.plan_prefill_for_lens(lens, width)
-    padded = model.padded_batch_size
-    info, size = packed({"request_indices_offset": 4 * padded, "qo_tile_indices_offset": 4 * padded,
-                         "kv_tile_indices_offset": 4 * padded, "o_indptr_offset": 4 * (bs + 1),
-                         "kv_chunk_size_ptr_offset": 4, "merge_indptr_offset": 4 * (bs * width + 1),
-                         "block_valid_mask_offset": padded, "total_num_rows_offset": 4})
-    info.update(cta_tile_q=model.cta_tile_q, padded_batch_size=padded, total_num_rows=bs * width, split_kv=1,
-                enable_cuda_graph=1)
+    info, size = prefill_layout(model, bs, bs * width)
     i32 = dict(dtype=torch.int32)
-    w = SimpleNamespace(is_cuda_graph_enabled=True, _backend="fa2",
-                        _plan_info=[info.get(f, 0) for f in port.PLAN_INFO_FIELDS],
-                        _qo_indptr_buf=torch.zeros(bs + 1, **i32), _paged_kv_indptr_buf=torch.zeros(bs + 1, **i32),
-                        _paged_kv_last_page_len_buf=torch.zeros(bs, **i32), _paged_kv_indices_buf=torch.zeros(8000, **i32),
-                        _int_workspace_buffer=torch.full((size,), STALE, dtype=torch.uint8),
-                        _mask_indptr_buf=torch.full((bs + 1,), -1, **i32),
-                        _custom_mask_buf=torch.full((8000,), STALE, dtype=torch.uint8))
+    w = stand_in_wrapper(info, size, bs, masked=True)
     replan_prefill(w, qo_indptr, kv_indptr, torch.arange(int(kv_indptr[-1]), **i32), torch.ones(bs, **i32),
                    num_qo_heads=32, num_kv_heads=8, page_size=1, num_sm=132, custom_mask=mask, query_width=width,
                    max_kv_len_bound=4096)
