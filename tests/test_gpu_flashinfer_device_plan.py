@@ -17,7 +17,7 @@ flashinfer = pytest.importorskip("flashinfer")
 
 from sglang_hostsync_plugin import flashinfer_split as fs  # noqa: E402
 from sglang_hostsync_plugin.flashinfer_device_plan import decode_plan, prefill_plan  # noqa: E402
-from test_gpu_flashinfer_certified_plan import HEADS, Prefill, _indptr, _lens  # noqa: E402
+from test_gpu_flashinfer_certified_plan import DT, HEADS, POOL, Prefill, _indptr, _lens, _workspace  # noqa: E402
 
 
 def _device_plan(site: Prefill, kv_lens, info: dict, ws: torch.Tensor) -> None:
@@ -144,3 +144,64 @@ def test_attention_after_the_device_replan_is_bit_identical_to_attention_after_s
             q = torch.randn(bs * qo, hq, hd, dtype=torch.bfloat16, device="cuda")
             a, b = stock.w.run(q, (k, v)), mine.w.run(q, (k, v))
             assert torch.equal(a, b), (bs, qo, lens, (a.float() - b.float()).abs().max().item())
+
+
+def _tree_mask(lens, width, gen):
+    """A verify's mask as SGLang hands it over: per request, ``width`` query rows over its KV, row-major; the
+    prefix visible to every row, the draft tokens a random tree with each token seeing itself."""
+    parts = []
+    for n in lens:
+        m = torch.ones(width, n, dtype=torch.bool)
+        tree = torch.rand(width, width, generator=gen) < 0.5
+        m[:, n - width:] = tree | torch.eye(width, dtype=torch.bool)
+        parts.append(m.flatten())
+    return torch.cat(parts).cuda()
+
+
+def test_attention_after_the_device_replan_with_a_tree_mask_is_bit_identical_to_sglangs():
+    """A topk > 1 verify: the packed tree mask and the plan made on the device (grid from a host KV bound,
+    larger than every length) give FlashInfer's kernels the bits SGLang's fast_prefill_plan gives them."""
+    from sglang.srt.layers.attention.flashinfer_backend import fast_prefill_plan
+    from sglang_hostsync_plugin.flashinfer_device_plan import replan_prefill
+
+    rng, gen = random.Random(7), torch.Generator().manual_seed(7)
+    torch.manual_seed(7)
+    hq, hkv, hd, pool = 32, 8, 128, 50000
+    k = torch.randn(pool, 1, hkv, hd, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn(pool, 1, hkv, hd, dtype=torch.bfloat16, device="cuda")
+    num_sm = fs.Device.current().num_sm
+    i32 = dict(dtype=torch.int32, device="cuda")
+
+    def masked_wrapper(bs, width):
+        w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            _workspace(), "NHD", use_cuda_graph=True, backend="fa2", qo_indptr_buf=torch.zeros(bs + 1, **i32),
+            paged_kv_indptr_buf=torch.zeros(bs + 1, **i32), paged_kv_indices_buf=torch.zeros(POOL, **i32),
+            paged_kv_last_page_len_buf=torch.ones(bs, **i32),
+            custom_mask_buf=torch.zeros(bs * 20000 * width // 8 + bs, dtype=torch.uint8, device="cuda"),
+            mask_indptr_buf=torch.zeros(bs + 1, **i32))
+        lens = [width + 1] * bs  # the capture, as SGLang's: one plan() with a mask
+        qo_host, kv_host = torch.arange(0, (bs + 1) * width, width, dtype=torch.int32), _indptr(lens)
+        w.plan(qo_host.cuda(), kv_host.cuda(), torch.zeros(int(kv_host[-1]), **i32), torch.ones(bs, **i32), hq, hkv,
+               hd, 1, custom_mask=_tree_mask(lens, width, gen), causal=False, q_data_type=DT, kv_data_type=DT)
+        return w
+
+    for bs, width in ((1, 4), (2, 8), (4, 4), (8, 8), (3, 8)):
+        stock, mine = masked_wrapper(bs, width), masked_wrapper(bs, width)
+        for _ in range(5):
+            lens = [max(min(n, 20000), width) for n in _lens(rng, bs)]
+            qo_host = torch.arange(0, (bs + 1) * width, width, dtype=torch.int32)
+            kv_host = _indptr(lens)
+            idx = torch.randint(0, pool, (int(kv_host[-1]),), **i32)
+            last = torch.ones(bs, **i32)
+            mask = _tree_mask(lens, width, gen)
+            fast_prefill_plan(stock, qo_host.cuda(), kv_host.cuda(), idx, last, hq, hkv, hd, 1, custom_mask=mask,
+                              q_data_type=DT, kv_data_type=DT, non_blocking=True, qo_indptr_host=qo_host,
+                              kv_indptr_host=kv_host, kv_lens_host=torch.tensor(lens, dtype=torch.int32),
+                              max_q_len=width, max_kv_len=max(lens), uniform_verify_width=width)
+            replan_prefill(mine, qo_host.cuda(), kv_host.cuda(), idx, last, num_qo_heads=hq, num_kv_heads=hkv,
+                           page_size=1, num_sm=num_sm, custom_mask=mask, query_width=width,
+                           max_kv_len_bound=max(lens) + 777)
+            q = torch.randn(bs * width, hq, hd, dtype=torch.bfloat16, device="cuda")
+            a, b = stock.run(q, (k, v)), mine.run(q, (k, v))
+            assert not a.isnan().any()
+            assert torch.equal(a, b), (bs, width, lens, (a.float() - b.float()).abs().max().item())
