@@ -25,6 +25,9 @@
 #                                           # 6b the certified plan's FlashInfer topk-1 e2e: what registering waits on
 #   CALL=13 bash scripts/device_pending.sh  # issue 64's FlashInfer plan made on the device, against FlashInfer's
 #                                           # planner (tests/test_gpu_flashinfer_device_plan.py; no server)
+#   CALL=14 bash scripts/device_pending.sh  # the slot flashinfer_device_plan (not registered) in a real FlashInfer
+#                                           # STANDALONE topk-1 page-16 server: identity, real traffic, syncs per
+#                                           # step and run-ahead against auto's set (tests/test_gpu_flashinfer_device_plan_slot.py)
 #   CALL=7 bash scripts/device_pending.sh   # issue 63's combined topk-1 set (eagle_step_graph + the eagle_host
 #                                           # slots that may run beside it) against each alone, EAGLE3 and
 #                                           # STANDALONE topk 1 page 16 triton, real-traffic pass first
@@ -124,6 +127,9 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
     NAME=ngram_draft GPU_TESTS="tests/test_gpu_ngram_device_draft.py" TESTS_TIMEOUT=560 bash scripts/device_call.sh ;;
   13)  # issue 64's device plan against FlashInfer's own planner (no server; about a minute after the bundle)
     NAME=device_plan GPU_TESTS="tests/test_gpu_flashinfer_device_plan.py" TESTS_TIMEOUT=240 bash scripts/device_call.sh ;;
+  14)
+    NAME=device_plan_slot GPU_TESTS="tests/test_gpu_flashinfer_device_plan_slot.py" TESTS_TIMEOUT=560 \
+      bash scripts/device_call.sh ;;
   6b)
     NAME=cert_plan GPU_TESTS="tests/test_gpu_flashinfer_certified_plan.py" TESTS_TIMEOUT=560 \
       bash scripts/device_call.sh ;;

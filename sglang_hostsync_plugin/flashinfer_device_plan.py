@@ -1,16 +1,17 @@
 """FlashInfer 0.7.2's fa2 CUDA-graph plans (prefill, CUDA-core decode) made on the device from its own lengths.
 
 No host lengths, no sync. Under CUDA graphs everything the planner writes that depends on the KV lengths
-lives in the device int workspace: the chunk size, the (request, qo tile, kv tile) work list, ``merge_indptr``, ``o_indptr``,
-``block_valid_mask`` and the row count. ``plan_info`` (the offsets, the padded batch size, ``cta_tile_q``,
-``split_kv``, which is always true under CUDA graphs) is fixed by the captured shape. So the plan a replay
-needs can be computed on the stream from the exact device lengths, with no host lengths and no sync:
+lives in the device int workspace: the chunk size, the (request, qo tile, kv tile) work list,
+``merge_indptr``, ``o_indptr``, ``block_valid_mask`` and the row count. ``plan_info`` (the offsets, the
+padded batch size, ``cta_tile_q``, ``split_kv``, which is always true under CUDA graphs) is fixed by the
+captured shape. So the plan a replay needs can be computed on the stream from the exact device lengths:
 ``prefill_plan`` is ``scheduler.cuh``'s ``PrefillBinarySearchKVChunkSize`` + ``PrefillSplitQOKVIndptr`` for
 that case (no sliding window, no fixed split, split KV on); ``decode_plan`` is ``DecodePlan``'s (the CUDA-core
 decode kernel's planner). Both are checked against the CPU port (``flashinfer_split``) in
 ``tests/test_flashinfer_device_plan.py``.
 
-Not wired into SGLang yet (docs/flashinfer-bound-plan.md, "A plan made on the device"); nothing imports it.
+Wired into SGLang by the slot ``flashinfer_device_plan`` (not registered yet; docs/flashinfer-bound-plan.md,
+"A plan made on the device").
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ import triton.language as tl
 from .flashinfer_split import PLAN_INFO_FIELDS, prefill_max_batch_size_if_split
 
 
+# FlashInfer 0.7.2's DecodePlanInfo::ToVector (scheduler.cuh): a CUDA-core decode plan's plan_info.
+DECODE_PLAN_INFO_FIELDS = ("padded_batch_size", "v_offset", "s_offset", "request_indices_offset",
+                           "kv_tile_indices_offset", "o_indptr_offset", "block_valid_mask_offset",
+                           "kv_chunk_size_ptr_offset", "enable_cuda_graph", "split_kv")
 # Every integer argument changes with the captured bucket or the layout: one compiled variant for all of them.
 INT_ARGS = ["bs", "gqa", "cta_tile_q", "budget", "min_kv_chunk_size", "page_size", "padded", "max_rows", "request_off",
             "qo_tile_off", "kv_tile_off", "merge_off", "o_off", "chunk_off", "mask_off", "rows_off"]
@@ -141,9 +146,9 @@ def prefill_plan(qo_indptr, kv_indptr, workspace, plan_info: dict, *, batch_size
 
 
 def decode_plan(kv_indptr, workspace, plan_info: dict, *, batch_size: int, page_size: int) -> None:
-    """The same for FlashInfer's CUDA-core decode plan (``DecodePlan`` under CUDA graphs: ``DecodePlanInfo``'s
-    fields by name). Its split budget is the grid's blocks over the KV heads, which under CUDA graphs is the
-    plan's padded batch size: ``nb * gdy > max_grid`` holds exactly when ``nb > max_grid // gdy``."""
+    """The same for FlashInfer's CUDA-core decode plan (``DecodePlan`` under CUDA graphs: plan_info by
+    ``DECODE_PLAN_INFO_FIELDS``). Its split budget is the grid's blocks over the KV heads, which under CUDA
+    graphs is the plan's padded batch size: ``nb * gdy > max_grid`` holds exactly when ``nb > max_grid // gdy``."""
     ws32 = workspace.view(dtype=torch.int32)
     padded = plan_info["padded_batch_size"]
     _plan_kernel[(1,)](

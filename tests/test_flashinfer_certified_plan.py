@@ -562,7 +562,8 @@ class World:
     ``FakePlanner``). ``step()`` runs the decision, SGLang's resolve and the three sites as the graph
     runners drive them; with ``hooked`` False it is stock (no slot)."""
 
-    def __init__(self, rows, committed, tamper=None, planner=None):
+    def __init__(self, rows, committed, tamper=None, planner=None, slot=cert):
+        self.slot = slot  # the slot module whose hooks a hooked step runs
         self.fm, self.log = _future_map()
         self.sched = _scheduler(self.fm)
         self.rows = rows
@@ -587,8 +588,9 @@ class World:
                 is_cuda_graph_enabled=True, _backend="fa2", _cached_module=self.planner(),
                 _float_workspace_buffer=None, _int_workspace_buffer=None,
                 _pin_memory_int_workspace_buffer=torch.zeros(1 << 16, dtype=torch.uint8),
-                _max_total_num_rows=bs * (W if name != "draft" else 1), _qo_indptr_buf=torch.zeros(bs + 1),
-                _paged_kv_indptr_buf=torch.zeros(bs + 1), _paged_kv_last_page_len_buf=torch.zeros(bs),
+                _max_total_num_rows=bs * (W if name != "draft" else 1),
+                _qo_indptr_buf=torch.zeros(bs + 1, dtype=torch.int32),
+                _paged_kv_indptr_buf=torch.zeros(bs + 1, dtype=torch.int32), _paged_kv_last_page_len_buf=torch.zeros(bs),
                 _paged_kv_indices_buf=torch.zeros(1 << 16), _custom_mask_buf=None, device=torch.device("cpu"))
             w.begin_forward = partial(planner_kind, w)
             self.wrappers[key] = w
@@ -608,7 +610,7 @@ class World:
             self.sched.result_queue.append((SimpleNamespace(reqs=list(self.reqs), forward_mode=ForwardMode.DECODE),
                                             None))
         if hooked:
-            cert.next_batch_hook(lambda s, rb, lb: SimpleNamespace(batch_to_run=batch), self.sched, None, None)
+            self.slot.next_batch_hook(lambda s, rb, lb: SimpleNamespace(batch_to_run=batch), self.sched, None, None)
         self.log.clear()
         self.fm.resolve_seq_lens_cpu(batch)
         plans = []
@@ -621,8 +623,9 @@ class World:
         # Draft decode: the runner's view (padded), the backend's common_template host indptr, fast_decode_plan.
         draft = self._draft_backend(bs, plans)
         view = SimpleNamespace(batch_size=bs, seq_lens_cpu=padded(0),
-                               seq_lens_sum=None if seq_cpu is None else sum(seq_cpu) + (bs - raw))
-        (partial(cert.draft_template_hook, _draft_common_template) if hooked else _draft_common_template)(
+                               seq_lens_sum=None if seq_cpu is None else sum(seq_cpu) + (bs - raw),
+                               seq_lens=torch.tensor(self.device_lens() + [1] * (bs - raw)))
+        (partial(self.slot.draft_template_hook, _draft_common_template) if hooked else _draft_common_template)(
             draft, view, draft.cuda_graph_kv_indices, None)
         assert view.seq_lens_cpu is None or seq_cpu is not None  # restored to what the runner gave
         # Verify and draft extend: SGLang's own update_single_wrapper -> call_begin_forward -> fast_prefill_plan.
@@ -636,7 +639,7 @@ class World:
                     None if seq_cpu is None else int(padded(extra).sum()), None, [w], False, None, spec)
             update = fb.FlashInferIndicesUpdaterPrefill.update_single_wrapper
             if hooked:
-                cert.prefill_update_hook(update, *args, plan=None)
+                self.slot.prefill_update_hook(update, *args, plan=None)
             else:
                 update(*args, plan=None)
             plans.append((name, w._cached_module))
@@ -656,10 +659,13 @@ class World:
 
 def _draft_common_template(self, forward_batch, kv_indices_buffer, call_fn):
     """FlashInferMultiStepDraftBackend.common_template's host part under the draft host indptr: SGLang's
-    _build_draft_indptr_host over the runner's host lengths, one fast_decode_plan per draft step."""
+    _build_draft_indptr_host over the runner's host lengths, one fast_decode_plan per draft step. Its kernel's
+    part: each step's wrapper's device indptr (the buffer FlashInfer's kernels read) from the device lengths."""
     indptr = fb._build_draft_indptr_host(forward_batch.seq_lens_cpu, self.topk, self.speculative_num_steps)
+    on_device = fb._build_draft_indptr_host(forward_batch.seq_lens, self.topk, self.speculative_num_steps)
     for i in range(self.speculative_num_steps - 1):
         w = self.attn_backends[i].decode_cuda_graph_metadata[forward_batch.batch_size][0]
+        w._paged_kv_indptr_buf.copy_(on_device[i])
         w.begin_forward(None, None, torch.ones(forward_batch.batch_size), HQ, HKV, HD, 1,
                         global_override_indptr_cpu=indptr[i])
 
@@ -700,9 +706,13 @@ class StubSpecInput(SpecInput):
         super().__init__(kind)
         self.bs, self.num_tokens_per_req, self.topk = bs, W, 1
 
-    def generate_attn_arg_prefill(self, **_):
-        z = torch.zeros(self.bs + 1, dtype=torch.int32)
-        return torch.zeros(8, dtype=torch.int32), z, z.clone(), None
+    def generate_attn_arg_prefill(self, paged_kernel_lens, **_):
+        """The device layout: a verify's KV is the committed length plus its draft tokens."""
+        extra = self.num_tokens_per_req if self.spec_input_type == SpecInputType.EAGLE_VERIFY else 0
+        kv = torch.zeros(self.bs + 1, dtype=torch.int32)
+        kv[1:] = torch.cumsum(paged_kernel_lens + extra, dim=0)
+        qo = torch.arange(0, (self.bs + 1) * self.num_tokens_per_req, self.num_tokens_per_req, dtype=torch.int32)
+        return torch.zeros(8, dtype=torch.int32), kv, qo, None
 
 
 def _spec_info(kind, bs):

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 flashinfer = pytest.importorskip("flashinfer")
 
 from sglang_hostsync_plugin import flashinfer_split as fs  # noqa: E402
-from sglang_hostsync_plugin.flashinfer_device_plan import decode_plan, prefill_plan  # noqa: E402
+from sglang_hostsync_plugin.flashinfer_device_plan import DECODE_PLAN_INFO_FIELDS, decode_plan, prefill_plan  # noqa: E402
 from test_gpu_flashinfer_certified_plan import DT, HEADS, POOL, Prefill, _indptr, _lens, _workspace  # noqa: E402
 
 
@@ -73,9 +73,7 @@ def test_the_device_plan_replays_in_a_cuda_graph_from_the_lengths_on_the_device(
         assert fs.read_written(plan_info, ws.cpu(), model, 8) == fs.read_written(plan_info, pinned, model, 8), lens
 
 
-DECODE_INFO = ("padded_batch_size", "v_offset", "s_offset", "request_indices_offset", "kv_tile_indices_offset",
-               "o_indptr_offset", "block_valid_mask_offset", "kv_chunk_size_ptr_offset", "enable_cuda_graph",
-               "split_kv")  # scheduler.cuh DecodePlanInfo::ToVector
+
 
 
 def _decode_written(info: dict, ws: torch.Tensor, bs: int) -> dict:
@@ -108,7 +106,7 @@ def test_the_device_decode_plan_writes_what_flashinfers_cuda_core_planner_writes
             indptr = _indptr(lens)
             w.plan(indptr.cuda(), torch.zeros(int(indptr[-1]), **i32), last, hq, hkv, 128, 1,
                    data_type=torch.bfloat16, q_data_type=torch.bfloat16)
-            info = dict(zip(DECODE_INFO, (int(x) for x in w._plan_info)))
+            info = dict(zip(DECODE_PLAN_INFO_FIELDS, (int(x) for x in w._plan_info)))
             ws = torch.zeros(w._pin_memory_int_workspace_buffer.numel(), dtype=torch.uint8, device="cuda")
             decode_plan(indptr.cuda(), ws, info, batch_size=bs, page_size=1)
             assert _decode_written(info, ws, bs) == _decode_written(info, w._pin_memory_int_workspace_buffer, bs), \
@@ -205,3 +203,4 @@ def test_attention_after_the_device_replan_with_a_tree_mask_is_bit_identical_to_
             a, b = stock.run(q, (k, v)), mine.run(q, (k, v))
             assert not a.isnan().any()
             assert torch.equal(a, b), (bs, width, lens, (a.float() - b.float()).abs().max().item())
+

@@ -376,6 +376,8 @@ def _pinned(n: int, dtype) -> torch.Tensor:
 # The engine: decisions, the two injection points, the probe
 # ---------------------------------------------------------------------------
 class Engine:
+    name = NAME  # in the log lines
+
     def __init__(self):
         self.reset()
 
@@ -401,23 +403,25 @@ class Engine:
         return self.step or self.ended
 
     # -- decisions -----------------------------------------------------------------------------------
-    def decide(self, scheduler, batch) -> None:
+    def begin(self, scheduler, batch) -> tuple[object, Step] | None:
+        """The decision's common part: stock's flag back on the FutureMap, and for a decode step that may
+        skip the read (no runtime rule, a window, the slot on) its FutureMap and its step; else None."""
         self.finish_step()
         self.poll_window_copies()
         fm = getattr(scheduler, "future_map", None)
         if fm is None:
-            return
+            return None
         if self.fm is None or self.fm() is not fm:
             self.fm = weakref.ref(fm)
             self.stock_flag = fm.needs_cpu_seq_lens
-            self.reason = runtime_reason(scheduler, fm)
+            self.reason = self.runtime_reason(scheduler, fm)
             self.width = int(getattr(scheduler.server_args, "speculative_num_draft_tokens", 0) or 0)
             if self.reason:
-                logger.info("hostsync: %s: stock's seq-lens read every step (%s)", NAME, self.reason)
+                logger.info("hostsync: %s: stock's seq-lens read every step (%s)", self.name, self.reason)
         fm.needs_cpu_seq_lens = self.stock_flag
         if self.reason or batch is None or not batch.forward_mode.is_decode() or not batch.reqs \
                 or getattr(batch.spec_info, "future_indices", None) is None:
-            return  # (SGLang's resolve returns at once without a draft input's future indices)
+            return None  # (SGLang's resolve returns at once without a draft input's future indices)
         self.stats.decode_steps += 1
         step = Step(batch, len(batch.reqs))
         self.step = step
@@ -427,6 +431,16 @@ class Engine:
         step.lo, step.hi = window
         if self.disabled:
             return self._stock(step, "off")
+        return fm, step
+
+    def runtime_reason(self, scheduler, fm) -> str | None:
+        return runtime_reason(scheduler, fm)
+
+    def decide(self, scheduler, batch) -> None:
+        begun = self.begin(scheduler, batch)
+        if begun is None:
+            return
+        fm, step = begun
         template = self.templates.get(step.raw)
         if template is not None and any(c.wrapper() is None for c in template.calls):
             del self.templates[step.raw]  # its wrappers are gone (graphs captured again): record anew
@@ -478,7 +492,8 @@ class Engine:
     def disable(self, why: str) -> None:
         if not self.disabled:
             self.disabled = why
-            logger.warning("hostsync: %s: off for this process (%s); stock's seq-lens read from now on", NAME, why)
+            logger.warning("hostsync: %s: off for this process (%s); stock's seq-lens read from now on", self.name,
+                           why)
 
     # -- the exact lengths -----------------------------------------------------------------------------
     def exact(self, step: Step) -> list[int]:
@@ -768,17 +783,21 @@ def runtime_reason(scheduler, fm) -> str | None:
 # ---------------------------------------------------------------------------
 # Hooks
 # ---------------------------------------------------------------------------
-def next_batch_hook(original, self, running_batch, last_batch):
+def run_next_batch(engine: Engine, original, self, running_batch, last_batch):
     plan = original(self, running_batch, last_batch)
     try:
-        ENGINE.decide(self, plan.batch_to_run)
+        engine.decide(self, plan.batch_to_run)
     except Exception as exc:  # noqa: BLE001 (never into the scheduler loop)
-        ENGINE.step = ENGINE.ended = None
+        engine.step = engine.ended = None
         fm = getattr(self, "future_map", None)
         if fm is not None:
-            fm.needs_cpu_seq_lens = ENGINE.stock_flag
-        ENGINE.disable(f"decision raised {type(exc).__name__}: {exc}")
+            fm.needs_cpu_seq_lens = engine.stock_flag
+        engine.disable(f"decision raised {type(exc).__name__}: {exc}")
     return plan
+
+
+def next_batch_hook(original, self, running_batch, last_batch):
+    return run_next_batch(ENGINE, original, self, running_batch, last_batch)
 
 
 def _spec_kind(spec_info) -> str | None:
@@ -792,31 +811,45 @@ def _spec_kind(spec_info) -> str | None:
     return None
 
 
-def prefill_update_hook(original, self, req_pool_indices, seq_lens, seq_lens_cpu, seq_lens_sum, prefix_lens,
-                        prefill_wrappers, use_ragged, encoder_lens, spec_info, fixed_split_size=None,
-                        multi_item_params=None, cross_attention_custom_mask=None, extend_prefix_lens_cpu=None,
-                        custom_kv_indices=None, *, plan):
-    kind = _spec_kind(spec_info) if ENGINE.step is not None else None
+def run_prefill_update(engine: Engine, install, original, self, req_pool_indices, seq_lens, seq_lens_cpu,
+                       seq_lens_sum, prefix_lens, prefill_wrappers, use_ragged, encoder_lens, spec_info,
+                       fixed_split_size, multi_item_params, cross_attention_custom_mask, extend_prefix_lens_cpu,
+                       custom_kv_indices, *, plan):
+    """``update_single_wrapper`` with the step's host lengths from ``engine`` and ``install(wrapper, kv_dtype)``
+    on a wrapper replanned by ``fast_prefill_plan``."""
+    kind = _spec_kind(spec_info) if engine.step is not None else None
     if kind is not None:
         wrapper = prefill_wrappers[0]
         if _uses(wrapper, "fast_prefill_plan"):
-            install_probe(wrapper, self.data_type)
+            install(wrapper, self.data_type)
         else:
-            ENGINE.unprobed_site(kind)
+            engine.unprobed_site(kind)
         fill = self.attn_backend.get_cuda_graph_seq_len_fill_value()
         offset = spec_info.num_tokens_per_req if kind == "draft_extend" else 0
-        seq_lens_cpu, seq_lens_sum = ENGINE.site_lens(kind, len(seq_lens), seq_lens_cpu, seq_lens_sum, fill, offset)
+        seq_lens_cpu, seq_lens_sum = engine.site_lens(kind, len(seq_lens), seq_lens_cpu, seq_lens_sum, fill, offset)
     try:
         return original(self, req_pool_indices, seq_lens, seq_lens_cpu, seq_lens_sum, prefix_lens, prefill_wrappers,
                         use_ragged, encoder_lens, spec_info, fixed_split_size, multi_item_params,
                         cross_attention_custom_mask, extend_prefix_lens_cpu, custom_kv_indices, plan=plan)
     finally:
         if kind is not None:
-            ENGINE.site_done(kind)
+            engine.site_done(kind)
 
 
-def draft_template_hook(original, self, forward_batch, kv_indices_buffer, call_fn):
-    step = ENGINE.step
+def prefill_update_hook(original, self, req_pool_indices, seq_lens, seq_lens_cpu, seq_lens_sum, prefix_lens,
+                        prefill_wrappers, use_ragged, encoder_lens, spec_info, fixed_split_size=None,
+                        multi_item_params=None, cross_attention_custom_mask=None, extend_prefix_lens_cpu=None,
+                        custom_kv_indices=None, *, plan):
+    return run_prefill_update(ENGINE, install_probe, original, self, req_pool_indices, seq_lens, seq_lens_cpu,
+                              seq_lens_sum, prefix_lens, prefill_wrappers, use_ragged, encoder_lens, spec_info,
+                              fixed_split_size, multi_item_params, cross_attention_custom_mask,
+                              extend_prefix_lens_cpu, custom_kv_indices, plan=plan)
+
+
+def run_draft_template(engine: Engine, install, original, self, forward_batch, kv_indices_buffer, call_fn):
+    """``common_template`` with the step's host lengths from ``engine`` and ``install(wrapper, kv_dtype)`` on
+    each CUDA-graph wrapper replanned by ``fast_decode_plan``."""
+    step = engine.step
     if step is None:
         return original(self, forward_batch, kv_indices_buffer, call_fn)
     graph = kv_indices_buffer is getattr(self, "cuda_graph_kv_indices", None)
@@ -825,17 +858,21 @@ def draft_template_hook(original, self, forward_batch, kv_indices_buffer, call_f
         wrappers = backend.decode_cuda_graph_metadata.get(bs, ()) if graph else ()
         for w in wrappers:
             if _uses(w, "fast_decode_plan"):
-                install_probe(w, backend.indices_updater_decode.data_type)
+                install(w, backend.indices_updater_decode.data_type)
         if not wrappers or not all(_uses(w, "fast_decode_plan") for w in wrappers):
-            ENGINE.unprobed_site("draft_decode")
+            engine.unprobed_site("draft_decode")
     held = (forward_batch.seq_lens_cpu, forward_batch.seq_lens_sum)
     fill = self.attn_backends[0].get_cuda_graph_seq_len_fill_value()
-    forward_batch.seq_lens_cpu, forward_batch.seq_lens_sum = ENGINE.site_lens("draft_decode", bs, *held, fill, 0)
+    forward_batch.seq_lens_cpu, forward_batch.seq_lens_sum = engine.site_lens("draft_decode", bs, *held, fill, 0)
     try:
         return original(self, forward_batch, kv_indices_buffer, call_fn)
     finally:
         forward_batch.seq_lens_cpu, forward_batch.seq_lens_sum = held
-        ENGINE.site_done("draft_decode")
+        engine.site_done("draft_decode")
+
+
+def draft_template_hook(original, self, forward_batch, kv_indices_buffer, call_fn):
+    return run_draft_template(ENGINE, install_probe, original, self, forward_batch, kv_indices_buffer, call_fn)
 
 
 # ---------------------------------------------------------------------------

@@ -1,0 +1,263 @@
+"""Slot ``flashinfer_device_plan`` (experimental; NOT REGISTERED until a GPU run verifies it): an
+EAGLE-family topk-1 FlashInfer decode step skips ``FutureMap.resolve_seq_lens_cpu``'s D2H and stream
+synchronize, and FlashInfer's CUDA-graph plans of that step are made on the GPU from the lengths FlashInfer's
+kernels read, by ``flashinfer_device_plan.prefill_plan`` / ``decode_plan`` (docs/flashinfer-bound-plan.md,
+section 8): stock's plan exactly, with no host lengths.
+
+Not in ``slots/__init__.py``'s catalogue: a run that wants it registers ``SLOT`` through the third-party
+entry-point group (``tests/test_flashinfer_device_plan_slot.py``'s ``write_device_plan_dist``). Registering
+it waits on ``tests/test_gpu_flashinfer_device_plan.py`` (the kernel against FlashInfer's planners, and a
+real server's outputs and syncs).
+
+One decode step, on top of ``flashinfer_certified_plan``'s machinery (its window, runtime rules, window
+check and the same three hook targets; read its docstring, steps 1, 3, 5 and 6):
+
+1. Decision (``Scheduler.get_next_batch_to_run``): where the certified plan's window exists (every
+   request's device length within ``[lo, hi]``, ``hi`` within the KV SGLang allocated) and no runtime rule
+   keeps stock's read, the step's resolve runs SGLang's GPU-only branch (``needs_cpu_seq_lens`` False): no
+   certificate, no template.
+2. Sites (``update_single_wrapper`` for verify and draft extend, ``common_template`` for the draft
+   decode) get the ``hi`` lengths laid out as SGLang lays out its host lengths there (plus the site's
+   offset; CUDA-graph padding rows as ``fill + offset``). They only size what SGLang sizes from host
+   lengths (index buffers, gather tilings, the packed mask's per-request regions, which its packing and the
+   kernel both read from the same indptr); the plan does not come from them.
+3. Planner (the CUDA-graph wrappers' ``_cached_module.plan``, which SGLang's ``fast_prefill_plan`` and
+   FlashInfer's ``fast_decode_plan`` call after the wrapper's device buffers hold this step's indptrs): in
+   such a step the plan is written on the stream into the wrapper's int workspace from those device
+   buffers, and the capture's ``plan_info`` is returned (under CUDA graphs no field of it moves with the
+   lengths). FlashInfer's own planner, and its pinned-buffer copy, do not run. A call the device plan does
+   not cover (decided per wrapper at its first planner call: a fixed split size, no split KV, a sliding
+   window, another backend, a budget above the captured padded size) goes to FlashInfer with the exact
+   lengths read back (blocking, counted as a rescue) and the wrapper is marked, so that steps of that
+   batch size keep stock's read afterwards.
+
+Counted and logged after device plans 1, 10, 100 and every 1000th (``hostsync: flashinfer_device_plan
+check: ...``, the line the e2e benchmark collects): skipped steps, stock steps with their reasons, device
+plans, rescues, window checks. A window miss turns the slot off for the process (stock's read every step
+after), as in the certified plan.
+
+Inert (by rule, before launch): as ``flashinfer_certified_plan`` (topk 1, overlap, CUDA graphs, one rank,
+SGLang's two FlashInfer host-plan switches); the same runtime rules.
+
+Hook targets (AROUND): ``Scheduler.get_next_batch_to_run``,
+``FlashInferIndicesUpdaterPrefill.update_single_wrapper``,
+``FlashInferMultiStepDraftBackend.common_template``; pinned beyond them: the certified plan's ``PINS``.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import weakref
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from .. import flashinfer_split as fs
+from ..slot import Slot, SlotKind, config_precheck
+from . import flashinfer_certified_plan as cert
+from .flashinfer_plan_guard import NAME as PLAN_GUARD
+
+logger = logging.getLogger("sglang.srt.plugins.hostsync")
+
+NAME = "flashinfer_device_plan"
+LOG_AT = (1, 10, 100)
+
+
+@dataclass
+class Stats:
+    decode_steps: int = 0
+    skipped: int = 0
+    stock: collections.Counter = field(default_factory=collections.Counter)
+    plans: int = 0  # planner calls in skipped steps
+    device_plans: int = 0
+    rescues: int = 0
+    window_checks: int = 0
+    window_misses: int = 0
+    window_unchecked: int = 0
+
+    def line(self) -> str:
+        reasons = ", ".join(f"{k} {v}" for k, v in self.stock.most_common()) or "none"
+        return (f"{self.device_plans} device plans, {self.rescues} rescues; {self.skipped} of {self.decode_steps} "
+                f"decode steps skipped the seq-lens read (stock: {reasons}); window checked {self.window_checks}x, "
+                f"{self.window_misses} misses, {self.window_unchecked} unchecked")
+
+
+class DevicePlanner:
+    """Stands in for a CUDA-graph wrapper's ``_cached_module``: ``plan`` goes through the engine, every
+    other attribute is the module's. ``covered``: None until the wrapper's first planner call decides
+    whether the device plan covers it (then True, or the reason it does not)."""
+
+    __slots__ = ("module", "wrapper", "covered")
+
+    def __init__(self, module, wrapper):
+        self.module = module
+        self.wrapper = weakref.ref(wrapper)
+        self.covered: bool | str | None = None
+
+    def __getattr__(self, name):
+        return getattr(self.module, name)
+
+    def plan(self, *args):
+        return ENGINE.on_plan(self, args)
+
+
+def install_planner(wrapper) -> None:
+    module = getattr(wrapper, "_cached_module", None)
+    if module is not None and not isinstance(module, DevicePlanner):
+        wrapper._cached_module = DevicePlanner(module, wrapper)
+
+
+def coverage(wrapper, args) -> bool | str:
+    """True where the device plan makes this call's plan; else why not. Decided once per wrapper: every
+    argument it reads is fixed by the wrapper's capture."""
+    from ..flashinfer_device_plan import DECODE_PLAN_INFO_FIELDS
+
+    if not wrapper.is_cuda_graph_enabled:
+        return "not a CUDA-graph wrapper"
+    info = list(getattr(wrapper, "_plan_info", None) or ())
+    if len(args) == fs.PREFILL_PLAN_ARGS:
+        call = fs.PlannerCall.from_args(args)
+        if call.window_left >= 0 or call.fixed_split_size > 0 or call.disable_split_kv or call.num_colocated_ctas \
+                or call.uniform_q_len or not call.enable_cuda_graph:
+            return "a sliding window, a fixed split size, no split KV or colocated CTAs"
+        if len(info) != len(fs.PLAN_INFO_FIELDS):
+            return "no captured prefill plan_info"
+        plan_info = dict(zip(fs.PLAN_INFO_FIELDS, info))
+        budget = fs.prefill_max_batch_size_if_split(ENGINE.device_now().num_sm, call.num_kv_heads)
+        if not plan_info["split_kv"] or budget > plan_info["padded_batch_size"] \
+                or call.total_num_rows != plan_info["total_num_rows"]:
+            return "the capture's plan has no split KV, another row count or a smaller padded size"
+        return True
+    if len(args) == DECODE_PLAN_ARGS:
+        if int(args[9]) >= 0 or not bool(args[8]):  # window_left, enable_cuda_graph
+            return "a sliding window or no CUDA graph"
+        if len(info) != len(DECODE_PLAN_INFO_FIELDS):
+            return "no captured decode plan_info"
+        return True
+    return f"a planner of {len(args)} arguments (fa3's prefill planner takes 16)"
+
+
+# FlashInfer 0.7.2's CUDA-core decode planner (fast_decode_plan without tensor cores): its 15 arguments.
+DECODE_PLAN_ARGS = 15
+
+
+class Engine(cert.Engine):
+    name = NAME
+
+    def reset(self) -> None:
+        super().reset()
+        self.stats = Stats()
+        self.stock_sizes: set[int] = set()  # batch sizes where a site was not covered: stock's read there
+
+    def runtime_reason(self, scheduler, fm) -> str | None:
+        return cert.runtime_reason(scheduler, fm)
+
+    def decide(self, scheduler, batch) -> None:
+        begun = self.begin(scheduler, batch)
+        if begun is None:
+            return
+        fm, step = begun
+        if step.raw in self.stock_sizes:
+            return self._stock(step, "not covered")
+        step.skipped = True
+        fm.needs_cpu_seq_lens = False  # this step's resolve runs SGLang's GPU-only branch
+        self.stats.skipped += 1
+
+    def finish_step(self) -> None:
+        self.step = self.ended = None
+
+    def site_lens(self, kind: str, bs: int, seq_lens_cpu, seq_lens_sum, fill: int, offset: int):
+        """In a skipped step: the ``hi`` lengths plus the site's offset, padding rows ``fill + offset``."""
+        step = self.step
+        if step is None or not step.skipped or seq_lens_cpu is not None:
+            return seq_lens_cpu, seq_lens_sum
+        if step.seq_dev is None:
+            step.seq_dev = step.batch.seq_lens
+            self.queue_window_copy(step)
+        step.site = (kind, bs, "hi")
+        lens = [h + offset for h in step.hi] + [fill + offset] * (bs - step.raw)
+        return torch.tensor(lens, dtype=torch.int64), int(sum(lens))
+
+    def on_plan(self, planner: DevicePlanner, args):
+        step = self.step
+        if step is None or not step.skipped or step.site is None:
+            return planner.module.plan(*args)  # stock's plan from the exact host lengths SGLang gave
+        self.stats.plans += 1
+        wrapper = planner.wrapper()
+        if planner.covered is None:
+            try:
+                planner.covered = coverage(wrapper, args)
+            except Exception as exc:  # noqa: BLE001 (decided off the forward's path: stock from here on)
+                planner.covered = f"the coverage check raised {type(exc).__name__}: {exc}"
+            if planner.covered is not True:
+                logger.info("hostsync: %s: a %s wrapper keeps FlashInfer's planner (%s)", NAME, step.site[0],
+                            planner.covered)
+        if planner.covered is True:
+            plan_on_device(wrapper, args, self.device_now())
+            self.stats.device_plans += 1
+            if self.stats.device_plans in LOG_AT or self.stats.device_plans % 1000 == 0:
+                logger.info("hostsync: %s check: %s", NAME, self.stats.line())
+            return wrapper._plan_info
+        self.stock_sizes.add(step.raw)
+        return planner.module.plan(*self._rescue(step, args))
+
+
+def plan_on_device(wrapper, args, device: fs.Device) -> None:
+    """The call's plan, from the wrapper's device buffers (which FlashInfer's kernels read), into its int
+    workspace, at the capture's ``plan_info``."""
+    from ..flashinfer_device_plan import DECODE_PLAN_INFO_FIELDS, decode_plan, prefill_plan
+
+    ws = wrapper._int_workspace_buffer
+    if len(args) == fs.PREFILL_PLAN_ARGS:
+        bs, hq, hkv, page = (int(x) for x in args[7:11])
+        info = dict(zip(fs.PLAN_INFO_FIELDS, (int(x) for x in wrapper._plan_info)))
+        prefill_plan(wrapper._qo_indptr_buf, wrapper._paged_kv_indptr_buf, ws, info, batch_size=bs, gqa=hq // hkv,
+                     max_batch_size_if_split=fs.prefill_max_batch_size_if_split(device.num_sm, hkv), page_size=page)
+    else:
+        info = dict(zip(DECODE_PLAN_INFO_FIELDS, (int(x) for x in wrapper._plan_info)))
+        decode_plan(wrapper._paged_kv_indptr_buf, ws, info, batch_size=int(args[4]), page_size=int(args[7]))
+
+
+ENGINE = Engine()
+
+
+# ---------------------------------------------------------------------------
+# Hooks: the certified plan's, with this engine and planner
+# ---------------------------------------------------------------------------
+def next_batch_hook(original, self, running_batch, last_batch):
+    return cert.run_next_batch(ENGINE, original, self, running_batch, last_batch)
+
+
+def prefill_update_hook(original, self, req_pool_indices, seq_lens, seq_lens_cpu, seq_lens_sum, prefix_lens,
+                        prefill_wrappers, use_ragged, encoder_lens, spec_info, fixed_split_size=None,
+                        multi_item_params=None, cross_attention_custom_mask=None, extend_prefix_lens_cpu=None,
+                        custom_kv_indices=None, *, plan):
+    return cert.run_prefill_update(ENGINE, _install, original, self, req_pool_indices, seq_lens, seq_lens_cpu,
+                                   seq_lens_sum, prefix_lens, prefill_wrappers, use_ragged, encoder_lens, spec_info,
+                                   fixed_split_size, multi_item_params, cross_attention_custom_mask,
+                                   extend_prefix_lens_cpu, custom_kv_indices, plan=plan)
+
+
+def draft_template_hook(original, self, forward_batch, kv_indices_buffer, call_fn):
+    return cert.run_draft_template(ENGINE, _install, original, self, forward_batch, kv_indices_buffer, call_fn)
+
+
+def _install(wrapper, kv_dtype) -> None:
+    install_planner(wrapper)
+
+
+SLOT = Slot(
+    name=NAME,
+    kind=SlotKind.OWNED,
+    origin="hostsync (FlashInfer's CUDA-graph plans made on the GPU from the device lengths)",
+    summary="experimental, not registered: EAGLE topk-1 FlashInfer steps skip the seq-lens D2H + synchronize; "
+            "FlashInfer's plans are made on the GPU from the lengths its kernels read (stock's plan exactly)",
+    default=False,
+    # Stock steps still plan on the host into the pinned buffer: flashinfer_plan_guard's hazard.
+    requires=(PLAN_GUARD,),
+    precheck=config_precheck(None, cert.precheck_upstream),
+    inert=cert.inert,
+    targets=tuple(replace(t, hook=hook) for t, hook in zip(
+        cert.SLOT.targets, (next_batch_hook, prefill_update_hook, draft_template_hook))),
+)

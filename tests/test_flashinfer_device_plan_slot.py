@@ -1,0 +1,273 @@
+"""Slot ``flashinfer_device_plan`` (not registered) on the CPU, through the certified plan's miniature server
+(``World``: SGLang's real FutureMap resolve, ``update_single_wrapper`` / ``call_begin_forward`` /
+``fast_prefill_plan`` and ``_build_draft_indptr_host``, a stand-in FlashInfer planner that writes the port's
+plan into the pinned buffer and copies it into the int workspace as FlashInfer's planner does).
+
+- Every decode step with a window skips the read (no D2H, no synchronize) and FlashInfer's planner does not
+  run in it; the bytes the device plan (Triton, interpreted) writes into each wrapper's int workspace are the
+  plan stock SGLang makes at the exact lengths, and ``plan_info`` stays the capture's.
+- A wrapper the device plan does not cover is planned by FlashInfer from the exact lengths (read back,
+  counted) and its batch size keeps stock's read from then on.
+- A window miss turns the slot off; the hooks go in through SGLang's hook registry.
+
+The GPU side: tests/test_gpu_flashinfer_device_plan.py.
+"""
+
+import random
+
+import pytest
+import torch
+
+from sglang_hostsync_plugin import flashinfer_split as fs, registry
+from sglang_hostsync_plugin.checks import check_slot
+from sglang_hostsync_plugin.slots import flashinfer_certified_plan as cert, flashinfer_device_plan as dp
+from test_flashinfer_certified_plan import (HD, HKV, HQ, W, FakePlanner, World, _accept, _exact_plans,
+                                            _sync_count)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_engine(monkeypatch):
+    monkeypatch.setattr(dp, "ENGINE", dp.Engine())
+    dp.ENGINE.device = fs.H100
+    monkeypatch.setenv("SGLANG_OPT_FLASHINFER_VERIFY_HOST_PLAN", "1")
+    monkeypatch.setenv("SGLANG_OPT_FLASHINFER_DRAFT_HOST_INDPTR", "1")
+
+
+def write_device_plan_dist(root) -> str:
+    """The slot through the third-party entry-point group, for subprocesses and servers (PYTHONPATH)."""
+    from helpers import write_slot_dist
+
+    return write_slot_dist(root, "flashinfer_device_plan", "hostsync_device_plan_slot")
+
+
+def test_not_registered_requires_the_plan_guard_and_hooks_the_certified_plans_targets():
+    assert dp.NAME not in registry.catalogue()
+    s = dp.SLOT
+    assert not s.default and s.presets == () and "not registered" in s.summary
+    assert s.requires == ("flashinfer_plan_guard",) and check_slot(s) is None
+    assert [(t.path, t.params, t.source_sha) for t in s.targets] == \
+        [(t.path, t.params, t.source_sha) for t in cert.SLOT.targets]
+    assert [t.hook for t in s.targets] == [dp.next_batch_hook, dp.prefill_update_hook, dp.draft_template_hook]
+
+
+class CopyingPlanner(FakePlanner):
+    """FlashInfer's planner as the port says it behaves, with its last step: the pinned buffer copied into
+    the device int workspace (``args[1]``), where the kernels read the plan."""
+
+    def plan(self, *args):
+        info = super().plan(*args)
+        args[1].copy_(args[2])
+        return info
+
+
+class DeviceWorld(World):
+    """``World`` with each wrapper's int workspace, captured once (FlashInfer's ``plan()`` at capture sets
+    ``_plan_info``), planning through ``CopyingPlanner``; the slot's hooks."""
+
+    def __init__(self, rows, committed, tamper_capture=None):
+        super().__init__(rows, committed, planner=CopyingPlanner, slot=dp)
+        self.tamper_capture = tamper_capture
+
+    def _wrapper(self, name, bs, planner_kind):
+        fresh = (name, bs) not in self.wrappers
+        w = super()._wrapper(name, bs, planner_kind)
+        if fresh:
+            w._int_workspace_buffer = torch.zeros(1 << 16, dtype=torch.uint8)
+            width = W if name in ("verify", "draft_extend") else 1
+            if width == 1:  # a tensor-core decode wrapper's, made at its construction under CUDA graphs
+                w._qo_indptr_buf = torch.arange(bs + 1, dtype=torch.int32)
+            call = fs.PlannerCall(tuple(range(0, (bs + 1) * width, width)), tuple(range(0, (bs + 1) * 9, 9)),
+                                  bs * width, bs, HQ, HKV, 1, True, HD, HD, False, -1, -1, False, 0, 0)
+            t = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
+            w._plan_info = w._cached_module.plan(
+                None, w._int_workspace_buffer, w._pin_memory_int_workspace_buffer, t(call.qo_indptr),
+                t(call.kv_indptr), t(call.kv_lens), *[getattr(call, f) for f in (
+                    "total_num_rows", "batch_size", "num_qo_heads", "num_kv_heads", "page_size", "enable_cuda_graph",
+                    "head_dim_qk", "head_dim_vo", "causal", "window_left", "fixed_split_size", "disable_split_kv",
+                    "num_colocated_ctas", "uniform_q_len")])
+            if self.tamper_capture:
+                self.tamper_capture(name, w)
+            w._cached_module.calls.clear()
+        return w
+
+    def planner_calls(self):
+        return sum(len(_module(w).calls) for w in self.wrappers.values())
+
+
+def _module(w):
+    return w._cached_module.module if isinstance(w._cached_module, dp.DevicePlanner) else w._cached_module
+
+
+SITES = ("draft0", "draft1", "verify", "draft_extend")
+
+
+def test_every_step_with_a_window_skips_the_read_and_the_device_plan_is_stocks_plan_at_the_exact_lengths():
+    rng = random.Random(5)
+    world = DeviceWorld(rows=[3, 7, 9], committed=[1000, 127, 40000])
+    pending = False
+    for n in range(24):
+        for w in world.wrappers.values():
+            w._int_workspace_buffer.fill_(0xA5)  # what a skipped step's plan is must come from this step
+        captured = {k: list(w._plan_info) for k, w in world.wrappers.items()}
+        calls = world.planner_calls()
+        batch, _ = world.step(hooked=True, pending=pending)
+        exact = world.device_lens()
+        step = dp.ENGINE.last_step
+        assert step.skipped, dp.ENGINE.stats.stock
+        assert _sync_count(world) == 0 and batch.seq_lens_cpu is None and batch.seq_lens_sum is None
+        assert world.planner_calls() == calls  # FlashInfer's planner did not run
+        bs = world.bucket()
+        want = _exact_plans(world, exact)  # stock SGLang's plans at the exact lengths, site by site
+        for site in SITES:
+            w = world.wrappers[(site, bs)]
+            assert captured.get((site, bs), w._plan_info) == list(w._plan_info)  # the capture's plan_info
+            (model,) = want[site]
+            assert fs.compare(model, w._plan_info, w._int_workspace_buffer, bs) == [], (n, site, exact)
+        # The verify just launched accepts 1..W; the host processes the previous one (its lengths catch up).
+        if pending:
+            for r, e in zip(world.reqs, exact):
+                r.kv.kv_committed_len = e
+                r.kv.kv_allocated_len = e + 64
+        _accept(world, [rng.randint(1, W) for _ in world.rows])
+        pending = True
+    stats = dp.ENGINE.stats
+    assert stats.skipped == stats.decode_steps == 24 and stats.device_plans == 24 * len(SITES)
+    assert stats.rescues == 0 and stats.window_misses == 0 and stats.window_checks > 0
+
+
+def test_a_wrapper_the_device_plan_does_not_cover_plans_from_the_exact_lengths_then_keeps_stocks_read():
+    def no_split(name, w):  # a capture without split KV (SGLang's disable_cuda_graph_kv_split)
+        if name == "verify":
+            w._plan_info = list(w._plan_info)
+            w._plan_info[fs.PLAN_INFO_FIELDS.index("split_kv")] = 0
+
+    world = DeviceWorld(rows=[2], committed=[3000], tamper_capture=no_split)
+    world.step(hooked=True, pending=False)
+    assert dp.ENGINE.last_step.skipped and dp.ENGINE.stats.rescues == 1
+    (call,) = _module(world.wrappers[("verify", 1)]).calls  # FlashInfer's planner, at the exact lengths
+    assert call.kv_lens == (3000 + W,)
+    _accept(world, [2])
+    world.step(hooked=True, pending=True)
+    assert not dp.ENGINE.last_step.skipped and dp.ENGINE.stats.stock["not covered"] == 1
+    assert _sync_count(world) == 1
+
+
+def test_a_window_miss_turns_the_slot_off():
+    world = DeviceWorld(rows=[4], committed=[500])
+    world.fm.new_seq_lens_buf[4] = 503  # the device is ahead of what the host can explain
+    world.step(hooked=True, pending=False)  # skipped: its window copy is read at the next decision
+    world.step(hooked=True, pending=False)
+    assert dp.ENGINE.disabled and "window miss" in dp.ENGINE.disabled
+    assert not dp.ENGINE.last_step.skipped and dp.ENGINE.stats.stock["off"] == 1 and _sync_count(world) == 1
+
+
+def test_the_hooks_go_in_through_sglangs_hook_registry(tmp_path):
+    from helpers import out, run_python
+
+    proc = run_python("""
+    import json
+    from sglang.srt.plugins import load_plugins
+    load_plugins()
+    from sglang_hostsync_plugin import runtime
+    rt = runtime.current()
+    runtime.startup_check(rt)
+    import sglang.srt.layers.attention.flashinfer_backend as fb
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang_hostsync_plugin.slots import flashinfer_device_plan as dp
+    hooked = (fb.FlashInferIndicesUpdaterPrefill.update_single_wrapper,
+              fb.FlashInferMultiStepDraftBackend.common_template, Scheduler.get_next_batch_to_run)
+    print("RESULT" + json.dumps({
+        "status": rt.state.statuses["flashinfer_device_plan"].status.value,
+        "hooked": [hasattr(f, "__wrapped__") for f in hooked],
+    }))
+    """, pythonpath=write_device_plan_dist(tmp_path), SGLANG_ENABLE_HOSTSYNC_PLUGIN="1",
+        SGLANG_HOSTSYNC_SLOTS="default,flashinfer_verify_host_plan,flashinfer_draft_host_indptr,"
+                              "flashinfer_device_plan")
+    assert proc.returncode == 0, out(proc)
+    import json
+
+    res = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert res == {"status": "applied", "hooked": [True, True, True]}, res
+
+
+def test_plan_on_device_reads_each_planners_arguments_where_flashinfer_passes_them():
+    """The argument positions: the fa2 prefill planner's 20 (batch size, heads, page size; a GQA of 32 and a
+    width of 8 make two query tiles, so the head count matters) and the CUDA-core decode planner's 15."""
+    from test_flashinfer_device_plan import STALE, decode_case, packed, prefill_layout, stand_in_wrapper
+
+    rng = random.Random(9)
+    for _ in range(6):
+        bs, width, hq, hkv = rng.choice([1, 3, 8]), 8, 32, 1
+        lens = [rng.randrange(width, 30000) for _ in range(bs)]
+        call = fs.PlannerCall(tuple(range(0, (bs + 1) * width, width)), tuple(fs.page_indptr(lens, 1)), bs * width, bs,
+                              hq, hkv, 1, True, HD, HD, False, -1, -1, False, 0, 0)
+        model = fs.plan_call(call)
+        assert model.cta_tile_q < width * hq // hkv  # more than one query tile per request
+        info, size = prefill_layout(model, bs, bs * width)
+        w = stand_in_wrapper(info, size, bs)
+        w._qo_indptr_buf.copy_(torch.tensor(call.qo_indptr))
+        w._paged_kv_indptr_buf.copy_(torch.tensor(call.kv_indptr))
+        hi = torch.tensor([n + 5 for n in lens], dtype=torch.int32)  # host lengths the plan must not read
+        args = (None, w._int_workspace_buffer, None, torch.tensor(call.qo_indptr), hi, hi, bs * width, bs, hq, hkv, 1,
+                True, HD, HD, False, -1, -1, False, 0, 0)
+        assert dp.coverage(w, args) is True
+        dp.plan_on_device(w, args, fs.H100)
+        assert fs.compare(model, w._plan_info, w._int_workspace_buffer, bs) == []
+
+    kv = [rng.randrange(1, 30000) for _ in range(5)]
+    model, _, _ = decode_case(kv, kv_heads=8, page_size=1, max_grid=264)
+    padded = model.padded_batch_size
+    offsets, size = packed({"request_indices_offset": 4 * padded, "kv_tile_indices_offset": 4 * padded,
+                            "o_indptr_offset": 4 * (padded + 1), "kv_chunk_size_ptr_offset": 4,
+                            "block_valid_mask_offset": padded})
+    offsets.update(padded_batch_size=padded, split_kv=model.split_kv, v_offset=0, s_offset=0, enable_cuda_graph=1)
+    from sglang_hostsync_plugin.flashinfer_device_plan import DECODE_PLAN_INFO_FIELDS
+
+    w = stand_in_wrapper({}, size, 5)
+    w._plan_info = [offsets[f] for f in DECODE_PLAN_INFO_FIELDS]
+    w._paged_kv_indptr_buf.copy_(torch.tensor(fs.page_indptr(kv, 1)))
+    args = (None, w._int_workspace_buffer, None, torch.zeros(6), 5, 8, 8, 1, True, -1, 0.0, HD, HD, None, None)
+    assert dp.coverage(w, args) is True
+    dp.plan_on_device(w, args, fs.H100)
+    raw = w._int_workspace_buffer.view(torch.int32)
+    at = offsets["request_indices_offset"] // 4
+    assert tuple(raw[at: at + model.new_batch_size].tolist()) == model.request_indices
+    at = offsets["o_indptr_offset"] // 4
+    assert tuple(raw[at: at + 6].tolist()) == model.o_indptr
+    assert int(raw[offsets["kv_chunk_size_ptr_offset"] // 4]) == model.kv_chunk_size_tokens
+    assert w._int_workspace_buffer[offsets["block_valid_mask_offset"] + padded - 1] != STALE
+
+
+@pytest.mark.parametrize("change, why", [
+    (dict(window_left=100), "sliding window"), (dict(fixed_split_size=256), "fixed split"),
+    (dict(disable_split_kv=True), "no split KV"), (dict(enable_cuda_graph=False), "sliding window"),
+])
+def test_coverage_refuses_what_the_device_plan_does_not_make(change, why):
+    from dataclasses import replace
+
+    from test_flashinfer_device_plan import prefill_layout, stand_in_wrapper
+
+    call = fs.PlannerCall((0, 4, 8), (0, 100, 300), 8, 2, HQ, HKV, 1, True, HD, HD, False, -1, -1, False, 0, 0)
+    info, size = prefill_layout(fs.plan_call(call), 2, 8)
+    w = stand_in_wrapper(info, size, 2)
+    call = replace(call, **change)
+    t = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
+    args = (None, None, None, t(call.qo_indptr), t(call.kv_indptr), t(call.kv_lens), *[getattr(call, f) for f in (
+        "total_num_rows", "batch_size", "num_qo_heads", "num_kv_heads", "page_size", "enable_cuda_graph",
+        "head_dim_qk", "head_dim_vo", "causal", "window_left", "fixed_split_size", "disable_split_kv",
+        "num_colocated_ctas", "uniform_q_len")])
+    got = dp.coverage(w, args)
+    assert got is not True and why.split()[0] in got
+    w._plan_info[fs.PLAN_INFO_FIELDS.index("padded_batch_size")] = 8  # a capture on a device with fewer SMs
+    assert "smaller padded size" in dp.coverage(w, _args_of(fs.PlannerCall((0, 4, 8), (0, 100, 300), 8, 2, HQ, HKV,
+                                                                            1, True, HD, HD, False, -1, -1, False, 0,
+                                                                            0)))
+    assert "16 arguments" in dp.coverage(w, (None,) * 16)
+
+
+def _args_of(call):
+    t = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
+    return (None, None, None, t(call.qo_indptr), t(call.kv_indptr), t(call.kv_lens), *[getattr(call, f) for f in (
+        "total_num_rows", "batch_size", "num_qo_heads", "num_kv_heads", "page_size", "enable_cuda_graph",
+        "head_dim_qk", "head_dim_vo", "causal", "window_left", "fixed_split_size", "disable_split_kv",
+        "num_colocated_ctas", "uniform_q_len")])
