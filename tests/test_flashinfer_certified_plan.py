@@ -534,7 +534,7 @@ def _scheduler(fm):
     draft.draft_window_size, draft.attn_backends = 0, [_fi_backend()]
     args = SimpleNamespace(enable_mixed_chunk=False, pp_size=1, disaggregation_mode="null", enable_hisparse=False,
                            enable_two_batch_overlap=False, speculative_eagle_topk=1, speculative_adaptive=False,
-                           speculative_num_draft_tokens=W)
+                           speculative_num_draft_tokens=W, speculative_num_steps=STEPS)
     runner = SimpleNamespace(model_config=SimpleNamespace(model_is_mrope=False, is_encoder_decoder=False))
     return SimpleNamespace(future_map=fm, server_args=args, enable_overlap=True, result_queue=collections.deque(),
                            enable_fpm=False, spec_algorithm=SpeculativeAlgorithm.EAGLE,

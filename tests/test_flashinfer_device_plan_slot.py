@@ -21,7 +21,7 @@ import torch
 from sglang_hostsync_plugin import flashinfer_split as fs, registry
 from sglang_hostsync_plugin.checks import check_slot
 from sglang_hostsync_plugin.slots import flashinfer_certified_plan as cert, flashinfer_device_plan as dp
-from test_flashinfer_certified_plan import (HD, HKV, HQ, W, FakePlanner, World, _accept, _exact_plans,
+from test_flashinfer_certified_plan import (HD, HKV, HQ, W, FakePlanner, World, _accept, _exact_plans, _facts,
                                             _sync_count)
 
 
@@ -48,6 +48,34 @@ def test_not_registered_requires_the_plan_guard_and_hooks_the_certified_plans_ta
     assert [(t.path, t.params, t.source_sha) for t in s.targets] == \
         [(t.path, t.params, t.source_sha) for t in cert.SLOT.targets]
     assert [t.hook for t in s.targets] == [dp.next_batch_hook, dp.prefill_update_hook, dp.draft_template_hook]
+
+
+@pytest.mark.parametrize("kw, want", [
+    ({}, None),
+    ({"topk": 4}, None),  # the verify's host plan is flashinfer_tree_verify_plan's there
+    ({"topk": 4, "attention_backends": ("triton", "triton")}, "not flashinfer"),
+    ({"speculative_algorithm": "EAGLE3", "topk": None}, None),  # decided at the refinement
+    ({"speculative_algorithm": "NGRAM"}, "--speculative-algorithm is NGRAM"),
+    ({"disable_cuda_graph": True}, "--disable-cuda-graph"),
+    ({"disable_overlap_schedule": True}, "--disable-overlap-schedule"),
+    ({"tp_size": 2, "topk": 4}, "--tp-size is 2"),
+    ({"dp_attention": True}, "attention DP"),
+    ({"speculative_num_steps": 1}, "--speculative-num-steps is 1"),
+    ({"draft_window_size": 64, "topk": 4}, "draft-window-size"),
+])
+def test_inert_rules(kw, want):
+    reason = dp.inert(_facts(**kw))
+    assert (reason is None) if want is None else (want in reason), reason
+
+
+def test_the_window_is_the_most_a_verify_commits():
+    """The tree's depth plus the bonus token: at topk > 1 fewer than the draft tokens, so the window stays
+    within the KV SGLang reserved (the certified plan's, at topk 1, is the draft tokens)."""
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(speculative_num_steps=3, speculative_num_draft_tokens=8, speculative_eagle_topk=4)
+    assert dp.Engine.max_accept(args) == 4 and cert.Engine.max_accept(args) == 8
+    assert cert.request_window(100, 104, "decode", dp.Engine.max_accept(args)) == (101, 104)
 
 
 class CopyingPlanner(FakePlanner):

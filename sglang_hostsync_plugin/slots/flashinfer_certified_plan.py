@@ -415,7 +415,7 @@ class Engine:
             self.fm = weakref.ref(fm)
             self.stock_flag = fm.needs_cpu_seq_lens
             self.reason = self.runtime_reason(scheduler, fm)
-            self.width = int(getattr(scheduler.server_args, "speculative_num_draft_tokens", 0) or 0)
+            self.width = self.max_accept(scheduler.server_args)
             if self.reason:
                 logger.info("hostsync: %s: stock's seq-lens read every step (%s)", self.name, self.reason)
         fm.needs_cpu_seq_lens = self.stock_flag
@@ -435,6 +435,16 @@ class Engine:
 
     def runtime_reason(self, scheduler, fm) -> str | None:
         return runtime_reason(scheduler, fm)
+
+    @staticmethod
+    def max_accept(server_args) -> int:
+        """The most tokens one verify commits (topk 1: the draft tokens)."""
+        return int(getattr(server_args, "speculative_num_draft_tokens", 0) or 0)
+
+    @staticmethod
+    def site_kind(spec_info) -> str | None:
+        """The plan site a prefill update is ("verify", "draft_extend"), or None (not one of the step's)."""
+        return _spec_kind(spec_info)
 
     def decide(self, scheduler, batch) -> None:
         begun = self.begin(scheduler, batch)
@@ -729,8 +739,9 @@ class Engine:
 ENGINE = Engine()
 
 
-def runtime_reason(scheduler, fm) -> str | None:
-    """Why this scheduler must keep stock's resolve: what the server facts could not rule out."""
+def runtime_reason(scheduler, fm, topk_one: bool = True) -> str | None:
+    """Why this scheduler must keep stock's resolve: what the server facts could not rule out. ``topk_one``:
+    topk > 1 is a reason (the certified plan covers topk 1 only)."""
     import sglang.srt.layers.attention.flashinfer_backend as fb
 
     from sglang.srt.environ import envs
@@ -738,7 +749,9 @@ def runtime_reason(scheduler, fm) -> str | None:
     args = scheduler.server_args
     if not fm.needs_cpu_seq_lens:
         return "SGLang does not read the seq lens back here"
-    if not (envs.SGLANG_OPT_FLASHINFER_VERIFY_HOST_PLAN.get() and envs.SGLANG_OPT_FLASHINFER_DRAFT_HOST_INDPTR.get()):
+    topk = int(args.speculative_eagle_topk or 1)
+    if not ((envs.SGLANG_OPT_FLASHINFER_VERIFY_HOST_PLAN.get() or topk > 1)
+            and envs.SGLANG_OPT_FLASHINFER_DRAFT_HOST_INDPTR.get()):
         return ("SGLang's FlashInfer host plans are off: select flashinfer_verify_host_plan and "
                 "flashinfer_draft_host_indptr beside it (the flashinfer preset has both)")
     if not getattr(scheduler, "enable_overlap", False):
@@ -757,7 +770,7 @@ def runtime_reason(scheduler, fm) -> str | None:
         (str(args.disaggregation_mode or "null") != "null", "disaggregation"),
         (bool(getattr(args, "enable_hisparse", False)), "HiSparse"),
         (bool(args.enable_two_batch_overlap), "two-batch overlap"),
-        (int(args.speculative_eagle_topk or 1) != 1, "topk > 1"),
+        (topk_one and topk != 1, "topk > 1"),
         (bool(args.speculative_adaptive), "adaptive speculative steps"),
         (getattr(scheduler.req_to_token_pool, "mamba_pool", None) is not None, "a hybrid (mamba) model"),
     )
@@ -817,7 +830,7 @@ def run_prefill_update(engine: Engine, install, original, self, req_pool_indices
                        custom_kv_indices, *, plan):
     """``update_single_wrapper`` with the step's host lengths from ``engine`` and ``install(wrapper, kv_dtype)``
     on a wrapper replanned by ``fast_prefill_plan``."""
-    kind = _spec_kind(spec_info) if engine.step is not None else None
+    kind = engine.site_kind(spec_info) if engine.step is not None else None
     if kind is not None:
         wrapper = prefill_wrappers[0]
         if _uses(wrapper, "fast_prefill_plan"):
@@ -895,11 +908,17 @@ def precheck_upstream() -> str | None:
 
 
 def inert(f: ServingFacts) -> str | None:
+    if f.topk is not None and f.topk != 1 and f.speculative_algorithm and f.is_eagle_family():
+        return f"inert because --speculative-eagle-topk is {f.topk}; the certified plan covers topk 1"
+    # The plan sites' host plans are SGLang's two switches: where either is inert, so is this slot.
+    return step_rules_inert(f) or verify_host_plan_inert(f) or draft_host_indptr_inert(f)
+
+
+def step_rules_inert(f: ServingFacts) -> str | None:
+    """What keeps a spec-v2 EAGLE step's resolve on every server (the rules before SGLang resolves)."""
     if reason := not_speculative(f, "only the EAGLE-family step plans FlashInfer from seq_lens this way",
                                  bool(f.speculative_algorithm) and f.is_eagle_family()):
         return reason
-    if f.topk is not None and f.topk != 1:
-        return f"inert because --speculative-eagle-topk is {f.topk}; the certified plan covers topk 1"
     for on, what in ((f.disable_overlap_schedule, "--disable-overlap-schedule is set (no per-step resolve)"),
                      (f.dp_attention, "attention DP is on (DP reads the host lengths)"),
                      (f.two_batch_overlap, "two-batch overlap is on (it splits by the host lengths)"),
@@ -907,8 +926,7 @@ def inert(f: ServingFacts) -> str | None:
                      (f.speculative_adaptive, "adaptive speculative steps are on")):
         if on:
             return f"inert because {what}"
-    # The plan sites' host plans are SGLang's two switches: where either is inert, so is this slot.
-    return verify_host_plan_inert(f) or draft_host_indptr_inert(f)
+    return None
 
 
 SLOT = Slot(

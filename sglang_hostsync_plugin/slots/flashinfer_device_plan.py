@@ -54,8 +54,9 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .. import flashinfer_split as fs
-from ..slot import Slot, SlotKind, config_precheck
-from . import flashinfer_certified_plan as cert
+from ..slot import ServingFacts, Slot, SlotKind, config_precheck
+from . import flashinfer_certified_plan as cert, flashinfer_tree_verify_plan as tree_verify
+from .upstream_host_plans import draft_host_indptr_inert, verify_host_plan_inert
 from .flashinfer_plan_guard import NAME as PLAN_GUARD
 
 logger = logging.getLogger("sglang.srt.plugins.hostsync")
@@ -151,7 +152,31 @@ class Engine(cert.Engine):
         self.stock_sizes: set[int] = set()  # batch sizes where a site was not covered: stock's read there
 
     def runtime_reason(self, scheduler, fm) -> str | None:
-        return cert.runtime_reason(scheduler, fm)
+        return cert.runtime_reason(scheduler, fm, topk_one=False)
+
+    @staticmethod
+    def max_accept(server_args) -> int:
+        """The most tokens one verify commits: the tree's depth plus the bonus token (at topk 1, the draft
+        tokens; at topk > 1 fewer than them)."""
+        return int(getattr(server_args, "speculative_num_steps", 0) or 0) + 1
+
+    @staticmethod
+    def site_kind(spec_info) -> str | None:
+        from sglang.srt.speculative.spec_info import SpecInputType
+
+        kind = getattr(spec_info, "spec_input_type", None)
+        if kind == SpecInputType.EAGLE_VERIFY:
+            return "verify"
+        return "draft_extend" if kind == SpecInputType.EAGLE_DRAFT_EXTEND else None
+
+    def unprobed_site(self, kind: str) -> None:
+        """A site planned by FlashInfer's own ``plan()`` (an eager batch, or a verify without a host plan):
+        it reads the lengths back itself. Steps of this batch size keep stock's read from now on."""
+        step = self.step
+        if step is not None and step.skipped and step.raw not in self.stock_sizes:
+            self.stock_sizes.add(step.raw)
+            logger.info("hostsync: %s: the %s of %d requests is planned by FlashInfer's plan(); stock's read for "
+                        "that batch size", NAME, kind, step.raw)
 
     def decide(self, scheduler, batch) -> None:
         begun = self.begin(scheduler, batch)
@@ -247,6 +272,13 @@ def _install(wrapper, kv_dtype) -> None:
     install_planner(wrapper)
 
 
+def inert(f: ServingFacts) -> str | None:
+    """The certified plan's step rules; the verify's host plan is SGLang's switch at topk 1 and
+    ``flashinfer_tree_verify_plan`` above it; the draft's host indptr is SGLang's switch."""
+    verify = verify_host_plan_inert(f) if (f.topk or 1) == 1 else tree_verify.inert(f)
+    return cert.step_rules_inert(f) or verify or draft_host_indptr_inert(f)
+
+
 SLOT = Slot(
     name=NAME,
     kind=SlotKind.OWNED,
@@ -257,7 +289,7 @@ SLOT = Slot(
     # Stock steps still plan on the host into the pinned buffer: flashinfer_plan_guard's hazard.
     requires=(PLAN_GUARD,),
     precheck=config_precheck(None, cert.precheck_upstream),
-    inert=cert.inert,
+    inert=inert,
     targets=tuple(replace(t, hook=hook) for t, hook in zip(
         cert.SLOT.targets, (next_batch_hook, prefill_update_hook, draft_template_hook))),
 )
