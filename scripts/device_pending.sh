@@ -25,9 +25,10 @@
 #                                           # 6b the certified plan's FlashInfer topk-1 e2e: what registering waits on
 #   CALL=13 bash scripts/device_pending.sh  # issue 64's FlashInfer plan made on the device, against FlashInfer's
 #                                           # planner (tests/test_gpu_flashinfer_device_plan.py; no server)
-#   CALL=14 bash scripts/device_pending.sh  # the slot flashinfer_device_plan (not registered) in a real FlashInfer
-#                                           # STANDALONE topk-1 page-16 server: identity, real traffic, syncs per
-#                                           # step and run-ahead against auto's set (tests/test_gpu_flashinfer_device_plan_slot.py)
+#   CALL=14 bash scripts/device_pending.sh  # the slot flashinfer_device_plan (not registered) in real FlashInfer
+#                                           # STANDALONE topk 1 and topk 4 page-16 servers: identity, real traffic,
+#                                           # syncs per step and run-ahead against auto's set, 6 rounds c1/c8
+#                                           # (tests/test_gpu_flashinfer_device_plan_slot.py)
 #   CALL=7 bash scripts/device_pending.sh   # issue 63's combined topk-1 set (eagle_step_graph + the eagle_host
 #                                           # slots that may run beside it) against each alone, EAGLE3 and
 #                                           # STANDALONE topk 1 page 16 triton, real-traffic pass first
