@@ -3,17 +3,21 @@
 ``fast_prefill_plan`` and ``_build_draft_indptr_host``, a stand-in FlashInfer planner that writes the port's
 plan into the pinned buffer and copies it into the int workspace as FlashInfer's planner does).
 
-- Every decode step with a window skips the read (no D2H, no synchronize) and FlashInfer's planner does not
-  run in it; the bytes the device plan (Triton, interpreted) writes into each wrapper's int workspace are the
-  plan stock SGLang makes at the exact lengths, and ``plan_info`` stays the capture's.
+- The first decode step at a batch size is stock (a probe of its sites); once a probe ran every site through
+  the CUDA-graph planners, every decode step of that size with a window skips the read (no D2H, no
+  synchronize) and FlashInfer's planner does not run in it; the bytes the device plan (Triton, interpreted)
+  writes into each wrapper's int workspace are the plan stock SGLang makes at the exact lengths, and
+  ``plan_info`` stays the capture's.
 - A wrapper the device plan does not cover is planned by FlashInfer from the exact lengths (read back,
-  counted) and its batch size keeps stock's read from then on.
+  counted) and its batch size keeps stock's read from then on; so does a batch size whose probe saw a site
+  planned by FlashInfer's ``plan()`` (an eager step).
 - A window miss turns the slot off; the hooks go in through SGLang's hook registry.
 
 The GPU side: tests/test_gpu_flashinfer_device_plan.py.
 """
 
 import random
+from functools import partial
 
 import pytest
 import torch
@@ -129,11 +133,11 @@ def _module(w):
 SITES = ("draft0", "draft1", "verify", "draft_extend")
 
 
-def test_every_step_with_a_window_skips_the_read_and_the_device_plan_is_stocks_plan_at_the_exact_lengths():
+def test_every_step_with_a_window_after_the_first_at_its_size_skips_the_read_and_plans_as_stock():
     rng = random.Random(5)
     world = DeviceWorld(rows=[3, 7, 9], committed=[1000, 127, 40000])
     pending = False
-    for n in range(24):
+    for n in range(25):
         for w in world.wrappers.values():
             w._int_workspace_buffer.fill_(0xA5)  # what a skipped step's plan is must come from this step
         captured = {k: list(w._plan_info) for k, w in world.wrappers.items()}
@@ -141,6 +145,13 @@ def test_every_step_with_a_window_skips_the_read_and_the_device_plan_is_stocks_p
         batch, _ = world.step(hooked=True, pending=pending)
         exact = world.device_lens()
         step = dp.ENGINE.last_step
+        if n == 0:  # the first step at this batch size: stock's read, its sites probed
+            assert not step.skipped and dict(dp.ENGINE.stats.stock) == {"first at this size": 1}
+            assert _sync_count(world) == 1 and batch.seq_lens_cpu.tolist() == exact
+            assert world.planner_calls() == calls + len(SITES)  # FlashInfer's planner, at the exact lengths
+            _accept(world, [rng.randint(1, W) for _ in world.rows])
+            pending = True
+            continue
         assert step.skipped, dp.ENGINE.stats.stock
         assert _sync_count(world) == 0 and batch.seq_lens_cpu is None and batch.seq_lens_sum is None
         assert world.planner_calls() == calls  # FlashInfer's planner did not run
@@ -159,7 +170,8 @@ def test_every_step_with_a_window_skips_the_read_and_the_device_plan_is_stocks_p
         _accept(world, [rng.randint(1, W) for _ in world.rows])
         pending = True
     stats = dp.ENGINE.stats
-    assert stats.skipped == stats.decode_steps == 24 and stats.device_plans == 24 * len(SITES)
+    assert stats.skipped == 24 and stats.decode_steps == 25 and stats.device_plans == 24 * len(SITES)
+    assert dict(stats.stock) == {"first at this size": 1}
     assert stats.rescues == 0 and stats.window_misses == 0 and stats.window_checks > 0
 
 
@@ -170,9 +182,14 @@ def test_a_wrapper_the_device_plan_does_not_cover_plans_from_the_exact_lengths_t
             w._plan_info[fs.PLAN_INFO_FIELDS.index("split_kv")] = 0
 
     world = DeviceWorld(rows=[2], committed=[3000], tamper_capture=no_split)
+    world.step(hooked=True, pending=False)  # the probe: stock's read, every site through a CUDA-graph plan
+    assert not dp.ENGINE.last_step.skipped and dp.ENGINE.stats.stock["first at this size"] == 1
+    assert dp.ENGINE.stats.rescues == 0
+    no_split("verify", world.wrappers[("verify", 1)])  # the capture's plan_info (the stand-in planner replanned it)
+    before = len(_module(world.wrappers[("verify", 1)]).calls)
     world.step(hooked=True, pending=False)
     assert dp.ENGINE.last_step.skipped and dp.ENGINE.stats.rescues == 1
-    (call,) = _module(world.wrappers[("verify", 1)]).calls  # FlashInfer's planner, at the exact lengths
+    (call,) = _module(world.wrappers[("verify", 1)]).calls[before:]  # FlashInfer's planner, at the exact lengths
     assert call.kv_lens == (3000 + W,)
     _accept(world, [2])
     world.step(hooked=True, pending=True)
@@ -182,11 +199,62 @@ def test_a_wrapper_the_device_plan_does_not_cover_plans_from_the_exact_lengths_t
 
 def test_a_window_miss_turns_the_slot_off():
     world = DeviceWorld(rows=[4], committed=[500])
+    world.step(hooked=True, pending=False)  # the probe at this batch size: stock's read, the window holds
+    assert not dp.ENGINE.last_step.skipped and not dp.ENGINE.disabled
     world.fm.new_seq_lens_buf[4] = 503  # the device is ahead of what the host can explain
     world.step(hooked=True, pending=False)  # skipped: its window copy is read at the next decision
+    assert dp.ENGINE.last_step.skipped and _sync_count(world) == 0
     world.step(hooked=True, pending=False)
     assert dp.ENGINE.disabled and "window miss" in dp.ENGINE.disabled
     assert not dp.ENGINE.last_step.skipped and dp.ENGINE.stats.stock["off"] == 1 and _sync_count(world) == 1
+
+
+@pytest.mark.parametrize("eager_site", ["draft_extend", "verify"])
+def test_a_batch_size_whose_sites_run_eagerly_never_skips_the_read(eager_site):
+    """A site planned by FlashInfer's plan() (an eager step, past the captured batch sizes): SGLang's eager
+    draft extend reads the host lengths, so that size's first step is stock and so is every later one."""
+    def eager(name, w):  # not a CUDA-graph fast plan: what an eager batch's wrapper plans through
+        if name == eager_site:
+            w.begin_forward = partial(_flashinfer_plan, w)
+
+    rng = random.Random(3)
+    world = DeviceWorld(rows=[1, 5], committed=[800, 2000], tamper_capture=eager)
+    pending = False
+    for n in range(6):
+        batch, _ = world.step(hooked=True, pending=pending)
+        assert not dp.ENGINE.last_step.skipped, n
+        assert _sync_count(world) == 1 and batch.seq_lens_cpu.tolist() == world.device_lens()
+        _accept(world, [rng.randint(1, W) for _ in world.rows])
+        for r, e in zip(world.reqs, world.device_lens()):  # the host catches up: no step pending
+            r.kv.kv_committed_len = e
+            r.kv.kv_allocated_len = e + 64
+    stats = dp.ENGINE.stats
+    assert stats.skipped == 0 and stats.device_plans == 0 and stats.rescues == 0
+    assert dict(stats.stock) == {"first at this size": 1, "not covered": 5}
+    assert dp.ENGINE.stock_sizes == {2} and dp.ENGINE.covered_sizes == set()
+
+
+def test_a_probe_that_did_not_see_every_site_probes_again():
+    """A stock step at a new batch size whose sites did not all run (no draft extend, say) proves nothing:
+    the next step at that size is a probe again, and the one after it skips."""
+    world = DeviceWorld(rows=[6], committed=[700])
+    dp.ENGINE.decide(world.sched, world.batch())  # a decision whose step ran no site
+    assert not dp.ENGINE.last_step.skipped and dp.ENGINE.covered_sizes == set()
+    world.step(hooked=True, pending=False)
+    assert not dp.ENGINE.last_step.skipped and dp.ENGINE.stats.stock["first at this size"] == 2
+    world.step(hooked=True, pending=False)
+    assert dp.ENGINE.last_step.skipped and _sync_count(world) == 0 and dp.ENGINE.covered_sizes == {1}
+
+
+def _flashinfer_plan(self, qo_indptr, kv_indptr, kv_indices, last_page_len, num_qo_heads, num_kv_heads, head_dim,
+                     page_size, **_):
+    """FlashInfer's own ``plan()`` as far as the planner goes: it reads the indptrs it is given back itself."""
+    qo, kv = qo_indptr.cpu().to(torch.int32), kv_indptr.cpu().to(torch.int32)
+    bs = len(qo) - 1
+    self._plan_info = self._cached_module.plan(
+        self._float_workspace_buffer, self._int_workspace_buffer, self._pin_memory_int_workspace_buffer, qo, kv,
+        kv[1:] - kv[:-1], int(qo[-1]), bs, num_qo_heads, num_kv_heads, page_size, self.is_cuda_graph_enabled, head_dim,
+        head_dim, False, -1, -1, False, 0, 0)
 
 
 def test_the_hooks_go_in_through_sglangs_hook_registry(tmp_path):

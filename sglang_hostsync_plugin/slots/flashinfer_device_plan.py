@@ -15,7 +15,9 @@ check and the same three hook targets; read its docstring, steps 1, 3, 5 and 6):
 1. Decision (``Scheduler.get_next_batch_to_run``): where the certified plan's window exists (every
    request's device length within ``[lo, hi]``, ``hi`` within the KV SGLang allocated) and no runtime rule
    keeps stock's read, the step's resolve runs SGLang's GPU-only branch (``needs_cpu_seq_lens`` False): no
-   certificate, no template.
+   certificate, no template. Only at a batch size where one earlier stock step (the first at that size, a
+   probe) ran all three sites through the installed CUDA-graph planners: a size whose probe saw a site
+   planned otherwise (an eager batch, whose draft extend reads the host lengths) keeps stock's read.
 2. Sites (``update_single_wrapper`` for verify and draft extend, ``common_template`` for the draft
    decode) get the ``hi`` lengths laid out as SGLang lays out its host lengths there (plus the site's
    offset; CUDA-graph padding rows as ``fill + offset``). They only size what SGLang sizes from host
@@ -150,6 +152,10 @@ class Engine(cert.Engine):
         super().reset()
         self.stats = Stats()
         self.stock_sizes: set[int] = set()  # batch sizes where a site was not covered: stock's read there
+        self.covered_sizes: set[int] = set()  # batch sizes whose probe ran every site through a CUDA-graph plan
+        self.probing: cert.Step | None = None  # the stock step probing its batch size (decide, step 1)
+        self.probe_sites: set[str] = set()  # the kinds its sites were
+        self.probe_eager = False  # one of them was planned by FlashInfer's plan()
 
     def runtime_reason(self, scheduler, fm) -> str | None:
         return cert.runtime_reason(scheduler, fm, topk_one=False)
@@ -173,6 +179,8 @@ class Engine(cert.Engine):
         """A site planned by FlashInfer's own ``plan()`` (an eager batch, or a verify without a host plan):
         it reads the lengths back itself. Steps of this batch size keep stock's read from now on."""
         step = self.step
+        if step is not None and step is self.probing:
+            self.probe_eager = True
         if step is not None and step.skipped and step.raw not in self.stock_sizes:
             self.stock_sizes.add(step.raw)
             logger.info("hostsync: %s: the %s of %d requests is planned by FlashInfer's plan(); stock's read for "
@@ -185,16 +193,30 @@ class Engine(cert.Engine):
         fm, step = begun
         if step.raw in self.stock_sizes:
             return self._stock(step, "not covered")
+        if step.raw not in self.covered_sizes:  # its sites may run eagerly: probe them with stock's read
+            self.probing, self.probe_sites, self.probe_eager = step, set(), False
+            return self._stock(step, "first at this size")
         step.skipped = True
         fm.needs_cpu_seq_lens = False  # this step's resolve runs SGLang's GPU-only branch
         self.stats.skipped += 1
 
     def finish_step(self) -> None:
+        step = self.step or self.ended
         self.step = self.ended = None
+        if step is not None and step is self.probing:
+            if self.probe_eager:
+                self.stock_sizes.add(step.raw)
+                logger.info("hostsync: %s: a step of %d requests is planned by FlashInfer's plan(); stock's read "
+                            "for that batch size", NAME, step.raw)
+            elif self.probe_sites >= set(cert.KINDS):
+                self.covered_sizes.add(step.raw)
+        self.probing, self.probe_sites, self.probe_eager = None, set(), False
 
     def site_lens(self, kind: str, bs: int, seq_lens_cpu, seq_lens_sum, fill: int, offset: int):
         """In a skipped step: the ``hi`` lengths plus the site's offset, padding rows ``fill + offset``."""
         step = self.step
+        if step is not None and step is self.probing:
+            self.probe_sites.add(kind)
         if step is None or not step.skipped or seq_lens_cpu is not None:
             return seq_lens_cpu, seq_lens_sum
         if step.seq_dev is None:
