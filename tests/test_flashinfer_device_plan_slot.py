@@ -18,6 +18,7 @@ The GPU side: tests/test_gpu_flashinfer_device_plan.py.
 
 import random
 from functools import partial
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -25,7 +26,7 @@ import torch
 from sglang_hostsync_plugin import flashinfer_split as fs, registry
 from sglang_hostsync_plugin.checks import check_slot
 from sglang_hostsync_plugin.slots import flashinfer_certified_plan as cert, flashinfer_device_plan as dp
-from test_flashinfer_certified_plan import (HD, HKV, HQ, W, FakePlanner, World, _accept, _exact_plans, _facts,
+from test_flashinfer_certified_plan import (HD, HKV, HQ, W, FakePlanner, FakeWrapper, World, _accept, _exact_plans, _facts,
                                             _sync_count)
 
 
@@ -49,9 +50,11 @@ def test_not_registered_requires_the_plan_guard_and_hooks_the_certified_plans_ta
     s = dp.SLOT
     assert not s.default and s.presets == () and "not registered" in s.summary
     assert s.requires == ("flashinfer_plan_guard",) and check_slot(s) is None
-    assert [(t.path, t.params, t.source_sha) for t in s.targets] == \
+    assert [(t.path, t.params, t.source_sha) for t in s.targets[:3]] == \
         [(t.path, t.params, t.source_sha) for t in cert.SLOT.targets]
-    assert [t.hook for t in s.targets] == [dp.next_batch_hook, dp.prefill_update_hook, dp.draft_template_hook]
+    assert [t.hook for t in s.targets] == [dp.next_batch_hook, dp.prefill_update_hook, dp.draft_template_hook,
+                                           dp.verify_input_hook]
+    assert s.targets[3].path.endswith("eagle_worker_common.build_eagle_verify_input")
 
 
 @pytest.mark.parametrize("kw, want", [
@@ -75,11 +78,17 @@ def test_inert_rules(kw, want):
 def test_the_window_is_the_most_a_verify_commits():
     """The tree's depth plus the bonus token: at topk > 1 fewer than the draft tokens, so the window stays
     within the KV SGLang reserved (the certified plan's, at topk 1, is the draft tokens)."""
-    from types import SimpleNamespace
-
     args = SimpleNamespace(speculative_num_steps=3, speculative_num_draft_tokens=8, speculative_eagle_topk=4)
     assert dp.Engine.max_accept(args) == 4 and cert.Engine.max_accept(args) == 8
     assert cert.request_window(100, 104, "decode", dp.Engine.max_accept(args)) == (101, 104)
+    # SGLang's own bound on the accepted run: the verify input's tree depth
+    from sglang.srt.speculative.eagle_info import EagleVerifyInput
+
+    assert EagleVerifyInput.max_tree_depth.fget(SimpleNamespace(spec_steps=3)) == dp.Engine.max_accept(args)
+    # No step count: no window at all (a width of 1 would undershoot every pending verify)
+    none = SimpleNamespace(speculative_num_steps=None, speculative_num_draft_tokens=8)
+    assert dp.Engine.max_accept(none) == 0
+    assert "no speculative steps" in dp.ENGINE.runtime_reason(SimpleNamespace(server_args=none), None)
 
 
 class CopyingPlanner(FakePlanner):
@@ -270,8 +279,10 @@ def test_the_hooks_go_in_through_sglangs_hook_registry(tmp_path):
     import sglang.srt.layers.attention.flashinfer_backend as fb
     from sglang.srt.managers.scheduler import Scheduler
     from sglang_hostsync_plugin.slots import flashinfer_device_plan as dp
+    import sglang.srt.speculative.eagle_worker_common as ewc
     hooked = (fb.FlashInferIndicesUpdaterPrefill.update_single_wrapper,
-              fb.FlashInferMultiStepDraftBackend.common_template, Scheduler.get_next_batch_to_run)
+              fb.FlashInferMultiStepDraftBackend.common_template, Scheduler.get_next_batch_to_run,
+              ewc.build_eagle_verify_input)
     print("RESULT" + json.dumps({
         "status": rt.state.statuses["flashinfer_device_plan"].status.value,
         "hooked": [hasattr(f, "__wrapped__") for f in hooked],
@@ -283,7 +294,7 @@ def test_the_hooks_go_in_through_sglangs_hook_registry(tmp_path):
     import json
 
     res = json.loads(proc.stdout.split("RESULT", 1)[1])
-    assert res == {"status": "applied", "hooked": [True, True, True]}, res
+    assert res == {"status": "applied", "hooked": [True, True, True, True]}, res
 
 
 def test_plan_on_device_reads_each_planners_arguments_where_flashinfer_passes_them():
@@ -367,3 +378,76 @@ def _args_of(call):
         "total_num_rows", "batch_size", "num_qo_heads", "num_kv_heads", "page_size", "enable_cuda_graph",
         "head_dim_qk", "head_dim_vo", "causal", "window_left", "fixed_split_size", "disable_split_kv",
         "num_colocated_ctas", "uniform_q_len")])
+
+
+def _skipped_step(hi):
+    step = cert.Step(SimpleNamespace(seq_lens=torch.tensor(hi)), len(hi), lo=list(hi), hi=list(hi), skipped=True)
+    dp.ENGINE.step = step
+    return step
+
+
+def test_a_topk_verify_site_gets_the_upper_lengths():
+    """At topk > 1 the verify is a site too (its kv_indices and mask padding are sized from the length sum,
+    which SGLang's eagle_info adds to without a None check)."""
+    from sglang.srt.speculative.spec_info import SpecInput, SpecInputType
+
+    class TreeVerify(SpecInput):
+        def __init__(self):
+            super().__init__(SpecInputType.EAGLE_VERIFY)
+            self.topk, self.num_tokens_per_req = 4, 8
+
+    _skipped_step([100, 300])
+    dp.ENGINE.copies.clear()
+    got = {}
+
+    def original(self, req_pool_indices, seq_lens, seq_lens_cpu, seq_lens_sum, *rest, plan):
+        got.update(lens=seq_lens_cpu.tolist(), total=seq_lens_sum)
+
+    updater = SimpleNamespace(data_type=torch.bfloat16, attn_backend=SimpleNamespace(
+        get_cuda_graph_seq_len_fill_value=lambda: 1))
+    wrapper = SimpleNamespace(begin_forward=None, is_cuda_graph_enabled=True)
+    dp.prefill_update_hook(original, updater, None, torch.zeros(4), None, None, None, [wrapper], False, None,
+                           TreeVerify(), plan=None)
+    assert got == {"lens": [100, 300, 1, 1], "total": 402}
+
+
+def test_the_tree_mask_is_sized_from_the_upper_sum_in_a_skipped_step_only():
+    seen = []
+
+    def original(batch, *args, **kw):
+        seen.append(batch.seq_lens_sum)
+        return "verify input"
+
+    kw = dict(target_worker=None, topk=4, num_steps=3, num_draft_tokens=8, tree_mask_mode=None, device="cpu")
+    batch = SimpleNamespace(seq_lens_sum=None)
+    assert dp.verify_input_hook(original, batch, None, None, None, None, None, **kw) == "verify input"
+    _skipped_step([100, 300])
+    dp.verify_input_hook(original, batch, None, None, None, None, None, **kw)
+    assert seen == [None, 400] and batch.seq_lens_sum is None  # restored: the bound never outlives the call
+    stock = SimpleNamespace(seq_lens_sum=391)
+    dp.verify_input_hook(original, stock, None, None, None, None, None, **kw)
+    assert seen[-1] == 391
+
+
+def test_a_device_plan_that_raises_turns_the_slot_off_and_plans_from_the_wrappers_own_lengths(monkeypatch):
+    """Draft decode rows at topk 4: four rows per request, read back from the wrapper's device indptr."""
+    def broken(*a):
+        raise RuntimeError("no compiler")
+
+    monkeypatch.setattr(dp, "plan_on_device", broken)
+    step = _skipped_step([50, 70])
+    step.site = ("draft_decode", 8, "hi")
+    rows = [51, 52, 53, 54, 71, 72, 73, 74]
+    indptr = torch.tensor([0] + list(torch.tensor(rows).cumsum(0).tolist()), dtype=torch.int32)
+    planned = []
+    module = SimpleNamespace(plan=lambda *args: planned.append(args) or ["info"])
+    wrapper = FakeWrapper(is_cuda_graph_enabled=True, _paged_kv_indptr_buf=indptr, _plan_info=[0] * 10,
+                          _cached_module=module)
+    dp.install_planner(wrapper)
+    hi_indptr = torch.zeros(9, dtype=torch.int32)  # what the site's host lengths said: not what the kernel reads
+    args = (None, None, None, hi_indptr, 8, HQ, HQ, 1, True, -1, 0.0, HD, HD, None, None)  # CUDA-core decode
+    monkeypatch.setattr(dp, "coverage", lambda w, a: True)
+    assert wrapper._cached_module.plan(*args) == ["info"]
+    (call,) = planned
+    assert call[3].tolist() == indptr.tolist() and dp.ENGINE.stats.rescues == 1
+    assert "device plan raised RuntimeError" in dp.ENGINE.disabled and 2 in dp.ENGINE.stock_sizes

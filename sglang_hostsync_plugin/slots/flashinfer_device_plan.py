@@ -1,5 +1,5 @@
-"""Slot ``flashinfer_device_plan`` (experimental; NOT REGISTERED until a GPU run verifies it): an
-EAGLE-family topk-1 FlashInfer decode step skips ``FutureMap.resolve_seq_lens_cpu``'s D2H and stream
+"""Slot ``flashinfer_device_plan`` (experimental; NOT REGISTERED until its GPU runs cover it): an
+EAGLE-family FlashInfer decode step (topk 1 or more) skips ``FutureMap.resolve_seq_lens_cpu``'s D2H and stream
 synchronize, and FlashInfer's CUDA-graph plans of that step are made on the GPU from the lengths FlashInfer's
 kernels read, by ``flashinfer_device_plan.prefill_plan`` / ``decode_plan`` (docs/flashinfer-bound-plan.md,
 section 8): stock's plan exactly, with no host lengths.
@@ -29,21 +29,27 @@ check and the same three hook targets; read its docstring, steps 1, 3, 5 and 6):
    buffers, and the capture's ``plan_info`` is returned (under CUDA graphs no field of it moves with the
    lengths). FlashInfer's own planner, and its pinned-buffer copy, do not run. A call the device plan does
    not cover (decided per wrapper at its first planner call: a fixed split size, no split KV, a sliding
-   window, another backend, a budget above the captured padded size) goes to FlashInfer with the exact
-   lengths read back (blocking, counted as a rescue) and the wrapper is marked, so that steps of that
-   batch size keep stock's read afterwards.
+   window, another backend, a budget above the captured padded size), or one whose device plan raises
+   (which turns the slot off), goes to FlashInfer with the exact lengths read back from the wrapper's own
+   indptr buffer (blocking, counted as a rescue); that batch size keeps stock's read afterwards.
+4. The verify's tree mask (topk > 1, ``build_eagle_verify_input``): without host lengths SGLang sizes its
+   FULL_MASK from ``bs * max_context_len`` and fills it every step; in a skipped step the batch's
+   ``seq_lens_sum`` is the window's upper sum for that call only (SGLang's comment there: only the size
+   reads it, over-size is safe).
 
 Counted and logged after device plans 1, 10, 100 and every 1000th (``hostsync: flashinfer_device_plan
 check: ...``, the line the e2e benchmark collects): skipped steps, stock steps with their reasons, device
 plans, rescues, window checks. A window miss turns the slot off for the process (stock's read every step
 after), as in the certified plan.
 
-Inert (by rule, before launch): as ``flashinfer_certified_plan`` (topk 1, overlap, CUDA graphs, one rank,
-SGLang's two FlashInfer host-plan switches); the same runtime rules.
+Inert (by rule, before launch): as ``flashinfer_certified_plan`` (overlap, CUDA graphs, one rank, SGLang's
+draft host-indptr switch), with the verify's host plan SGLang's switch at topk 1 and
+``flashinfer_tree_verify_plan`` above; the same runtime rules, topk > 1 allowed.
 
 Hook targets (AROUND): ``Scheduler.get_next_batch_to_run``,
 ``FlashInferIndicesUpdaterPrefill.update_single_wrapper``,
-``FlashInferMultiStepDraftBackend.common_template``; pinned beyond them: the certified plan's ``PINS``.
+``FlashInferMultiStepDraftBackend.common_template`` (the certified plan's three) and
+``eagle_worker_common.build_eagle_verify_input``; pinned beyond them: the certified plan's ``PINS``.
 """
 
 from __future__ import annotations
@@ -56,7 +62,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .. import flashinfer_split as fs
-from ..slot import ServingFacts, Slot, SlotKind, config_precheck
+from ..slot import HookTarget, ServingFacts, Slot, SlotKind, TargetKind, config_precheck
 from . import flashinfer_certified_plan as cert, flashinfer_tree_verify_plan as tree_verify
 from .upstream_host_plans import draft_host_indptr_inert, verify_host_plan_inert
 from .flashinfer_plan_guard import NAME as PLAN_GUARD
@@ -64,6 +70,7 @@ from .flashinfer_plan_guard import NAME as PLAN_GUARD
 logger = logging.getLogger("sglang.srt.plugins.hostsync")
 
 NAME = "flashinfer_device_plan"
+VERIFY_INPUT = "sglang.srt.speculative.eagle_worker_common.build_eagle_verify_input"
 LOG_AT = (1, 10, 100)
 
 
@@ -158,13 +165,16 @@ class Engine(cert.Engine):
         self.probe_eager = False  # one of them was planned by FlashInfer's plan()
 
     def runtime_reason(self, scheduler, fm) -> str | None:
+        if self.max_accept(scheduler.server_args) < 2:
+            return "no speculative steps known (the window needs the most a verify commits)"
         return cert.runtime_reason(scheduler, fm, topk_one=False)
 
     @staticmethod
     def max_accept(server_args) -> int:
-        """The most tokens one verify commits: the tree's depth plus the bonus token (at topk 1, the draft
-        tokens; at topk > 1 fewer than them)."""
-        return int(getattr(server_args, "speculative_num_steps", 0) or 0) + 1
+        """The most tokens one verify commits: the tree's depth plus the bonus token, SGLang's
+        ``EagleVerifyInput.max_tree_depth`` (at topk 1 the draft tokens; at topk > 1 fewer than them)."""
+        steps = int(getattr(server_args, "speculative_num_steps", 0) or 0)
+        return steps + 1 if steps > 0 else 0
 
     @staticmethod
     def site_kind(spec_info) -> str | None:
@@ -241,13 +251,30 @@ class Engine(cert.Engine):
                 logger.info("hostsync: %s: a %s wrapper keeps FlashInfer's planner (%s)", NAME, step.site[0],
                             planner.covered)
         if planner.covered is True:
-            plan_on_device(wrapper, args, self.device_now())
-            self.stats.device_plans += 1
-            if self.stats.device_plans in LOG_AT or self.stats.device_plans % 1000 == 0:
-                logger.info("hostsync: %s check: %s", NAME, self.stats.line())
-            return wrapper._plan_info
+            try:
+                plan_on_device(wrapper, args, self.device_now())
+            except Exception as exc:  # noqa: BLE001 (e.g. a kernel that fails to compile: never into the forward)
+                self.disable(f"the device plan raised {type(exc).__name__}: {exc}")
+            else:
+                self.stats.device_plans += 1
+                if self.stats.device_plans in LOG_AT or self.stats.device_plans % 1000 == 0:
+                    logger.info("hostsync: %s check: %s", NAME, self.stats.line())
+                return wrapper._plan_info
         self.stock_sizes.add(step.raw)
-        return planner.module.plan(*self._rescue(step, args))
+        return planner.module.plan(*self.exact_args(wrapper, args))
+
+    def exact_args(self, wrapper, args):
+        """The planner call with the lengths FlashInfer's kernels will read: the wrapper's device indptr
+        read back (blocking), row for row whatever the site's layout (topk rows per request included)."""
+        self.stats.rescues += 1
+        args = list(args)
+        if len(args) == fs.PREFILL_PLAN_ARGS:
+            bs = int(args[7])
+            indptr = wrapper._paged_kv_indptr_buf[: bs + 1].to("cpu", torch.int32)
+            args[fs.KV_INDPTR], args[fs.KV_LENS] = indptr, indptr[1:] - indptr[:-1]
+        else:
+            args[3] = wrapper._paged_kv_indptr_buf[: int(args[4]) + 1].to("cpu", torch.int32)
+        return tuple(args)
 
 
 def plan_on_device(wrapper, args, device: fs.Device) -> None:
@@ -294,6 +321,21 @@ def _install(wrapper, kv_dtype) -> None:
     install_planner(wrapper)
 
 
+def verify_input_hook(original, batch, draft_input, parent_list, top_scores_index, draft_tokens, draft_probs, *,
+                      target_worker, topk, num_steps, num_draft_tokens, tree_mask_mode, device):
+    step = ENGINE.step
+    bound = step is not None and step.skipped and batch.seq_lens_sum is None and step.hi is not None
+    if bound:  # (only the tree mask's size reads it here)
+        batch.seq_lens_sum = int(sum(step.hi))
+    try:
+        return original(batch, draft_input, parent_list, top_scores_index, draft_tokens, draft_probs,
+                        target_worker=target_worker, topk=topk, num_steps=num_steps,
+                        num_draft_tokens=num_draft_tokens, tree_mask_mode=tree_mask_mode, device=device)
+    finally:
+        if bound:
+            batch.seq_lens_sum = None
+
+
 def inert(f: ServingFacts) -> str | None:
     """The certified plan's step rules; the verify's host plan is SGLang's switch at topk 1 and
     ``flashinfer_tree_verify_plan`` above it; the draft's host indptr is SGLang's switch."""
@@ -305,7 +347,7 @@ SLOT = Slot(
     name=NAME,
     kind=SlotKind.OWNED,
     origin="hostsync (FlashInfer's CUDA-graph plans made on the GPU from the device lengths)",
-    summary="experimental, not registered: EAGLE topk-1 FlashInfer steps skip the seq-lens D2H + synchronize; "
+    summary="experimental, not registered: EAGLE-family FlashInfer steps skip the seq-lens D2H + synchronize; "
             "FlashInfer's plans are made on the GPU from the lengths its kernels read (stock's plan exactly)",
     default=False,
     # Stock steps still plan on the host into the pinned buffer: flashinfer_plan_guard's hazard.
@@ -313,5 +355,9 @@ SLOT = Slot(
     precheck=config_precheck(None, cert.precheck_upstream),
     inert=inert,
     targets=tuple(replace(t, hook=hook) for t, hook in zip(
-        cert.SLOT.targets, (next_batch_hook, prefill_update_hook, draft_template_hook))),
+        cert.SLOT.targets, (next_batch_hook, prefill_update_hook, draft_template_hook))) + (
+        HookTarget(VERIFY_INPUT, TargetKind.FUNCTION, hook=verify_input_hook,
+                   params=("batch", "draft_input", "parent_list", "top_scores_index", "draft_tokens", "draft_probs",
+                           "target_worker", "topk", "num_steps", "num_draft_tokens", "tree_mask_mode", "device"),
+                   source_sha="710372aeb30979fe"),),
 )
