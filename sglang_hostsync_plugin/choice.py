@@ -24,6 +24,7 @@ RERUN = "benchmarks/results/2026-12-07-h100/"
 BLOCKS = "benchmarks/results/2026-12-07-h100-b/"
 MATRIX = "benchmarks/results/2026-12-07-h100-c/"
 LATEST = "benchmarks/results/2026-12-07-h100-d/"
+FI_AUTO = "benchmarks/results/2026-12-07-h100-e/"
 
 
 @dataclass(frozen=True)
@@ -59,8 +60,8 @@ ROWS = (
     Row(_eagle(False, "triton", paged=False), Choice(
         "EAGLE family, topk > 1, triton, page 1", "default,eagle_host", FINAL, "STANDALONE 1.35x / 1.24x")),
     Row(_eagle(None, "flashinfer"), Choice(
-        "EAGLE family, FlashInfer, page > 1", "default,flashinfer,eagle_host,-metadata_glue_graph", SECOND,
-        "topk 1 1.11x / 1.08x, topk 4 1.30x / 1.23x")),
+        "EAGLE family, FlashInfer, page > 1", "default,flashinfer,eagle_host,-metadata_glue_graph",
+        f"{SECOND}, {FINAL}, {FI_AUTO}", "topk 1 0.99-1.15x / 0.92-1.10x, topk 4 1.22-1.30x / 1.23-1.35x")),
     # ngram_device_draft read faster (1.13-1.49x / 1.19-1.31x) but changed 2 of 25 outputs on prompts its drafts
     # rarely accept (LATEST): picks must be identical to stock.
     Row(lambda f, be: f.is_ngram() and be == "triton" and f.page_size == 1, Choice(
