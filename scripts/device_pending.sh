@@ -29,6 +29,8 @@
 #                                           # STANDALONE topk 1 and topk 4 page-16 servers: identity, real traffic,
 #                                           # syncs per step and run-ahead against auto's set, 6 rounds c1/c8
 #                                           # (tests/test_gpu_flashinfer_device_plan_slot.py)
+#   CALL=14b bash scripts/device_pending.sh # the same at topk 4 on the 8B-shaped "llama-8b-bigram" target (its GPU
+#                                           # step outlasts the host's: run-ahead >= 0.99 at c1, issue 64's bar)
 #   CALL=7 bash scripts/device_pending.sh   # issue 63's combined topk-1 set (eagle_step_graph + the eagle_host
 #                                           # slots that may run beside it) against each alone, EAGLE3 and
 #                                           # STANDALONE topk 1 page 16 triton, real-traffic pass first
@@ -131,6 +133,9 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
   14)
     NAME=device_plan_slot GPU_TESTS="tests/test_gpu_flashinfer_device_plan_slot.py" TESTS_TIMEOUT=560 \
       bash scripts/device_call.sh ;;
+  14b)
+    NAME=device_plan_8b HOSTSYNC_DEVICE_PLAN_CONFIGS=standalone-t4-p16 HOSTSYNC_DEVICE_PLAN_SHAPE=llama-8b-bigram \
+      GPU_TESTS="tests/test_gpu_flashinfer_device_plan_slot.py" TESTS_TIMEOUT=560 bash scripts/device_call.sh ;;
   6b)
     NAME=cert_plan GPU_TESTS="tests/test_gpu_flashinfer_certified_plan.py" TESTS_TIMEOUT=560 \
       bash scripts/device_call.sh ;;

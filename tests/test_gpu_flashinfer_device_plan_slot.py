@@ -1,18 +1,23 @@
 """Slot ``flashinfer_device_plan`` (not registered; through the entry-point group) in a real SGLang 0.5.23
 server with FlashInfer, STANDALONE topk 1 and topk 4 page 16, real acceptance: started and applied; greedy outputs,
 logprobs and the real-traffic mix identical to stock; every skipped step planned on the device with no rescue;
-the audit's syncs per step about one fewer than the same server without the slot (the per-step seq-lens read),
-with its run-ahead printed. The kernel itself against FlashInfer's planners: tests/test_gpu_flashinfer_device_plan.py.
-Skipped without CUDA."""
+the audit finds no ``resolve_seq_lens_cpu`` synchronize in the slot's servers, which the same server without
+the slot has every step; on a target whose GPU step outlasts the host's (``HOSTSYNC_DEVICE_PLAN_SHAPE=
+llama-8b-bigram``, CALL=14b) the run-ahead at c1 is at least 0.99. The kernel itself against FlashInfer's
+planners: tests/test_gpu_flashinfer_device_plan.py. Skipped without CUDA."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
-CONFIGS = ("standalone-t1-p16", "standalone-t4-p16")
+CONFIGS = tuple(os.environ.get("HOSTSYNC_DEVICE_PLAN_CONFIGS", "standalone-t1-p16,standalone-t4-p16").split(","))
+SHAPE = os.environ.get("HOSTSYNC_DEVICE_PLAN_SHAPE", "small")  # the e2e's checkpoint shape
+GPU_BOUND = {"llama-8b-bigram"}  # shapes whose GPU step outlasts the host's work (run-ahead can show)
 BASE_SPEC = "default,flashinfer,eagle_host,-metadata_glue_graph"  # what auto picks on this server
 DEVICE_SPEC = BASE_SPEC + ",flashinfer_device_plan"
 
@@ -25,8 +30,8 @@ def e2e(tmp_path_factory):
         tmp_path_factory.mktemp("device_plan_dist"), "HOSTSYNC_DEVICE_PLAN_E2E_DIR",
         "test_gpu_flashinfer_device_plan_slot",
         "flashinfer_device_plan", "hostsync_device_plan_slot",
-        ["--configs", ",".join(CONFIGS), "--attention-backend", "flashinfer", "--arms", "stock", "--slots", BASE_SPEC + ",-audit",
-         "--slots", DEVICE_SPEC + ",-audit", "--slots", BASE_SPEC, "--slots", DEVICE_SPEC, "--concurrency", "1", "8",
+        ["--configs", ",".join(CONFIGS), "--checkpoint-shape", SHAPE, "--attention-backend", "flashinfer", "--arms",
+         "stock", "--slots", BASE_SPEC + ",-audit", "--slots", DEVICE_SPEC + ",-audit", "--slots", BASE_SPEC, "--slots", DEVICE_SPEC, "--concurrency", "1", "8",
          "--rounds", "6", "--requests", "2", "--max-new-tokens", "64", "--traffic-requests", "48", "--traffic-aborts",
          "8", "--server-arg=--disable-prefill-cuda-graph", "--ready-timeout", "300", "--time-budget", "450"],
         timeout=480)
@@ -71,12 +76,16 @@ def test_every_step_planned_on_the_device_without_a_rescue(e2e, config):
 
 
 @pytest.mark.parametrize("config", CONFIGS)
-def test_the_audit_counts_no_seq_lens_sync_with_the_slot(e2e, config):
+def test_the_audit_finds_no_seq_lens_read_with_the_slot(e2e, config):
     cells = {(c["arm"], c["concurrency"]): c["audit"] for c in e2e["cells"] if c["config"] == config and c["audit"]}
     for conc in (1, 8):
         base, mine = cells.get((f"slots:{BASE_SPEC}", conc)), cells.get((f"slots:{DEVICE_SPEC}", conc))
         assert base and mine, sorted(cells)
-        print(f"c{conc}: syncs/step {base['syncs_per_step']:.3f} -> {mine['syncs_per_step']:.3f}, run-ahead "
-              f"{base.get('run_ahead_fraction')} -> {mine.get('run_ahead_fraction')}")
+        print(f"{config} c{conc}: syncs/step {base['syncs_per_step']:.3f} -> {mine['syncs_per_step']:.3f}, run-ahead "
+              f"{base.get('run_ahead_fraction')} -> {mine.get('run_ahead_fraction')}; the slot's sites: "
+              f"{mine['sync_sites']}")
         assert base["steps"] > 50 and mine["steps"] > 50
-        assert mine["syncs_per_step"] <= base["syncs_per_step"] - 0.9, (base, mine)  # the per-step read is gone
+        reads = [site for site in mine["sync_sites"] if "resolve_seq_lens_cpu" in site]
+        assert not reads and any("resolve_seq_lens_cpu" in site for site in base["sync_sites"]), (base, mine)
+        if conc == 1 and SHAPE in GPU_BOUND:
+            assert mine["run_ahead_fraction"] >= 0.99, mine
