@@ -31,7 +31,8 @@ def e2e(tmp_path_factory):
         "test_gpu_flashinfer_device_plan_slot",
         "flashinfer_device_plan", "hostsync_device_plan_slot",
         ["--configs", ",".join(CONFIGS), "--checkpoint-shape", SHAPE, "--attention-backend", "flashinfer", "--arms",
-         "stock", "--slots", BASE_SPEC + ",-audit", "--slots", DEVICE_SPEC + ",-audit", "--slots", BASE_SPEC, "--slots", DEVICE_SPEC, "--concurrency", "1", "8",
+         "stock", "--slots", BASE_SPEC + ",-audit", "--slots", DEVICE_SPEC + ",-audit", "--slots", BASE_SPEC,
+         "--slots", DEVICE_SPEC, "--concurrency", "1", "8",
          "--rounds", "6", "--requests", "2", "--max-new-tokens", "64", "--traffic-requests", "48", "--traffic-aborts",
          "8", "--server-arg=--disable-prefill-cuda-graph", "--ready-timeout", "300", "--time-budget", "450"],
         timeout=480)
