@@ -79,10 +79,11 @@
 # whose block drafts are built to accept). 10, 8, 9 and 9b ran again (benchmarks/results/2026-12-07-h100-b/): 10's
 # step-graph servers logged a capture's pool assert, fixed since. 10, 8c, 7, 11c and 11b (shorter) ran on the
 # final code (benchmarks/results/2026-12-07-h100-c/). 10s, 8d and 8e ran, 7b failed (a log name too long, fixed since)
-# and 11b with it (its ports were taken; benchmarks/results/2026-12-07-h100-d/). Next, for issue 63 (each has an auto
-# arm; benchmarks/auto_verdicts.py judges them): 7c (or 7b with 9 minutes), 11b, 11, 5, 10f, 11c (auto now picks the
-# step graph there), 2 (standalone-t4-p1's auto row); for issue 64: 13 (short: run it first) and 6b; 12 and 4
-# (67's extra evidence).
+# and 11b with it (its ports were taken; benchmarks/results/2026-12-07-h100-d/). 13, 5 and CALL=14's topk-4 half ran
+# (benchmarks/results/2026-12-07-h100-e/). Next, for issue 64: 14 (both halves, on the final code), then 14b (the
+# 8B-shaped target: run-ahead); for issue 63 (each has an auto arm; benchmarks/auto_verdicts.py judges them): 7c
+# (or 7b with 9 minutes), 11b, 11, 10f, 11c (auto now picks the step graph there), 2 (standalone-t4-p1's auto row);
+# 6b only if the certified plan is still wanted (the device plan supersedes it); 12 and 4 (67's extra evidence).
 # The device tool: carry [".device-bundle-fi"], timeout 590, and start the next call within the
 # machine's 30 s idle release.
 set -u
