@@ -590,7 +590,8 @@ class World:
                 _pin_memory_int_workspace_buffer=torch.zeros(1 << 16, dtype=torch.uint8),
                 _max_total_num_rows=bs * (W if name != "draft" else 1),
                 _qo_indptr_buf=torch.zeros(bs + 1, dtype=torch.int32),
-                _paged_kv_indptr_buf=torch.zeros(bs + 1, dtype=torch.int32), _paged_kv_last_page_len_buf=torch.zeros(bs),
+                _paged_kv_indptr_buf=torch.zeros(bs + 1, dtype=torch.int32),
+                _paged_kv_last_page_len_buf=torch.zeros(bs),
                 _paged_kv_indices_buf=torch.zeros(1 << 16), _custom_mask_buf=None, device=torch.device("cpu"))
             w.begin_forward = partial(planner_kind, w)
             self.wrappers[key] = w

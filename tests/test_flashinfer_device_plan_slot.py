@@ -26,8 +26,8 @@ import torch
 from sglang_hostsync_plugin import flashinfer_split as fs, registry
 from sglang_hostsync_plugin.checks import check_slot
 from sglang_hostsync_plugin.slots import flashinfer_certified_plan as cert, flashinfer_device_plan as dp
-from test_flashinfer_certified_plan import (HD, HKV, HQ, W, FakePlanner, FakeWrapper, World, _accept, _exact_plans, _facts,
-                                            _sync_count)
+from test_flashinfer_certified_plan import (HD, HKV, HQ, W, FakePlanner, FakeWrapper, World, _accept, _exact_plans,
+                                            _facts, _sync_count)
 
 
 @pytest.fixture(autouse=True)

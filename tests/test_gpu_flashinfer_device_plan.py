@@ -16,7 +16,8 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 flashinfer = pytest.importorskip("flashinfer")
 
 from sglang_hostsync_plugin import flashinfer_split as fs  # noqa: E402
-from sglang_hostsync_plugin.flashinfer_device_plan import DECODE_PLAN_INFO_FIELDS, decode_plan, prefill_plan  # noqa: E402
+from sglang_hostsync_plugin.flashinfer_device_plan import (  # noqa: E402
+    DECODE_PLAN_INFO_FIELDS, decode_plan, prefill_plan)
 from test_gpu_flashinfer_certified_plan import DT, HEADS, POOL, Prefill, _indptr, _lens, _workspace  # noqa: E402
 
 
