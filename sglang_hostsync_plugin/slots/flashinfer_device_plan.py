@@ -250,7 +250,7 @@ class Engine(cert.Engine):
             if planner.covered is not True:
                 logger.info("hostsync: %s: a %s wrapper keeps FlashInfer's planner (%s)", NAME, step.site[0],
                             planner.covered)
-        if planner.covered is True:
+        if planner.covered is True and not self.disabled:
             try:
                 plan_on_device(wrapper, args, self.device_now())
             except Exception as exc:  # noqa: BLE001 (e.g. a kernel that fails to compile: never into the forward)
