@@ -27,7 +27,8 @@ from .flashinfer_split import PLAN_INFO_FIELDS, prefill_max_batch_size_if_split
 DECODE_PLAN_INFO_FIELDS = ("padded_batch_size", "v_offset", "s_offset", "request_indices_offset",
                            "kv_tile_indices_offset", "o_indptr_offset", "block_valid_mask_offset",
                            "kv_chunk_size_ptr_offset", "enable_cuda_graph", "split_kv")
-# Every integer argument changes with the captured bucket or the layout: one compiled variant for all of them.
+# Every integer argument changes with the captured bucket or the layout: none of them makes a compiled variant
+# (``BLOCK``, the batch rounded up to a power of two, at least 16, does).
 INT_ARGS = ["bs", "gqa", "cta_tile_q", "budget", "min_kv_chunk_size", "page_size", "padded", "max_rows", "request_off",
             "qo_tile_off", "kv_tile_off", "merge_off", "o_off", "chunk_off", "mask_off", "rows_off"]
 

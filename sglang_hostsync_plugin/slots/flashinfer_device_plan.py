@@ -37,6 +37,10 @@ check and the same three hook targets; read its docstring, steps 1, 3, 5 and 6):
    ``seq_lens_sum`` is the window's upper sum for that call only (SGLang's comment there: only the size
    reads it, over-size is safe).
 
+Cost: one Triton launch per planner call in place of FlashInfer's host planner and its pinned copy (not
+measured yet); the kernel is compiled once per power-of-two bucket of planner rows above 16, at the first
+skipped step that needs it (Triton's on-disk cache keeps it for later processes).
+
 Counted and logged after device plans 1, 10, 100 and every 1000th (``hostsync: flashinfer_device_plan
 check: ...``, the line the e2e benchmark collects): skipped steps, stock steps with their reasons, device
 plans, rescues, window checks. A window miss turns the slot off for the process (stock's read every step
