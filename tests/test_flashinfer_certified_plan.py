@@ -562,10 +562,12 @@ class World:
     ``FakePlanner``). ``step()`` runs the decision, SGLang's resolve and the three sites as the graph
     runners drive them; with ``hooked`` False it is stock (no slot)."""
 
-    def __init__(self, rows, committed, tamper=None, planner=None, slot=cert):
+    def __init__(self, rows, committed, tamper=None, planner=None, slot=cert, topk=1):
         self.slot = slot  # the slot module whose hooks a hooked step runs
+        self.topk = topk  # the draft decode plans topk rows per request
         self.fm, self.log = _future_map()
         self.sched = _scheduler(self.fm)
+        self.sched.server_args.speculative_eagle_topk = topk
         self.rows = rows
         self.reqs = [_req(c) for c in committed]
         for r in self.reqs:
@@ -590,7 +592,7 @@ class World:
                 _pin_memory_int_workspace_buffer=torch.zeros(1 << 16, dtype=torch.uint8),
                 _max_total_num_rows=bs * (W if name != "draft" else 1),
                 _qo_indptr_buf=torch.zeros(bs + 1, dtype=torch.int32),
-                _paged_kv_indptr_buf=torch.zeros(bs + 1, dtype=torch.int32),
+                _paged_kv_indptr_buf=torch.zeros(self.rows_of(name, bs) + 1, dtype=torch.int32),
                 _paged_kv_last_page_len_buf=torch.zeros(bs),
                 _paged_kv_indices_buf=torch.zeros(1 << 16), _custom_mask_buf=None, device=torch.device("cpu"))
             w.begin_forward = partial(planner_kind, w)
@@ -646,6 +648,10 @@ class World:
             plans.append((name, w._cached_module))
         return batch, plans
 
+    def rows_of(self, name, bs):
+        """A wrapper's planner rows: the draft decode's are topk per request."""
+        return bs * self.topk if name.startswith("draft") and name != "draft_extend" else bs
+
     def _draft_backend(self, bs, plans):
         backends = []
         for i in range(STEPS - 1):
@@ -654,7 +660,7 @@ class World:
                                  indices_updater_decode=SimpleNamespace(data_type=torch.bfloat16),
                                  get_cuda_graph_seq_len_fill_value=lambda: 1)
             backends.append(be)
-        return SimpleNamespace(attn_backends=backends, cuda_graph_kv_indices=object(), topk=1,
+        return SimpleNamespace(attn_backends=backends, cuda_graph_kv_indices=object(), topk=self.topk,
                                speculative_num_steps=STEPS)
 
 
@@ -667,7 +673,7 @@ def _draft_common_template(self, forward_batch, kv_indices_buffer, call_fn):
     for i in range(self.speculative_num_steps - 1):
         w = self.attn_backends[i].decode_cuda_graph_metadata[forward_batch.batch_size][0]
         w._paged_kv_indptr_buf.copy_(on_device[i])
-        w.begin_forward(None, None, torch.ones(forward_batch.batch_size), HQ, HKV, HD, 1,
+        w.begin_forward(None, None, torch.ones(forward_batch.batch_size * self.topk), HQ, HKV, HD, 1,
                         global_override_indptr_cpu=indptr[i])
 
 
@@ -744,7 +750,7 @@ def _counts(world):
 
 def _exact_plans(world, committed):
     """What stock SGLang plans at these committed lengths (a stock world, same bucket)."""
-    stock = World(world.rows, committed)
+    stock = World(world.rows, committed, topk=world.topk)
     stock.step(hooked=False, pending=False)
     return {name: [fs.plan_call(c) for c in calls] for name, calls in _plans_of_last_step(stock, {}).items()}
 

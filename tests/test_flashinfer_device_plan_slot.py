@@ -105,8 +105,8 @@ class DeviceWorld(World):
     """``World`` with each wrapper's int workspace, captured once (FlashInfer's ``plan()`` at capture sets
     ``_plan_info``), planning through ``CopyingPlanner``; the slot's hooks."""
 
-    def __init__(self, rows, committed, tamper_capture=None):
-        super().__init__(rows, committed, planner=CopyingPlanner, slot=dp)
+    def __init__(self, rows, committed, tamper_capture=None, topk=1):
+        super().__init__(rows, committed, planner=CopyingPlanner, slot=dp, topk=topk)
         self.tamper_capture = tamper_capture
 
     def _wrapper(self, name, bs, planner_kind):
@@ -115,10 +115,11 @@ class DeviceWorld(World):
         if fresh:
             w._int_workspace_buffer = torch.zeros(1 << 16, dtype=torch.uint8)
             width = W if name in ("verify", "draft_extend") else 1
+            rows = self.rows_of(name, bs)
             if width == 1:  # a tensor-core decode wrapper's, made at its construction under CUDA graphs
-                w._qo_indptr_buf = torch.arange(bs + 1, dtype=torch.int32)
-            call = fs.PlannerCall(tuple(range(0, (bs + 1) * width, width)), tuple(range(0, (bs + 1) * 9, 9)),
-                                  bs * width, bs, HQ, HKV, 1, True, HD, HD, False, -1, -1, False, 0, 0)
+                w._qo_indptr_buf = torch.arange(rows + 1, dtype=torch.int32)
+            call = fs.PlannerCall(tuple(range(0, (rows + 1) * width, width)), tuple(range(0, (rows + 1) * 9, 9)),
+                                  rows * width, rows, HQ, HKV, 1, True, HD, HD, False, -1, -1, False, 0, 0)
             t = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
             w._plan_info = w._cached_module.plan(
                 None, w._int_workspace_buffer, w._pin_memory_int_workspace_buffer, t(call.qo_indptr),
@@ -142,9 +143,10 @@ def _module(w):
 SITES = ("draft0", "draft1", "verify", "draft_extend")
 
 
-def test_every_step_with_a_window_after_the_first_at_its_size_skips_the_read_and_plans_as_stock():
+@pytest.mark.parametrize("topk", [1, 4])  # at topk 4 the draft decode plans four rows per request
+def test_every_step_with_a_window_after_the_first_at_its_size_skips_the_read_and_plans_as_stock(topk):
     rng = random.Random(5)
-    world = DeviceWorld(rows=[3, 7, 9], committed=[1000, 127, 40000])
+    world = DeviceWorld(rows=[3, 7, 9], committed=[1000, 127, 40000], topk=topk)
     pending = False
     for n in range(25):
         for w in world.wrappers.values():
@@ -170,7 +172,9 @@ def test_every_step_with_a_window_after_the_first_at_its_size_skips_the_read_and
             w = world.wrappers[(site, bs)]
             assert captured.get((site, bs), w._plan_info) == list(w._plan_info)  # the capture's plan_info
             (model,) = want[site]
-            assert fs.compare(model, w._plan_info, w._int_workspace_buffer, bs) == [], (n, site, exact)
+            rows = world.rows_of(site, bs)
+            assert model.total_num_rows // (W if site in ("verify", "draft_extend") else 1) == rows
+            assert fs.compare(model, w._plan_info, w._int_workspace_buffer, rows) == [], (n, site, exact)
         # The verify just launched accepts 1..W; the host processes the previous one (its lengths catch up).
         if pending:
             for r, e in zip(world.reqs, exact):
