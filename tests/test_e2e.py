@@ -1274,7 +1274,8 @@ def test_auto_is_judged_against_stock_and_the_best_arm_identical_to_stock():
     (v,) = stats.auto_verdicts(cell_rows, arm_slots, identity, traffic, servers)
     assert v["best_is_the_pick"] and v["within"]
     md = "\n".join(stats.auto_lines([v]))
-    assert "| c | 1 | slots:auto | b,default | yes | 1.100 (0.990) | slots:b (1.130) = the pick (A/A) | 0.957 (3) | NO |" in md
+    assert ("| c | 1 | slots:auto | b,default | yes | 1.100 (0.990) | slots:b (1.130) = the pick (A/A) | 0.957 (3) | NO "
+            "| 0.043 (auto / its pick) |") in md
     assert stats.auto_verdicts(cell_rows, {**arm_slots, "slots:auto": "default"}, identity, traffic, servers) == []
 
 
@@ -1305,8 +1306,28 @@ def test_auto_is_identical_only_where_every_check_it_had_passed(change, verdict)
     # only an arm identical to stock is a bar: auto, not identical, is measured against b alone
     assert v["best"] == ("slots:auto" if verdict is True else "slots:b")
     row = stats.auto_row(v)
-    assert row.endswith("| yes |") == (verdict is True)
+    assert row.endswith("| yes | - |") == (verdict is True)  # no pair of the same code in this run
     assert {True: "| yes |", False: "| NO |", stats.NO_EVIDENCE: "| no evidence |", None: "| - |"}[verdict] in row
+
+
+def test_the_same_code_gap_is_the_wider_of_none_against_stock_and_auto_against_its_pick():
+    """How far apart two servers of the same code read in the run: beside the bar, its noise at that scale."""
+    rows = [load_row("c", 1, arm, r, [v], v) for arm, v in (("stock", 100), ("slots:auto,-audit", 110),
+                                                             ("slots:none,-audit", 88), ("slots:b,-audit", 104))
+            for r in range(2)]
+    same = {"identical": True, "first_mismatch": None, "logprobs_compared": True, "evidence": True}
+    arms = ("slots:auto,-audit", "slots:none,-audit", "slots:b,-audit")
+    identity = {f"c/{a}": same for a in arms}
+    arm_slots = {"stock": None, "slots:auto,-audit": "auto,-audit", "slots:none,-audit": "none,-audit",
+                 "slots:b,-audit": "b,-audit"}
+    servers = {"c/slots:auto,-audit": {"status_block": [
+        "x hostsync: sglang 0.5.23, SGLANG_HOSTSYNC_SLOTS='auto'", "  auto: C: 1.1x; pin it with SGLANG_HOSTSYNC_SLOTS=b"]}}
+    (v,) = stats.auto_verdicts(stats.cells(rows), arm_slots, identity, {}, servers)
+    assert v["aa_pair"] == "none / stock" and v["aa_gap"] == pytest.approx(0.12)  # wider than auto / b (110 / 104)
+    assert stats.auto_row(v).endswith("| 0.120 (none / stock) |")
+    rows = [r for r in rows if r["arm"] != "slots:none,-audit"]
+    (v,) = stats.auto_verdicts(stats.cells(rows), arm_slots, identity, {}, servers)
+    assert v["aa_pair"] == "auto / its pick" and v["aa_gap"] == pytest.approx(110 / 104 - 1)
 
 
 def test_auto_verdicts_without_stock_or_slots_of_an_older_run():

@@ -630,7 +630,19 @@ def auto_verdicts(cell_rows: list[dict], arm_slots: dict[str, str | None], ident
             picked = auto_pick(((servers or {}).get(f"{config}/{auto['arm']}") or {}).get("status_block") or ())
             same_set = (best is not None and best is not auto and picked is not None
                         and tokens(best["arm"]) == {t.strip() for t in picked.split(",")})
+            # Two servers of the same code, where the run has them: `none` (the plugin, no slot) against stock,
+            # and auto against the arm running its pick. Their gap is the run's noise at the bar's scale.
+            pairs = [("none / stock", abs(c["ratio_tok_s_user"] - 1.0)) for c in cs
+                     if tokens(c["arm"]) - {"-audit"} == {"none"} and c["ratio_tok_s_user"] is not None]
+            pick = {t.strip() for t in picked.split(",")} if picked else None
+            for twin in (c for c in cs if c is not auto and pick and tokens(c["arm"]) - {"-audit"} == pick):
+                rt = twin.get("tok_s_user_by_round") or {}
+                gap = median([r for k in sorted(ra.keys() & rt.keys()) if (r := _ratio(ra[k], rt[k])) is not None])
+                if gap is not None:
+                    pairs.append(("auto / its pick", abs(gap - 1.0)))
+            aa = max(pairs, key=lambda p: p[1], default=(None, None))
             out.append({"config": config, "concurrency": conc, "arm": auto["arm"], "picked": picked,
+                        "aa_pair": aa[0], "aa_gap": aa[1],
                         "identical": ok[auto["arm"]], "ratio": auto["ratio_tok_s_user"], "lowest_round": lowest,
                         "best": None if best is None else best["arm"],
                         "best_ratio": None if best is None else best["ratio_tok_s_user"],
@@ -641,7 +653,8 @@ def auto_verdicts(cell_rows: list[dict], arm_slots: dict[str, str | None], ident
 
 
 AUTO_HEADER = ("| config | conc | auto arm | its pick | identical | over stock (lowest round) "
-               "| best identical arm (over stock) | auto / best (rounds) | identical, never below stock, within |")
+               "| best identical arm (over stock) | auto / best (rounds) | identical, never below stock, within "
+               "| same-code gap (pair) |")
 
 
 def auto_row(v: dict) -> str:
@@ -649,14 +662,17 @@ def auto_row(v: dict) -> str:
     return (f"| {v['config']} | {v['concurrency']} | {v['arm']} | {v['picked'] or '-'} | {same} | "
             f"{fmt(v['ratio'], '.3f')} ({fmt(v['lowest_round'], '.3f')}) | {v['best'] or '-'} "
             f"({fmt(v['best_ratio'], '.3f')}){' = the pick (A/A)' if v['best_is_the_pick'] else ''} | "
-            f"{fmt(v['over_best'], '.3f')} ({v['rounds_paired']}) | {_yes(v['identical'] is True and v['never_below'] and v['within'])} |")
+            f"{fmt(v['over_best'], '.3f')} ({v['rounds_paired']}) | {_yes(v['identical'] is True and v['never_below'] and v['within'])} | "
+            + (f"{v['aa_gap']:.3f} ({v['aa_pair']}) |" if v.get("aa_gap") is not None else "- |"))
 
 
 def auto_lines(verdicts: list[dict]) -> list[str]:
     if not verdicts:
         return []
     return ["", f"`auto` against stock and the best arm identical to stock (unaudited arms; within: at least "
-                f"{AUTO_WITHIN:.0%} of the best, median of the rounds both ran):", "",
+                f"{AUTO_WITHIN:.0%} of the best, median of the rounds both ran; the same-code gap: how far two "
+                "servers of the same code read apart in this run, `none` against stock or `auto` against the arm "
+                "running its pick, where the run has them):", "",
             AUTO_HEADER, "|" + " --- |" * AUTO_HEADER.count(" | ") + " --- |", *map(auto_row, verdicts)]
 
 
