@@ -88,6 +88,11 @@ def _parser() -> argparse.ArgumentParser:
     srv.add_argument("--enable-return-indexer-topk", action="store_true")
     srv.add_argument("--expert-distribution-recorder-mode", default=None)
     srv.add_argument("--enable-eplb", action="store_true")
+    srv.add_argument("--speculative-num-steps", type=int, default=None)
+    srv.add_argument("--disable-cuda-graph", action="store_true")
+    srv.add_argument("--enable-lora", action="store_true")
+    srv.add_argument("--enable-pdmux", action="store_true")
+    srv.add_argument("--enable-hostsync-plugin", action="store_true", help="accepted; the doctor assumes it")
     return parser
 
 
@@ -184,6 +189,10 @@ def facts_of(args) -> ServingFacts | None:
         speculative_adaptive=args.speculative_adaptive,
         returns_capture_outputs=args.enable_return_routed_experts or args.enable_return_indexer_topk,
         expert_distribution=args.expert_distribution_recorder_mode is not None or args.enable_eplb,
+        speculative_num_steps=args.speculative_num_steps,
+        disable_cuda_graph=args.disable_cuda_graph,
+        enable_lora=args.enable_lora,
+        enable_pdmux=args.enable_pdmux,
     )
 
 
@@ -193,7 +202,13 @@ def main(argv: list[str] | None = None) -> int:
         from .e2e import main as e2e_main
 
         return e2e_main(argv[1:])
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, ignored = parser.parse_known_args(argv)
+    if ignored and args.command != "doctor":
+        parser.error(f"unrecognized arguments: {' '.join(ignored)}")
+    if ignored:  # a whole server command line: the rest is SGLang's (a misspelt doctor argument shows here too)
+        print(f"hostsync doctor: not read by the plugin's checks (SGLang's own): {' '.join(ignored)}",
+              file=sys.stderr)
     if args.command == "prebuild":
         if missing := missing_modules(("torch",)):
             print(f"hostsync prebuild: {missing_message(missing, 'the kernels build with torch')}", file=sys.stderr)

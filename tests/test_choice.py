@@ -528,3 +528,25 @@ def test_what_no_row_can_cover_is_decided_before_sglang_resolves_the_rest(f):
     picked = choice.pick(f)
     assert picked is not None and picked.spec == "default" and picked.evidence is None, picked
     assert not plans.resolve({}, facts=f).auto_pending
+
+
+def test_the_doctor_reads_a_whole_server_command_line(monkeypatch, capsys):
+    """The README's advice, taken literally: the server's own command line, the plugin's flag and SGLang's
+    other arguments included. What the plugin's checks do not read is named on stderr, not refused; what it
+    does read (CUDA graphs off) changes the pick."""
+    monkeypatch.setenv(config.ENV_SLOTS, "auto")
+    argv = ["doctor", "--model-path", "meta-llama/Llama-3.1-8B-Instruct", "--speculative-algorithm", "EAGLE3",
+            "--speculative-draft-model-path", "d", "--speculative-num-steps", "3", "--speculative-eagle-topk", "4",
+            "--speculative-num-draft-tokens", "8", "--page-size", "16", "--attention-backend", "flashinfer",
+            "--mem-fraction-static", "0.8", "--enable-hostsync-plugin"]
+    assert doctor.main(argv) == 0
+    out = capsys.readouterr()
+    assert "SGLANG_HOSTSYNC_SLOTS=default,flashinfer,eagle_host,-metadata_glue_graph" in out.out.replace("\n  ", " ")
+    assert ("not read by the plugin's checks (SGLang's own): --model-path meta-llama/Llama-3.1-8B-Instruct "
+            "--speculative-draft-model-path d --speculative-num-draft-tokens 8 --mem-fraction-static 0.8") in out.err
+    assert doctor.main([*argv, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["choice"].endswith("-metadata_glue_graph")
+    assert doctor.main([*argv, "--disable-cuda-graph"]) == 0
+    assert "auto: not measured" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # another subcommand keeps refusing what it does not know
+        doctor.main(["prebuild", "--model-path", "m"])
