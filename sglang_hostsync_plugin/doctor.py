@@ -122,12 +122,12 @@ def preset_hints(plan, catalogue, facts) -> list[str]:
     if facts is None:
         return []
     hints = []
-    in_use = {v.name for v in plan.verdicts if v.selected and not v.left_out_by_auto}
+    chosen = set(in_use(plan, facts, catalogue))
     for preset, concerns, what, gain in PRESET_HINTS:
         if not concerns(facts):
             continue
         useful = [name for name, slot in catalogue.items()
-                  if preset in slot.presets and not slot.default and name not in in_use
+                  if preset in slot.presets and not slot.default and name not in chosen
                   and inert_reason(slot, facts) is None]
         if useful:
             hints.append(f"SGLANG_HOSTSYNC_SLOTS={plan.spec},{preset} also turns on {', '.join(useful)} ({what}); "
@@ -155,6 +155,21 @@ def audit_hints(plan, catalogue, facts) -> list[str]:
             f"SGLANG_HOSTSYNC_SLOTS={plan.spec},{name}"
             for name in (audit_block.NAME, audit_ngram.NAME)
             if name not in plan.selected and inert_reason(catalogue[name], facts) is None]
+
+
+def not_picked(plan, facts, catalogue) -> set[str]:
+    """Under ``auto`` with a decided pick: the slots of its union of rows that the pick leaves out (an
+    inert one's verdict gives its inert reason, not this)."""
+    picked = choice.pick(facts) if choice.is_auto(plan.spec) else None
+    if picked is None:
+        return set()
+    return set(plans.left_out(picked, plan.spec, set(plan.selected), catalogue))
+
+
+def in_use(plan, facts, catalogue) -> list[str]:
+    """The slots the selection runs: under a decided ``auto``, its pick's, not every row's union."""
+    out = not_picked(plan, facts, catalogue)
+    return [v.name for v in plan.verdicts if v.selected and v.name not in out]
 
 
 def auto_line(plan) -> str | None:
@@ -254,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     catalogue = registry.catalogue()
     hints = auto_hints(plan, facts) + preset_hints(plan, catalogue, facts) + audit_hints(plan, catalogue, facts)
-    rows = report.doctor_rows(plan, catalogue)
+    rows = report.doctor_rows(plan, catalogue, not_picked(plan, facts, catalogue))
     common = dict(sglang=installed, supported_sglang=version.SUPPORTED_SGLANG, selected=list(plan.selected),
                   strict=plan.strict, choice=auto_line(plan))
     bad = plan.config_errors()
@@ -276,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         header = (
             f"sglang-hostsync-plugin doctor: sglang {installed} "
             f"(supported {version.SUPPORTED_SGLANG}); "
-            f"{config.ENV_SLOTS}={plan.spec!r} selects: {', '.join(plan.selected) or 'none'}; strict={plan.strict}"
+            f"{config.ENV_SLOTS}={plan.spec!r} selects: {', '.join(in_use(plan, facts, catalogue)) or 'none'}; "
+            f"strict={plan.strict}"
         )
         width = None if args.wide else report.DOCTOR_WIDTH
         say = lambda text: print(report.fit(text, width))  # noqa: E731

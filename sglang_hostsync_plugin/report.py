@@ -10,12 +10,21 @@ from .plan import Plan, Verdict
 from .slot import Slot
 
 
-def doctor_rows(plan: Plan, catalogue: Mapping[str, Slot]) -> list[dict]:
+def doctor_rows(plan: Plan, catalogue: Mapping[str, Slot], not_picked: set[str] = frozenset()) -> list[dict]:
+    """``picked``: False for a slot of ``auto``'s union that its pick leaves out."""
     return [
         {"name": v.name, "kind": catalogue[v.name].kind.value, "origin": catalogue[v.name].origin,
-         "default": catalogue[v.name].default, "selected": v.selected, "status": v.status.value, "reason": v.reason}
+         "default": catalogue[v.name].default, "selected": v.selected, "status": v.status.value, "reason": v.reason,
+         "picked": v.name not in not_picked}
         for v in plan.verdicts
     ]
+
+
+def _selected(row: dict) -> str:
+    """``no (auto)``: named by ``auto``'s union of rows but not by its pick for these server arguments."""
+    if not row["selected"]:
+        return "no"
+    return "yes" if row.get("picked", True) else "no (auto)"
 
 
 def format_table(headers: list[str], rows: list[list[str]]) -> str:
@@ -69,13 +78,13 @@ def format_doctor(rows: list[dict], header: str, width: int | None = DOCTOR_WIDT
     if width is None:
         body = format_table(
             ["slot", "kind", "origin", "default", "selected", "status", "reason"],
-            [[r["name"], r["kind"], r["origin"], "yes" if r["default"] else "no", "yes" if r["selected"] else "no",
+            [[r["name"], r["kind"], r["origin"], "yes" if r["default"] else "no", _selected(r),
               r["status"], r["reason"]] for r in rows],
         )
         return f"{header}\n{body}"
     body = format_fitted_table(
         ["slot", "selected", "status", "reason"],
-        [[r["name"], "yes" if r["selected"] else "no", r["status"], r["reason"]] for r in rows],
+        [[r["name"], _selected(r), r["status"], r["reason"]] for r in rows],
         width,
     )
     return f"{fit(header, width)}\n{body}"

@@ -550,3 +550,24 @@ def test_the_doctor_reads_a_whole_server_command_line(monkeypatch, capsys):
     assert "auto: not measured" in capsys.readouterr().out
     with pytest.raises(SystemExit):  # another subcommand keeps refusing what it does not know
         doctor.main(["prebuild", "--model-path", "m"])
+
+
+def test_under_a_decided_auto_the_doctor_lists_what_the_pick_runs(monkeypatch, capsys):
+    """The header and the selected column: the pick's slots, as with its pinned value, not every row's union;
+    the union's others read `no (auto)`."""
+    argv = ["doctor", "--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "4", "--page-size", "16",
+            "--attention-backend", "flashinfer"]
+
+    def header_and_rows(spec):
+        monkeypatch.setenv(config.ENV_SLOTS, spec)
+        assert doctor.main(argv) == 0
+        text = capsys.readouterr().out
+        head = text.split("slot ", 1)[0].replace("\n  ", " ")
+        return head.split(" selects: ", 1)[1].split("; strict=")[0], text
+
+    picked, text = header_and_rows("auto")
+    pinned, _ = header_and_rows("default,flashinfer,eagle_host,-metadata_glue_graph")
+    assert picked == pinned and "dflash_step_graph" not in picked and "metadata_glue_graph" not in picked
+    rows = {line.split()[0]: line.split()[1:3] for line in text.splitlines() if line[:1].isalpha() and "  " in line}
+    assert rows["metadata_glue_graph"] == ["no", "(auto)"] and rows["dflash_step_graph"] == ["no", "(auto)"]
+    assert rows["flashinfer_tree_verify_plan"][0] == "yes"
