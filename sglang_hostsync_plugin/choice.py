@@ -145,4 +145,6 @@ def line(choice: Choice, spec: str) -> str:
     """The status line and the doctor's: what was chosen, why, and how to pin it."""
     why = f"measured {choice.gain} stock at c1 / c8 ({choice.evidence})" if choice.evidence \
         else "the conservative set"
+    if choice.evidence and pinned(choice, spec) != choice.spec:  # e.g. auto,-eagle_step_graph
+        why += f", for {choice.spec} itself: your other tokens change that set, not measured"
     return f"auto: {choice.label}: {why}; pin it with SGLANG_HOSTSYNC_SLOTS={pinned(choice, spec)}"

@@ -21,6 +21,7 @@ import importlib.util
 import json
 import os
 import sys
+import warnings
 
 from . import backends, choice, config, plan as plans, registry, report, version
 from .slot import ServingFacts, Status, inert_reason
@@ -217,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         from .e2e import main as e2e_main
 
         return e2e_main(argv[1:])
+    # SGLang's modules warn on import about GPU-only features (AWQ, GGUF, FLA) on a CPU box: not the doctor's news.
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"sglang\.")
     parser = _parser()
     args, ignored = parser.parse_known_args(argv)
     if ignored and args.command != "doctor":

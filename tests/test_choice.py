@@ -571,3 +571,11 @@ def test_under_a_decided_auto_the_doctor_lists_what_the_pick_runs(monkeypatch, c
     rows = {line.split()[0]: line.split()[1:3] for line in text.splitlines() if line[:1].isalpha() and "  " in line}
     assert rows["metadata_glue_graph"] == ["no", "(auto)"] and rows["dflash_step_graph"] == ["no", "(auto)"]
     assert rows["flashinfer_tree_verify_plan"][0] == "yes"
+
+
+def test_the_status_line_does_not_lend_the_picks_gain_to_a_set_the_user_changed():
+    picked = choice.pick(facts("EAGLE3", 1))
+    assert ", for " not in choice.line(picked, "auto")
+    line = choice.line(picked, "auto,-eagle_step_graph")
+    assert f"for {picked.spec} itself: your other tokens change that set, not measured" in line
+    assert line.endswith(f"SGLANG_HOSTSYNC_SLOTS={picked.spec},-eagle_step_graph")
