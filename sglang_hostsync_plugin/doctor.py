@@ -123,7 +123,7 @@ def preset_hints(plan, catalogue, facts) -> list[str]:
     if facts is None:
         return []
     hints = []
-    chosen = set(in_use(plan, facts, catalogue))
+    chosen = set(plan.selected) - not_picked(plan, facts, catalogue)
     for preset, concerns, what, gain in PRESET_HINTS:
         if not concerns(facts):
             continue
@@ -165,12 +165,6 @@ def not_picked(plan, facts, catalogue) -> set[str]:
     if picked is None:
         return set()
     return set(plans.left_out(picked, plan.spec, set(plan.selected), catalogue))
-
-
-def in_use(plan, facts, catalogue) -> list[str]:
-    """The slots the selection runs: under a decided ``auto``, its pick's, not every row's union."""
-    out = not_picked(plan, facts, catalogue)
-    return [v.name for v in plan.verdicts if v.selected and v.name not in out]
 
 
 def auto_line(plan) -> str | None:
@@ -219,7 +213,12 @@ def main(argv: list[str] | None = None) -> int:
 
         return e2e_main(argv[1:])
     # SGLang's modules warn on import about GPU-only features (AWQ, GGUF, FLA) on a CPU box: not the doctor's news.
-    warnings.filterwarnings("ignore", category=UserWarning, module=r"sglang\.")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"sglang\.")
+        return _main(argv)
+
+
+def _main(argv: list[str]) -> int:
     parser = _parser()
     args, ignored = parser.parse_known_args(argv)
     if ignored and args.command != "doctor":
@@ -272,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     catalogue = registry.catalogue()
     hints = auto_hints(plan, facts) + preset_hints(plan, catalogue, facts) + audit_hints(plan, catalogue, facts)
-    rows = report.doctor_rows(plan, catalogue, not_picked(plan, facts, catalogue))
+    left_out = not_picked(plan, facts, catalogue)
+    rows = report.doctor_rows(plan, catalogue, left_out)
     common = dict(sglang=installed, supported_sglang=version.SUPPORTED_SGLANG, selected=list(plan.selected),
                   strict=plan.strict, choice=auto_line(plan))
     bad = plan.config_errors()
@@ -291,11 +291,11 @@ def main(argv: list[str] | None = None) -> int:
         print(report.doctor_json(rows, **common, ok=ok, seq_lens_d2h=seq_lens.as_dict() if seq_lens else None,
                                  hints=hints, warnings=plan.warnings(), process_roles=roles))
     else:
+        runs = [n for n in plan.selected if n not in left_out]
         header = (
             f"sglang-hostsync-plugin doctor: sglang {installed} "
             f"(supported {version.SUPPORTED_SGLANG}); "
-            f"{config.ENV_SLOTS}={plan.spec!r} selects: {', '.join(in_use(plan, facts, catalogue)) or 'none'}; "
-            f"strict={plan.strict}"
+            f"{config.ENV_SLOTS}={plan.spec!r} selects: {', '.join(runs) or 'none'}; strict={plan.strict}"
         )
         width = None if args.wide else report.DOCTOR_WIDTH
         say = lambda text: print(report.fit(text, width))  # noqa: E731

@@ -120,13 +120,9 @@ class DeviceWorld(World):
                 w._qo_indptr_buf = torch.arange(rows + 1, dtype=torch.int32)
             call = fs.PlannerCall(tuple(range(0, (rows + 1) * width, width)), tuple(range(0, (rows + 1) * 9, 9)),
                                   rows * width, rows, HQ, HKV, 1, True, HD, HD, False, -1, -1, False, 0, 0)
-            t = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
-            w._plan_info = w._cached_module.plan(
-                None, w._int_workspace_buffer, w._pin_memory_int_workspace_buffer, t(call.qo_indptr),
-                t(call.kv_indptr), t(call.kv_lens), *[getattr(call, f) for f in (
-                    "total_num_rows", "batch_size", "num_qo_heads", "num_kv_heads", "page_size", "enable_cuda_graph",
-                    "head_dim_qk", "head_dim_vo", "causal", "window_left", "fixed_split_size", "disable_split_kv",
-                    "num_colocated_ctas", "uniform_q_len")])
+            args = list(_args_of(call))
+            args[1], args[2] = w._int_workspace_buffer, w._pin_memory_int_workspace_buffer
+            w._plan_info = w._cached_module.plan(*args)
             if self.tamper_capture:
                 self.tamper_capture(name, w)
             w._cached_module.calls.clear()
@@ -301,7 +297,7 @@ def test_the_hooks_go_in_through_sglangs_hook_registry(tmp_path):
     assert res == {"status": "applied", "hooked": [True, True, True, True]}, res
 
 
-def test_plan_on_device_reads_each_planners_arguments_where_flashinfer_passes_them():
+def test_the_device_plan_reads_each_planners_arguments_where_flashinfer_passes_them():
     """The argument positions: the fa2 prefill planner's 20 (batch size, heads, page size; a GQA of 32 and a
     width of 8 make two query tiles, so the head count matters) and the CUDA-core decode planner's 15."""
     from test_flashinfer_device_plan import STALE, decode_case, packed, prefill_layout, stand_in_wrapper
@@ -321,8 +317,9 @@ def test_plan_on_device_reads_each_planners_arguments_where_flashinfer_passes_th
         hi = torch.tensor([n + 5 for n in lens], dtype=torch.int32)  # host lengths the plan must not read
         args = (None, w._int_workspace_buffer, None, torch.tensor(call.qo_indptr), hi, hi, bs * width, bs, hq, hkv, 1,
                 True, HD, HD, False, -1, -1, False, 0, 0)
-        assert dp.coverage(w, args) is True
-        dp.plan_on_device(w, args, fs.H100)
+        launch = dp.device_plan_for(w, args, fs.H100)
+        hi.fill_(0)  # bound once: later calls read the device buffers only
+        launch()
         assert fs.compare(model, w._plan_info, w._int_workspace_buffer, bs) == []
 
     kv = [rng.randrange(1, 30000) for _ in range(5)]
@@ -338,8 +335,7 @@ def test_plan_on_device_reads_each_planners_arguments_where_flashinfer_passes_th
     w._plan_info = [offsets[f] for f in DECODE_PLAN_INFO_FIELDS]
     w._paged_kv_indptr_buf.copy_(torch.tensor(fs.page_indptr(kv, 1)))
     args = (None, w._int_workspace_buffer, None, torch.zeros(6), 5, 8, 8, 1, True, -1, 0.0, HD, HD, None, None)
-    assert dp.coverage(w, args) is True
-    dp.plan_on_device(w, args, fs.H100)
+    dp.device_plan_for(w, args, fs.H100)()
     raw = w._int_workspace_buffer.view(torch.int32)
     at = offsets["request_indices_offset"] // 4
     assert tuple(raw[at: at + model.new_batch_size].tolist()) == model.request_indices
@@ -350,10 +346,12 @@ def test_plan_on_device_reads_each_planners_arguments_where_flashinfer_passes_th
 
 
 @pytest.mark.parametrize("change, why", [
-    (dict(window_left=100), "sliding window"), (dict(fixed_split_size=256), "fixed split"),
-    (dict(disable_split_kv=True), "no split KV"), (dict(enable_cuda_graph=False), "sliding window"),
+    (dict(window_left=100), "a sliding window"), (dict(fixed_split_size=256), "a fixed split size"),
+    (dict(disable_split_kv=True), "split KV disabled"), (dict(num_colocated_ctas=4), "colocated CTAs"),
+    (dict(uniform_q_len=4), "a uniform query length"), (dict(enable_cuda_graph=False), "no CUDA graph"),
+    (dict(total_num_rows=12), "another row count than the capture's"),
 ])
-def test_coverage_refuses_what_the_device_plan_does_not_make(change, why):
+def test_the_device_plan_refuses_what_it_does_not_make(change, why):
     from dataclasses import replace
 
     from test_flashinfer_device_plan import prefill_layout, stand_in_wrapper
@@ -361,19 +359,25 @@ def test_coverage_refuses_what_the_device_plan_does_not_make(change, why):
     call = fs.PlannerCall((0, 4, 8), (0, 100, 300), 8, 2, HQ, HKV, 1, True, HD, HD, False, -1, -1, False, 0, 0)
     info, size = prefill_layout(fs.plan_call(call), 2, 8)
     w = stand_in_wrapper(info, size, 2)
-    call = replace(call, **change)
-    t = lambda v: torch.tensor(v, dtype=torch.int32)  # noqa: E731
-    args = (None, None, None, t(call.qo_indptr), t(call.kv_indptr), t(call.kv_lens), *[getattr(call, f) for f in (
-        "total_num_rows", "batch_size", "num_qo_heads", "num_kv_heads", "page_size", "enable_cuda_graph",
-        "head_dim_qk", "head_dim_vo", "causal", "window_left", "fixed_split_size", "disable_split_kv",
-        "num_colocated_ctas", "uniform_q_len")])
-    got = dp.coverage(w, args)
-    assert got is not True and why.split()[0] in got
-    w._plan_info[fs.PLAN_INFO_FIELDS.index("padded_batch_size")] = 8  # a capture on a device with fewer SMs
-    assert "smaller padded size" in dp.coverage(w, _args_of(fs.PlannerCall((0, 4, 8), (0, 100, 300), 8, 2, HQ, HKV,
-                                                                            1, True, HD, HD, False, -1, -1, False, 0,
-                                                                            0)))
-    assert "16 arguments" in dp.coverage(w, (None,) * 16)
+    assert callable(dp.device_plan_for(w, _args_of(call), fs.H100))
+    assert dp.device_plan_for(w, _args_of(replace(call, **change)), fs.H100) == why
+
+
+@pytest.mark.parametrize("field, value, why", [
+    ("split_kv", 0, "the capture planned without split KV"),
+    ("padded_batch_size", 8, "a split budget above the captured padded size"),  # a capture with fewer SMs
+])
+def test_the_device_plan_refuses_a_capture_it_cannot_write_into(field, value, why):
+    from test_flashinfer_device_plan import prefill_layout, stand_in_wrapper
+
+    call = fs.PlannerCall((0, 4, 8), (0, 100, 300), 8, 2, HQ, HKV, 1, True, HD, HD, False, -1, -1, False, 0, 0)
+    info, size = prefill_layout(fs.plan_call(call), 2, 8)
+    w = stand_in_wrapper(info, size, 2)
+    w._plan_info[fs.PLAN_INFO_FIELDS.index(field)] = value
+    assert dp.device_plan_for(w, _args_of(call), fs.H100) == why
+    assert "16 arguments" in dp.device_plan_for(w, (None,) * 16, fs.H100)
+    decode = (None, None, None, None, 2, HQ, HQ, 1, True, 64, 0.0, HD, HD, None, None)
+    assert dp.device_plan_for(w, decode, fs.H100) == "a sliding window"
 
 
 def _args_of(call):
@@ -435,10 +439,10 @@ def test_the_tree_mask_is_sized_from_the_upper_sum_in_a_skipped_step_only():
 
 def test_a_device_plan_that_raises_turns_the_slot_off_and_plans_from_the_wrappers_own_lengths(monkeypatch):
     """Draft decode rows at topk 4: four rows per request, read back from the wrapper's device indptr."""
-    def broken(*a):
+    def broken():
         raise RuntimeError("no compiler")
 
-    monkeypatch.setattr(dp, "plan_on_device", broken)
+    monkeypatch.setattr(dp, "device_plan_for", lambda w, a, d: broken)
     step = _skipped_step([50, 70])
     step.site = ("draft_decode", 8, "hi")
     rows = [51, 52, 53, 54, 71, 72, 73, 74]
@@ -450,7 +454,6 @@ def test_a_device_plan_that_raises_turns_the_slot_off_and_plans_from_the_wrapper
     dp.install_planner(wrapper)
     hi_indptr = torch.zeros(9, dtype=torch.int32)  # what the site's host lengths said: not what the kernel reads
     args = (None, None, None, hi_indptr, 8, HQ, HQ, 1, True, -1, 0.0, HD, HD, None, None)  # CUDA-core decode
-    monkeypatch.setattr(dp, "coverage", lambda w, a: True)
     assert wrapper._cached_module.plan(*args) == ["info"]
     (call,) = planned
     assert call[3].tolist() == indptr.tolist() and dp.ENGINE.stats.rescues == 1

@@ -61,7 +61,9 @@ from __future__ import annotations
 import collections
 import logging
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import torch
 
@@ -83,7 +85,6 @@ class Stats:
     decode_steps: int = 0
     skipped: int = 0
     stock: collections.Counter = field(default_factory=collections.Counter)
-    plans: int = 0  # planner calls in skipped steps
     device_plans: int = 0
     rescues: int = 0
     window_checks: int = 0
@@ -99,15 +100,15 @@ class Stats:
 
 class DevicePlanner:
     """Stands in for a CUDA-graph wrapper's ``_cached_module``: ``plan`` goes through the engine, every
-    other attribute is the module's. ``covered``: None until the wrapper's first planner call decides
-    whether the device plan covers it (then True, or the reason it does not)."""
+    other attribute is the module's. ``launch``: None until the wrapper's first planner call in a skipped
+    step decides it (``device_plan_for``): then the device plan, ready to run, or why there is none."""
 
-    __slots__ = ("module", "wrapper", "covered")
+    __slots__ = ("module", "wrapper", "launch")
 
     def __init__(self, module, wrapper):
         self.module = module
         self.wrapper = weakref.ref(wrapper)
-        self.covered: bool | str | None = None
+        self.launch: Callable[[], None] | str | None = None
 
     def __getattr__(self, name):
         return getattr(self.module, name)
@@ -122,33 +123,40 @@ def install_planner(wrapper) -> None:
         wrapper._cached_module = DevicePlanner(module, wrapper)
 
 
-def coverage(wrapper, args) -> bool | str:
-    """True where the device plan makes this call's plan; else why not. Decided once per wrapper: every
-    argument it reads is fixed by the wrapper's capture."""
-    from ..flashinfer_device_plan import DECODE_PLAN_INFO_FIELDS
+def device_plan_for(wrapper, args, device: fs.Device) -> Callable[[], None] | str:
+    """This wrapper's device plan, its arguments bound (every one is fixed by the wrapper's capture: its
+    buffers, batch size, heads and ``plan_info``), or why the device plan does not make this call's plan."""
+    from ..flashinfer_device_plan import DECODE_PLAN_INFO_FIELDS, decode_plan, prefill_plan
 
     if not wrapper.is_cuda_graph_enabled:
         return "not a CUDA-graph wrapper"
-    info = list(getattr(wrapper, "_plan_info", None) or ())
+    info = [int(x) for x in (getattr(wrapper, "_plan_info", None) or ())]
+    ws = wrapper._int_workspace_buffer
     if len(args) == fs.PREFILL_PLAN_ARGS:
         call = fs.PlannerCall.from_args(args)
-        if call.window_left >= 0 or call.fixed_split_size > 0 or call.disable_split_kv or call.num_colocated_ctas \
-                or call.uniform_q_len or not call.enable_cuda_graph:
-            return "a sliding window, a fixed split size, no split KV or colocated CTAs"
-        if len(info) != len(fs.PLAN_INFO_FIELDS):
-            return "no captured prefill plan_info"
+        for bad, why in ((call.window_left >= 0, "a sliding window"), (call.fixed_split_size > 0, "a fixed split size"),
+                         (call.disable_split_kv, "split KV disabled"), (call.num_colocated_ctas, "colocated CTAs"),
+                         (call.uniform_q_len, "a uniform query length"), (not call.enable_cuda_graph, "no CUDA graph"),
+                         (len(info) != len(fs.PLAN_INFO_FIELDS), "no captured prefill plan_info")):
+            if bad:
+                return why
         plan_info = dict(zip(fs.PLAN_INFO_FIELDS, info))
-        budget = fs.prefill_max_batch_size_if_split(ENGINE.device_now().num_sm, call.num_kv_heads)
-        if not plan_info["split_kv"] or budget > plan_info["padded_batch_size"] \
-                or call.total_num_rows != plan_info["total_num_rows"]:
-            return "the capture's plan has no split KV, another row count or a smaller padded size"
-        return True
+        budget = fs.prefill_max_batch_size_if_split(device.num_sm, call.num_kv_heads)
+        for bad, why in ((not plan_info["split_kv"], "the capture planned without split KV"),
+                         (budget > plan_info["padded_batch_size"], "a split budget above the captured padded size"),
+                         (call.total_num_rows != plan_info["total_num_rows"], "another row count than the capture's")):
+            if bad:
+                return why
+        return partial(prefill_plan, wrapper._qo_indptr_buf, wrapper._paged_kv_indptr_buf, ws, plan_info,
+                       batch_size=call.batch_size, gqa=call.num_qo_heads // call.num_kv_heads,
+                       max_batch_size_if_split=budget, page_size=call.page_size)
     if len(args) == DECODE_PLAN_ARGS:
-        if int(args[9]) >= 0 or not bool(args[8]):  # window_left, enable_cuda_graph
-            return "a sliding window or no CUDA graph"
-        if len(info) != len(DECODE_PLAN_INFO_FIELDS):
-            return "no captured decode plan_info"
-        return True
+        for bad, why in ((int(args[9]) >= 0, "a sliding window"), (not bool(args[8]), "no CUDA graph"),
+                         (len(info) != len(DECODE_PLAN_INFO_FIELDS), "no captured decode plan_info")):
+            if bad:
+                return why
+        return partial(decode_plan, wrapper._paged_kv_indptr_buf, ws, dict(zip(DECODE_PLAN_INFO_FIELDS, info)),
+                       batch_size=int(args[4]), page_size=int(args[7]))
     return f"a planner of {len(args)} arguments (fa3's prefill planner takes 16)"
 
 
@@ -244,19 +252,18 @@ class Engine(cert.Engine):
         step = self.step
         if step is None or not step.skipped or step.site is None:
             return planner.module.plan(*args)  # stock's plan from the exact host lengths SGLang gave
-        self.stats.plans += 1
         wrapper = planner.wrapper()
-        if planner.covered is None:
+        if planner.launch is None:
             try:
-                planner.covered = coverage(wrapper, args)
+                planner.launch = device_plan_for(wrapper, args, self.device_now())
             except Exception as exc:  # noqa: BLE001 (decided off the forward's path: stock from here on)
-                planner.covered = f"the coverage check raised {type(exc).__name__}: {exc}"
-            if planner.covered is not True:
+                planner.launch = f"the coverage check raised {type(exc).__name__}: {exc}"
+            if isinstance(planner.launch, str):
                 logger.info("hostsync: %s: a %s wrapper keeps FlashInfer's planner (%s)", NAME, step.site[0],
-                            planner.covered)
-        if planner.covered is True and not self.disabled:
+                            planner.launch)
+        if callable(planner.launch) and not self.disabled:
             try:
-                plan_on_device(wrapper, args, self.device_now())
+                planner.launch()
             except Exception as exc:  # noqa: BLE001 (e.g. a kernel that fails to compile: never into the forward)
                 self.disable(f"the device plan raised {type(exc).__name__}: {exc}")
             else:
@@ -279,22 +286,6 @@ class Engine(cert.Engine):
         else:
             args[3] = wrapper._paged_kv_indptr_buf[: int(args[4]) + 1].to("cpu", torch.int32)
         return tuple(args)
-
-
-def plan_on_device(wrapper, args, device: fs.Device) -> None:
-    """The call's plan, from the wrapper's device buffers (which FlashInfer's kernels read), into its int
-    workspace, at the capture's ``plan_info``."""
-    from ..flashinfer_device_plan import DECODE_PLAN_INFO_FIELDS, decode_plan, prefill_plan
-
-    ws = wrapper._int_workspace_buffer
-    if len(args) == fs.PREFILL_PLAN_ARGS:
-        bs, hq, hkv, page = (int(x) for x in args[7:11])
-        info = dict(zip(fs.PLAN_INFO_FIELDS, (int(x) for x in wrapper._plan_info)))
-        prefill_plan(wrapper._qo_indptr_buf, wrapper._paged_kv_indptr_buf, ws, info, batch_size=bs, gqa=hq // hkv,
-                     max_batch_size_if_split=fs.prefill_max_batch_size_if_split(device.num_sm, hkv), page_size=page)
-    else:
-        info = dict(zip(DECODE_PLAN_INFO_FIELDS, (int(x) for x in wrapper._plan_info)))
-        decode_plan(wrapper._paged_kv_indptr_buf, ws, info, batch_size=int(args[4]), page_size=int(args[7]))
 
 
 ENGINE = Engine()
