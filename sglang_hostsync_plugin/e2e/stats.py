@@ -273,6 +273,12 @@ def _ratio(a, b) -> float | None:
     return a / b if a is not None and b else None
 
 
+def by_round(a: dict, b: dict) -> list[float]:
+    """Cell ``a``'s tok/s/user over cell ``b``'s, round by round, in the rounds both ran."""
+    ra, rb = a.get("tok_s_user_by_round") or {}, b.get("tok_s_user_by_round") or {}
+    return [r for k in sorted(ra.keys() & rb.keys()) if (r := _ratio(ra[k], rb[k])) is not None]
+
+
 def cells(rows: list[dict], windows: dict[tuple, list[list[TraceStep]]] | None = None) -> list[dict]:
     """One row per (configuration, concurrency, arm): rounds pooled, ratio to stock.
     ``windows[(config, concurrency, arm)]``: that cell's trace window per round."""
@@ -450,8 +456,7 @@ def arm_ab_lines(cell_rows: list[dict]) -> list[str]:
             for b in cs[i + 1:]:
                 if (a["audit"] is None) != (b["audit"] is None):
                     continue  # the audit's own cost would count as the slots' difference
-                ra, rb = a.get("tok_s_user_by_round") or {}, b.get("tok_s_user_by_round") or {}  # as ratio_cell
-                by = [r for k in sorted(ra.keys() & rb.keys()) if (r := _ratio(rb[k], ra[k])) is not None]
+                by = by_round(b, a)  # as ratio_cell
                 if len(by) > 1:
                     rows.append(f"| {config} | {conc} | {a['arm']} | {b['arm']} | {median(by):.3f} | "
                                 f"{', '.join(f'{r:.3f}' for r in by)} | {sum(r > 1 for r in by)}/{len(by)} |")
@@ -623,8 +628,7 @@ def auto_verdicts(cell_rows: list[dict], arm_slots: dict[str, str | None], ident
             ok = {c["arm"]: _identical(f"{config}/{c['arm']}", identity, traffic) for c in cs}
             fair = [c for c in cs if ok[c["arm"]] is True and c["ratio_tok_s_user"] is not None]
             best = max(fair, key=lambda c: c["ratio_tok_s_user"], default=None)
-            ra, rb = auto["tok_s_user_by_round"], (best or {}).get("tok_s_user_by_round") or {}
-            by = [r for k in sorted(ra.keys() & rb.keys()) if (r := _ratio(ra[k], rb[k])) is not None]
+            by = by_round(auto, best or {})
             over_best = median(by)
             lowest = min(auto["ratio_by_round"]) if auto["ratio_by_round"] else None
             picked = auto_pick(((servers or {}).get(f"{config}/{auto['arm']}") or {}).get("status_block") or ())
@@ -636,8 +640,7 @@ def auto_verdicts(cell_rows: list[dict], arm_slots: dict[str, str | None], ident
                      if tokens(c["arm"]) - {"-audit"} == {"none"} and c["ratio_tok_s_user"] is not None]
             pick = {t.strip() for t in picked.split(",")} if picked else None
             for twin in (c for c in cs if c is not auto and pick and tokens(c["arm"]) - {"-audit"} == pick):
-                rt = twin.get("tok_s_user_by_round") or {}
-                gap = median([r for k in sorted(ra.keys() & rt.keys()) if (r := _ratio(ra[k], rt[k])) is not None])
+                gap = median(by_round(auto, twin))
                 if gap is not None:
                     pairs.append(("auto / its pick", abs(gap - 1.0)))
             aa = max(pairs, key=lambda p: p[1], default=(None, None))
