@@ -25,8 +25,8 @@
 #                                           # 6b the certified plan's FlashInfer topk-1 e2e: what registering waits on
 #   CALL=13 bash scripts/device_pending.sh  # issue 64's FlashInfer plan made on the device, against FlashInfer's
 #                                           # planner (tests/test_gpu_flashinfer_device_plan.py; no server)
-#   CALL=14 bash scripts/device_pending.sh  # the slot flashinfer_device_plan (not registered) in real FlashInfer
-#                                           # STANDALONE topk 1 and topk 4 page-16 servers: identity, real traffic,
+#   CALL=14 bash scripts/device_pending.sh  # the slot flashinfer_device_plan (not registered) in a real FlashInfer
+#                                           # STANDALONE topk 1 page-16 server (topk 4: 14b): identity, real traffic,
 #                                           # syncs per step and run-ahead against auto's set, 6 rounds c1/c8
 #                                           # (tests/test_gpu_flashinfer_device_plan_slot.py)
 #   CALL=14b bash scripts/device_pending.sh # the same at topk 4 on the 8B-shaped "llama-8b-bigram" target (its GPU
@@ -132,8 +132,8 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
   13)  # issue 64's device plan against FlashInfer's own planner (no server; about a minute after the bundle)
     NAME=device_plan GPU_TESTS="tests/test_gpu_flashinfer_device_plan.py" TESTS_TIMEOUT=240 bash scripts/device_call.sh ;;
   14)
-    NAME=device_plan_slot GPU_TESTS="tests/test_gpu_flashinfer_device_plan_slot.py" TESTS_TIMEOUT=560 \
-      bash scripts/device_call.sh ;;
+    NAME=device_plan_t1 HOSTSYNC_DEVICE_PLAN_CONFIGS=standalone-t1-p16 \
+      GPU_TESTS="tests/test_gpu_flashinfer_device_plan_slot.py" TESTS_TIMEOUT=560 bash scripts/device_call.sh ;;
   14b)
     NAME=device_plan_8b HOSTSYNC_DEVICE_PLAN_CONFIGS=standalone-t4-p16 HOSTSYNC_DEVICE_PLAN_SHAPE=llama-8b-bigram \
       GPU_TESTS="tests/test_gpu_flashinfer_device_plan_slot.py" TESTS_TIMEOUT=560 bash scripts/device_call.sh ;;
