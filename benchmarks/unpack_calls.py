@@ -7,7 +7,7 @@ Each argument after the folder is what one call brought back (the device tool's 
 own). Into the folder go, per call: the archive itself (raw, for ``raw_archive.py pack``), the e2e's
 report as ``NAME-e2e.md`` / ``.json`` / ``.png``, the GPU tests' log as ``NAME-gpu_tests.log``; per test
 folder, its report as ``test_gpu_x-e2e.*`` and its server logs as ``test_gpu_x-servers.tar.xz`` (audit
-traces left out, as the call's archive leaves them). It prints what the README needs: the plugin
+traces left out, as the call's archive leaves them; the same test in a later call: ``NAME-test_gpu_x-*``). It prints what the README needs: the plugin
 digest, the GPU, each e2e's command and stop, and the test summary lines. Then write the README, commit,
 and ``python benchmarks/raw_archive.py pack FOLDER``.
 """
@@ -69,8 +69,10 @@ def unpack_archive(archive: str, folder: str, copied: list[str], report: list[st
             report += [f"{name}: {ln}" for ln in _summary(open(tests).readlines(), (" passed", " failed", "rc "))][-3:]
 
 
-def unpack_test_dir(path: str, folder: str, copied: list[str], report: list[str]) -> None:
+def unpack_test_dir(path: str, folder: str, copied: list[str], report: list[str], call: str = "") -> None:
     name = os.path.basename(path.rstrip("/"))
+    if call and any(c.startswith(f"{name}-") for c in copied):
+        name = f"{call}-{name}"  # the same GPU test in two calls of one folder: the later one named by its call
     for f in E2E_FILES:
         if os.path.isfile(os.path.join(path, f)):
             _copy(os.path.join(path, f), os.path.join(folder, f"{name}-{f}"), copied)
@@ -102,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             unpack_archive(os.path.join(call, a), args.folder, copied, report)
         for e in entries:
             if os.path.isdir(os.path.join(call, e)):
-                unpack_test_dir(os.path.join(call, e), args.folder, copied, report)
+                unpack_test_dir(os.path.join(call, e), args.folder, copied, report, archives[0][: -len(".tar.xz")])
     for f in copied:
         os.chmod(os.path.join(args.folder, f), 0o644)  # the tool's copies are read-only
     print("\n".join(report))

@@ -56,6 +56,18 @@ def test_each_calls_reports_and_logs_land_under_the_calls_name(tmp_path, capsys)
         assert line in printed, (line, printed)
 
 
+def test_the_same_gpu_test_in_two_calls_keeps_both(tmp_path, capsys):
+    first = _call(tmp_path / "3", "plan_t1", {"gpu_tests.log": "4 passed\n"}, test_dir="test_gpu_plan")
+    second = _call(tmp_path / "4", "plan_8b", {"gpu_tests.log": "1 failed, 3 passed\n"}, test_dir="test_gpu_plan")
+    out = tmp_path / "results"
+    assert unpack_calls.main([str(out), first, second]) == 0
+    names = sorted(os.listdir(out))
+    for kept in ("test_gpu_plan-e2e.md", "test_gpu_plan-servers.tar.xz", "plan_8b-test_gpu_plan-e2e.md",
+                 "plan_8b-test_gpu_plan-servers.tar.xz"):
+        assert kept in names, names
+    assert "plan_8b-test_gpu_plan: D: python -m x" in capsys.readouterr().out
+
+
 def test_a_folder_without_a_call_archive_is_refused(tmp_path):
     (tmp_path / "empty").mkdir()
     assert unpack_calls.main([str(tmp_path / "out"), str(tmp_path / "empty")]) == 2
