@@ -10,7 +10,7 @@ that case (no sliding window, no fixed split, split KV on); ``decode_plan`` is `
 decode kernel's planner). Both are checked against the CPU port (``flashinfer_split``) in
 ``tests/test_flashinfer_device_plan.py``.
 
-Wired into SGLang by the slot ``flashinfer_device_plan`` (not registered yet; docs/flashinfer-bound-plan.md,
+Wired into SGLang by the slot ``flashinfer_device_plan`` (docs/flashinfer-bound-plan.md,
 "A plan made on the device").
 """
 

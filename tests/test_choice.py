@@ -23,6 +23,7 @@ def acting(plan):
     return {v.name for v in plan.verdicts if v.selected and v.status in (Status.WOULD_APPLY, Status.UPSTREAM)}
 
 
+FI_TREE = "default,flashinfer,eagle_host,-metadata_glue_graph,flashinfer_device_plan"
 CLASSES = [
     (facts("EAGLE3", 1), "default,eagle_step_graph"),
     (facts("STANDALONE", 1), "default,eagle_step_graph"),
@@ -31,7 +32,8 @@ CLASSES = [
     (facts("STANDALONE", 4, 1), "default,eagle_host"),  # page 1 (2026-12-06-h100-final)
     (facts("EAGLE3", 3, 1), "default,eagle_host"),
     (facts("STANDALONE", 1, backend="flashinfer"), "default,flashinfer,eagle_host,-metadata_glue_graph"),
-    (facts("EAGLE", 4, backend="flashinfer"), "default,flashinfer,eagle_host,-metadata_glue_graph"),
+    (facts("EAGLE", 4, backend="flashinfer"), FI_TREE),
+    (facts("EAGLE3", 2, backend="flashinfer"), FI_TREE),  # the device plan from topk 2 on (2026-12-07-h100-f)
     (facts("NGRAM", 1, 1), "default,eagle_host,ngram_host"),
     (facts("STANDALONE", 1, 1), "default,eagle_step_graph"),  # topk 1, page 1 (2026-12-07-h100-c)
     (facts("EAGLE3", 1, 1), "default,eagle_step_graph"),
@@ -541,11 +543,11 @@ def test_the_doctor_reads_a_whole_server_command_line(monkeypatch, capsys):
             "--mem-fraction-static", "0.8", "--enable-hostsync-plugin"]
     assert doctor.main(argv) == 0
     out = capsys.readouterr()
-    assert "SGLANG_HOSTSYNC_SLOTS=default,flashinfer,eagle_host,-metadata_glue_graph" in out.out.replace("\n  ", " ")
+    assert f"SGLANG_HOSTSYNC_SLOTS={FI_TREE}" in out.out.replace("\n  ", " ")
     assert ("not read by the plugin's checks (SGLang's own): --model-path meta-llama/Llama-3.1-8B-Instruct "
             "--speculative-draft-model-path d --speculative-num-draft-tokens 8 --mem-fraction-static 0.8") in out.err
     assert doctor.main([*argv, "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["choice"].endswith("-metadata_glue_graph")
+    assert json.loads(capsys.readouterr().out)["choice"].endswith(f"SGLANG_HOSTSYNC_SLOTS={FI_TREE}")
     assert doctor.main([*argv, "--disable-cuda-graph"]) == 0
     assert "auto: not measured" in capsys.readouterr().out
     with pytest.raises(SystemExit):  # another subcommand keeps refusing what it does not know
@@ -566,7 +568,7 @@ def test_under_a_decided_auto_the_doctor_lists_what_the_pick_runs(monkeypatch, c
         return head.split(" selects: ", 1)[1].split("; strict=")[0], text
 
     picked, text = header_and_rows("auto")
-    pinned, _ = header_and_rows("default,flashinfer,eagle_host,-metadata_glue_graph")
+    pinned, _ = header_and_rows(FI_TREE)
     assert picked == pinned and "dflash_step_graph" not in picked and "metadata_glue_graph" not in picked
     rows = {line.split()[0]: line.split()[1:3] for line in text.splitlines() if line[:1].isalpha() and "  " in line}
     assert rows["metadata_glue_graph"] == ["no", "(auto)"] and rows["dflash_step_graph"] == ["no", "(auto)"]

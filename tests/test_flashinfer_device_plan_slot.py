@@ -1,4 +1,4 @@
-"""Slot ``flashinfer_device_plan`` (not registered) on the CPU, through the certified plan's miniature server
+"""Slot ``flashinfer_device_plan`` on the CPU, through the certified plan's miniature server
 (``World``: SGLang's real FutureMap resolve, ``update_single_wrapper`` / ``call_begin_forward`` /
 ``fast_prefill_plan`` and ``_build_draft_indptr_host``, a stand-in FlashInfer planner that writes the port's
 plan into the pinned buffer and copies it into the int workspace as FlashInfer's planner does).
@@ -38,17 +38,10 @@ def _fresh_engine(monkeypatch):
     monkeypatch.setenv("SGLANG_OPT_FLASHINFER_DRAFT_HOST_INDPTR", "1")
 
 
-def write_device_plan_dist(root) -> str:
-    """The slot through the third-party entry-point group, for subprocesses and servers (PYTHONPATH)."""
-    from helpers import write_slot_dist
-
-    return write_slot_dist(root, "flashinfer_device_plan", "hostsync_device_plan_slot")
-
-
-def test_not_registered_requires_the_plan_guard_and_hooks_the_certified_plans_targets():
-    assert dp.NAME not in registry.catalogue()
+def test_an_opt_in_catalogue_slot_that_requires_the_plan_guard_and_hooks_the_certified_plans_targets():
+    assert registry.catalogue()[dp.NAME] is dp.SLOT
     s = dp.SLOT
-    assert not s.default and s.presets == () and "not registered" in s.summary
+    assert not s.default and s.presets == ()
     assert s.requires == ("flashinfer_plan_guard",) and check_slot(s) is None
     assert [(t.path, t.params, t.source_sha) for t in s.targets[:3]] == \
         [(t.path, t.params, t.source_sha) for t in cert.SLOT.targets]
@@ -266,7 +259,7 @@ def _flashinfer_plan(self, qo_indptr, kv_indptr, kv_indices, last_page_len, num_
         head_dim, False, -1, -1, False, 0, 0)
 
 
-def test_the_hooks_go_in_through_sglangs_hook_registry(tmp_path):
+def test_the_hooks_go_in_through_sglangs_hook_registry():
     from helpers import out, run_python
 
     proc = run_python("""
@@ -287,7 +280,7 @@ def test_the_hooks_go_in_through_sglangs_hook_registry(tmp_path):
         "status": rt.state.statuses["flashinfer_device_plan"].status.value,
         "hooked": [hasattr(f, "__wrapped__") for f in hooked],
     }))
-    """, pythonpath=write_device_plan_dist(tmp_path), SGLANG_ENABLE_HOSTSYNC_PLUGIN="1",
+    """, SGLANG_ENABLE_HOSTSYNC_PLUGIN="1",
         SGLANG_HOSTSYNC_SLOTS="default,flashinfer_verify_host_plan,flashinfer_draft_host_indptr,"
                               "flashinfer_device_plan")
     assert proc.returncode == 0, out(proc)

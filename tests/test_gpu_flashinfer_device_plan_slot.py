@@ -1,4 +1,4 @@
-"""Slot ``flashinfer_device_plan`` (not registered; through the entry-point group) in a real SGLang 0.5.23
+"""Slot ``flashinfer_device_plan`` in a real SGLang 0.5.23
 server with FlashInfer, STANDALONE topk 1 and topk 4 page 16, real acceptance: started and applied; greedy outputs,
 logprobs and the real-traffic mix identical to stock; every skipped step planned on the device with no rescue;
 the audit finds no ``resolve_seq_lens_cpu`` synchronize in the slot's servers, which the same server without
@@ -30,8 +30,7 @@ def e2e(tmp_path_factory):
     speed_base = [] if SHAPE in GPU_BOUND else ["--slots", BASE_SPEC + ",-audit"]
     return e2e_with_slot(
         tmp_path_factory.mktemp("device_plan_dist"), "HOSTSYNC_DEVICE_PLAN_E2E_DIR",
-        "test_gpu_flashinfer_device_plan_slot",
-        "flashinfer_device_plan", "hostsync_device_plan_slot",
+        "test_gpu_flashinfer_device_plan_slot", None, None,
         ["--configs", ",".join(CONFIGS), "--checkpoint-shape", SHAPE, "--attention-backend", "flashinfer", "--arms",
          "stock", *speed_base, "--slots", DEVICE_SPEC + ",-audit", "--slots", BASE_SPEC,
          "--slots", DEVICE_SPEC, "--concurrency", "1", "8",

@@ -28,6 +28,7 @@ OWNED = (
     ("accept_lens_snapshot", "accept_lens_snapshot", True),
     ("flashinfer_plan_guard", "flashinfer_plan_guard", True),
     ("flashinfer_tree_verify_plan", "flashinfer_tree_verify_plan", True),
+    ("flashinfer_device_plan", "flashinfer_device_plan", False),
     ("ngram_accept_readback", "ngram_accept_readback", True),
     ("draft_extend_glue_graph", "draft_extend_glue_graph", False),
     ("draft_decode_glue_graph", "draft_decode_glue_graph", False),

@@ -1,13 +1,11 @@
-"""Slot ``flashinfer_device_plan`` (experimental; NOT REGISTERED until its GPU runs cover it): an
+"""Slot ``flashinfer_device_plan`` (opt-in; in ``auto``'s FlashInfer topk > 1 pick): an
 EAGLE-family FlashInfer decode step (topk 1 or more) skips ``FutureMap.resolve_seq_lens_cpu``'s D2H and stream
 synchronize, and FlashInfer's CUDA-graph plans of that step are made on the GPU from the lengths FlashInfer's
 kernels read, by ``flashinfer_device_plan.prefill_plan`` / ``decode_plan`` (docs/flashinfer-bound-plan.md,
 section 8): stock's plan exactly, with no host lengths.
 
-Not in ``slots/__init__.py``'s catalogue: a run that wants it registers ``SLOT`` through the third-party
-entry-point group (``tests/test_flashinfer_device_plan_slot.py``'s ``write_device_plan_dist``). Registering
-it waits on ``tests/test_gpu_flashinfer_device_plan.py`` (the kernel against FlashInfer's planners, and a
-real server's outputs and syncs).
+On a GPU: ``tests/test_gpu_flashinfer_device_plan.py`` (the kernel against FlashInfer's planners, attention
+bit for bit) and ``tests/test_gpu_flashinfer_device_plan_slot.py`` (real servers: outputs, syncs, run-ahead).
 
 One decode step, on top of ``flashinfer_certified_plan``'s machinery (its window, runtime rules, window
 check and the same three hook targets; read its docstring, steps 1, 3, 5 and 6):
@@ -342,8 +340,8 @@ SLOT = Slot(
     name=NAME,
     kind=SlotKind.OWNED,
     origin="hostsync (FlashInfer's CUDA-graph plans made on the GPU from the device lengths)",
-    summary="experimental, not registered: EAGLE-family FlashInfer steps skip the seq-lens D2H + synchronize; "
-            "FlashInfer's plans are made on the GPU from the lengths its kernels read (stock's plan exactly)",
+    summary="EAGLE-family FlashInfer decode steps skip the seq-lens D2H + synchronize; FlashInfer's "
+            "CUDA-graph plans are made on the GPU from the lengths its kernels read (stock's plan exactly)",
     default=False,
     # Stock steps still plan on the host into the pinned buffer: flashinfer_plan_guard's hazard.
     requires=(PLAN_GUARD,),
