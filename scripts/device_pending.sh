@@ -31,6 +31,9 @@
 #                                           # (tests/test_gpu_flashinfer_device_plan_slot.py)
 #   CALL=14b bash scripts/device_pending.sh # the same at topk 4 on the 8B-shaped "llama-8b-bigram" target (its GPU
 #                                           # step outlasts the host's: run-ahead >= 0.99 at c1, issue 64's bar)
+#   CALL=15 bash scripts/device_pending.sh  # flashinfer_prefill_host_indptr in a real FlashInfer STANDALONE topk 4
+#                                           # page-16 server beside auto's set: identity, no prefill plan() read-back
+#                                           # (tests/test_gpu_flashinfer_prefill_host_indptr.py)
 #   CALL=7 bash scripts/device_pending.sh   # issue 63's combined topk-1 set (eagle_step_graph + the eagle_host
 #                                           # slots that may run beside it) against each alone, EAGLE3 and
 #                                           # STANDALONE topk 1 page 16 triton, real-traffic pass first
@@ -80,9 +83,9 @@
 # step-graph servers logged a capture's pool assert, fixed since. 10, 8c, 7, 11c and 11b (shorter) ran on the
 # final code (benchmarks/results/2026-12-07-h100-c/). 10s, 8d and 8e ran, 7b failed (a log name too long, fixed since)
 # and 11b with it (its ports were taken; benchmarks/results/2026-12-07-h100-d/). 13, 5 and CALL=14's topk-4 half ran
-# (benchmarks/results/2026-12-07-h100-e/). Next, for issue 64: 14 (both halves, on the final code), then 14b (the
-# 8B-shaped target: run-ahead); for issue 63 (each has an auto arm; benchmarks/auto_verdicts.py judges them): 7c
-# (or 7b with 9 minutes), 11b, 11, 10f, 11c (auto now picks the step graph there), 2 (standalone-t4-p1's auto row);
+# (benchmarks/results/2026-12-07-h100-e/). 14b (cut once), 14, 14b and 7c ran (benchmarks/results/2026-12-07-h100-f/).
+# Next, for issue 64: 15 (the prefill read-backs, the last syncs); for issue 63 (each has an auto arm;
+# benchmarks/auto_verdicts.py judges them): 11b, 11, 10f, 11c (auto picks the step graph there), 2 (standalone-t4-p1's auto row);
 # 6b only if the certified plan is still wanted (the device plan supersedes it); 12 and 4 (67's extra evidence).
 # The device tool: carry [".device-bundle-fi"], timeout 590, and start the next call within the
 # machine's 30 s idle release.
@@ -137,6 +140,9 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
   14b)
     NAME=device_plan_8b HOSTSYNC_DEVICE_PLAN_CONFIGS=standalone-t4-p16 HOSTSYNC_DEVICE_PLAN_SHAPE=llama-8b-bigram \
       GPU_TESTS="tests/test_gpu_flashinfer_device_plan_slot.py" TESTS_TIMEOUT=560 bash scripts/device_call.sh ;;
+  15)  # flashinfer_prefill_host_indptr beside auto's FlashInfer topk-4 set: identity, no prefill plan() read-back
+    NAME=prefill_host_indptr GPU_TESTS="tests/test_gpu_flashinfer_prefill_host_indptr.py" TESTS_TIMEOUT=560 \
+      bash scripts/device_call.sh ;;
   6b)
     NAME=cert_plan GPU_TESTS="tests/test_gpu_flashinfer_certified_plan.py" TESTS_TIMEOUT=560 \
       bash scripts/device_call.sh ;;

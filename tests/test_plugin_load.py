@@ -138,7 +138,8 @@ def test_enabled_applies_verifies_and_logs_status_block():
                                                                  "triton_replay_launch", "spec_kernel_replay", "mamba_verdict_once",
                                                                  "isolation_snapshot", "decode_lens_lazy_h2d", "chain_tree_full_mask", "eagle_step_graph",
                                                                  "ngram_device_draft", "dflash_step_graph", "dspark_step_graph",
-                                                                 "draft_extend_fused_layout", "audit_fine", "audit_block", "audit_ngram"]}}
+                                                                 "draft_extend_fused_layout", "audit_fine", "audit_block", "audit_ngram",
+                                                                 "flashinfer_device_plan", "flashinfer_prefill_host_indptr"]}}
     assert res["cls"] == "HostsyncDraftBlockProposer" and res["slots"] == ["dspark_dp_meta"]
     assert res["bases"] == ["HostsyncDraftBlockProposer", "DSparkDpMetaProposer", "DraftBlockProposer"]
     assert res["nnp"] is None and res["sched"] is True

@@ -57,7 +57,8 @@ def test_no_other_switch_declares_a_dependency():
     owned = {"flashinfer_tree_verify_plan": ("flashinfer_plan_guard",),
              "flashinfer_verify_host_plan": ("flashinfer_plan_guard",), "audit_fine": ("audit",), "audit_block": ("audit",),
              "audit_ngram": ("audit",), "ngram_late_wait": ("ngram_accept_readback", "ngram_full_mask"),
-             "ngram_device_draft": ("ngram_full_mask",)}  # the device draft's full mask is built by ngram_full_mask's part
+             "ngram_device_draft": ("ngram_full_mask",),  # the device draft's full mask is built by ngram_full_mask's part
+             "flashinfer_device_plan": ("flashinfer_plan_guard",)}  # stock steps still plan into the pinned buffer
     assert declared == {**{n: (d,) for n, d in SWITCH_REQUIRES.items()}, **owned}
 
 

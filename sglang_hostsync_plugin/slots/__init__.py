@@ -29,6 +29,7 @@ OWNED = (
     ("flashinfer_plan_guard", "flashinfer_plan_guard", True),
     ("flashinfer_tree_verify_plan", "flashinfer_tree_verify_plan", True),
     ("flashinfer_device_plan", "flashinfer_device_plan", False),
+    ("flashinfer_prefill_host_indptr", "flashinfer_prefill_host_indptr", False),
     ("ngram_accept_readback", "ngram_accept_readback", True),
     ("draft_extend_glue_graph", "draft_extend_glue_graph", False),
     ("draft_decode_glue_graph", "draft_decode_glue_graph", False),
