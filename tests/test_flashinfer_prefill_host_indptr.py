@@ -1,41 +1,46 @@
 """Slot ``flashinfer_prefill_host_indptr`` on the CPU, through SGLang 0.5.23's own
-``FlashInferIndicesUpdaterPrefill.update_single_wrapper`` -> ``call_begin_forward`` with stand-ins for
-FlashInfer 0.7.2's eager prefill wrappers (their ``plan()``: read the indptrs back, plan from those values,
-upload them, stage the plan in the pinned buffer).
+``FlashInferAttnBackend.init_forward_metadata`` (its extend branch) -> ``update_single_wrapper`` ->
+``call_begin_forward`` with stand-ins for FlashInfer 0.7.2's eager prefill wrappers (their ``plan()``: read
+the indptrs back, plan from those values, upload them, stage the plan in the pinned buffer).
 
-- Stock hands ``plan()`` SGLang's device indptr buffers (the read-back); with the slot every eager plan gets host
-  tensors and not one of SGLang's buffers, with the values SGLang computed on the device, so FlashInfer plans
-  and uploads exactly what it does in stock (random batches, ragged and paged-only).
-- The check: device lengths that differ from the host ones are counted from FlashInfer's uploads and turn the
-  slot off at the next call, without waiting on the stream.
-- What it leaves to stock: speculative batches, CUDA-graph wrappers, multi-item scoring, masks, custom KV
-  indices, missing host lengths, arguments that are not SGLang's buffers.
-- Each eager wrapper's pinned plan buffer is ringed (a plan whose copy has not run is waited for, counted).
+- Stock hands ``plan()`` SGLang's device indptr buffers (the read-back); with the slot every eager plan of a
+  covered batch gets host tensors and none of SGLang's buffers, with the values SGLang computed on the device,
+  so FlashInfer plans and uploads exactly what it does in stock (random batches, ragged and paged-only).
+- The check: device lengths that differ from the host ones, or an upload that differs, are counted on the
+  stream and turn the slot off at a later call, without waiting.
+- What it leaves to stock: decode and verify batches, CUDA-graph wrappers, sliding-window dispatch, multi-item
+  scoring, masks, dequant indices, encoder lengths, missing or inconsistent host lengths, arguments that are
+  not SGLang's buffers, a ``begin_forward`` someone else installed.
+- Every plan of a ringed wrapper goes through its pinned-buffer ring, the first one into a new buffer, the
+  ring's event recorded after the plan staged its copy.
+- It can be selected beside ``flashinfer_device_plan`` (no shared hook).
 """
 
 import random
-from functools import partial
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from sglang.srt.layers.attention import flashinfer_backend as fb
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_hostsync_plugin import registry
-from sglang_hostsync_plugin.checks import check_slot
+from sglang_hostsync_plugin.checks import check_slot, claim_conflicts
 from sglang_hostsync_plugin.slot import ServingFacts
 from sglang_hostsync_plugin.slots import flashinfer_prefill_host_indptr as hi
 
 HQ, HKV, HD = 32, 8, 128
 MAX_BS = 32
+LOG: list = []
 
 
 class Event:
-    def __init__(self, fired=True):
-        self.fired, self.records = fired, 0
+    def __init__(self, fired=True, name="check"):
+        self.fired, self.records, self.name = fired, 0, name
 
     def record(self):
         self.records += 1
+        LOG.append(self.name)
 
     def query(self):
         return self.fired
@@ -51,7 +56,7 @@ class EagerWrapper:
     is_cuda_graph_enabled = False
 
     def __init__(self, ragged: bool, sglang_buffers):
-        self.ragged, self.sglang_buffers = ragged, sglang_buffers
+        self.ragged, self.sglang_buffers, self.corrupt = ragged, sglang_buffers, False
         self._pin_memory_int_workspace_buffer = torch.zeros(16, dtype=torch.uint8)
         self.plans, self.readbacks, self.staged_in = [], 0, []
 
@@ -64,6 +69,7 @@ class EagerWrapper:
             qo, kv = self._host(qo_indptr), self._host(kv_indptr)
             self.plans.append((qo.tolist(), kv.tolist(), args[:3]))
             self._qo_indptr_buf, self._kv_indptr_buf = qo_indptr.clone(), kv_indptr.clone()
+            self._qo_indptr_buf[-1] += self.corrupt
         else:
             indices, last = args[0], args[1]
             qo, kv, last_host = self._host(qo_indptr), self._host(kv_indptr), self._host(last)
@@ -72,11 +78,13 @@ class EagerWrapper:
             self._qo_indptr_buf, self._paged_kv_indptr_buf = qo_indptr.clone(), kv_indptr.clone()
             self._paged_kv_last_page_len_buf = last.clone()
         self.staged_in.append(self._pin_memory_int_workspace_buffer)
+        LOG.append("plan")
 
     begin_forward = plan
 
 
-def _updater():
+def _backend(use_ragged=True):
+    """A FlashInfer backend as far as init_forward_metadata's extend branch reads it, with SGLang's own updater."""
     u = object.__new__(fb.FlashInferIndicesUpdaterPrefill)
     u.num_qo_heads, u.num_kv_heads, u.head_dim = HQ, HKV, HD
     u.q_data_type = u.data_type = torch.bfloat16
@@ -84,17 +92,27 @@ def _updater():
     u.qo_indptr = [torch.zeros(MAX_BS + 1, dtype=torch.int32)]
     u.kv_last_page_len = torch.ones(MAX_BS, dtype=torch.int32)
     u._swa_kv_pool = None
-    u.attn_backend = SimpleNamespace(kv_index_translator=SimpleNamespace(reads_are_translated=False,
-                                                                         pack_read_stream=lambda *a, **k: None),
-                                     dq_paged_kernel_lens=None)
+    b = object.__new__(fb.FlashInferAttnBackend)
+    u.attn_backend = b
+    u.update = u.update_single_wrapper  # as its __init__ binds it
     buffers = (u.kv_indptr[0], u.qo_indptr[0], u.kv_last_page_len)
-    u.prefill_wrapper_ragged = EagerWrapper(True, buffers)
-    return u, EagerWrapper(False, buffers)
+    u.prefill_wrapper_ragged = b.prefill_wrapper_ragged = EagerWrapper(True, buffers)
+    b.prefill_wrappers_paged = [EagerWrapper(False, buffers)]
+    b.indices_updater_prefill = u
+    b.kv_index_translator = SimpleNamespace(reads_are_translated=False, pack_read_stream=lambda *a, **k: None)
+    b.use_sliding_window_kv_pool = b.is_multimodal = b.enable_mis = b.enable_deterministic = False
+    b.use_paged = not use_ragged  # SGLang's reason to plan the paged wrapper alone
+    b.prefill_uses_dequant_workspace = False
+    b.prefill_split_tile_size = None
+    b.num_wrappers = 1
+    b.dq_page_table = b.dq_paged_kernel_lens = None
+    return b
 
 
 @pytest.fixture(autouse=True)
 def _fresh_engine(monkeypatch):
     monkeypatch.setattr(hi, "ENGINE", hi.Engine(new_event=Event, pin=False))
+    LOG.clear()
 
 
 def _batch(rng, bs):
@@ -103,27 +121,39 @@ def _batch(rng, bs):
     return prefix, seq
 
 
-def _extend(u, paged, prefix, seq, use_ragged, hooked, device_seq=None, **over):
-    """One extend batch's metadata, as FlashInferAttnBackend.init_forward_metadata calls the updater."""
-    seq_dev = torch.tensor(device_seq or seq, dtype=torch.int64)
-    kw = dict(req_pool_indices=torch.arange(len(seq)), seq_lens=seq_dev,
-              seq_lens_cpu=torch.tensor(seq, dtype=torch.int64), seq_lens_sum=sum(seq),
-              prefix_lens=torch.tensor(prefix, dtype=torch.int64), prefill_wrappers=[paged], use_ragged=use_ragged,
-              encoder_lens=None, spec_info=None, fixed_split_size=None, multi_item_params=fb.MultiItemScoringParams(),
-              cross_attention_custom_mask=None, extend_prefix_lens_cpu=list(prefix), custom_kv_indices=None)
-    kw.update(over)
-    update = fb.FlashInferIndicesUpdaterPrefill.update_single_wrapper
+def _forward_batch(prefix, seq, device_seq=None, mode=ForwardMode.EXTEND, **over):
+    fb_ = SimpleNamespace(
+        forward_mode=mode, req_pool_indices=torch.arange(len(seq)),
+        seq_lens=torch.tensor(device_seq or seq, dtype=torch.int64), seq_lens_cpu=torch.tensor(seq, dtype=torch.int64),
+        seq_lens_sum=sum(seq), extend_prefix_lens=torch.tensor(prefix, dtype=torch.int64),
+        extend_prefix_lens_cpu=list(prefix), encoder_lens=None, cross_attention_custom_mask=None, kv_loc_plan=None,
+        out_cache_loc=None, spec_info=None)
+    for k, v in over.items():
+        setattr(fb_, k, v)
+    return fb_
+
+
+def _init(backend, batch, hooked=True):
     if hooked:
-        return hi.prefill_update_hook(update, u, **kw, plan=None)
-    return update(u, **kw, plan=None)
+        return hi.init_metadata_hook(fb.FlashInferAttnBackend.init_forward_metadata, backend, batch)
+    return fb.FlashInferAttnBackend.init_forward_metadata(backend, batch)
 
 
-def test_a_catalogue_slot_opt_in_whose_pins_hold_here():
-    s = registry.catalogue()[hi.NAME]
+def _wrappers(b):
+    return b.prefill_wrapper_ragged, b.prefill_wrappers_paged[0]
+
+
+def test_a_catalogue_slot_opt_in_whose_pins_hold_here_and_that_goes_beside_the_device_plan():
+    cat = registry.catalogue()
+    s = cat[hi.NAME]
     assert s is hi.SLOT and not s.default and s.presets == () and check_slot(s) is None
-    assert hi.precheck() is None  # SGLang's pinned call_begin_forward (no FlashInfer on this box)
+    assert hi.precheck() is None  # SGLang's pinned sources (no FlashInfer on this box)
     assert s.inert(ServingFacts(attention_backends=("flashinfer", "flashinfer"))) is None
     assert "not flashinfer" in s.inert(ServingFacts(attention_backends=("triton", "triton")))
+    together = [cat[n] for n in ("flashinfer_plan_guard", "flashinfer_tree_verify_plan", "flashinfer_device_plan",
+                                 hi.NAME)]
+    assert claim_conflicts(together) == {}
+    assert hi.Engine().pin == torch.cuda.is_available()  # pinned host indptrs wherever there is a GPU
 
 
 @pytest.mark.parametrize("use_ragged", [True, False])
@@ -132,101 +162,131 @@ def test_every_eager_plan_gets_host_indptrs_with_the_values_stock_reads_back(use
     for _ in range(40):
         bs = rng.randint(1, MAX_BS)
         prefix, seq = _batch(rng, bs)
-        plans = {}
+        seen = {}
         for hooked in (False, True):
-            u, paged = _updater()
-            _extend(u, paged, prefix, seq, use_ragged, hooked)
-            ragged = u.prefill_wrapper_ragged
-            plans[hooked] = (paged.plans, ragged.plans, paged.readbacks + ragged.readbacks,
-                             [paged._qo_indptr_buf.tolist(), paged._paged_kv_indptr_buf.tolist(),
-                              paged._paged_kv_last_page_len_buf.tolist()])
-            assert "begin_forward" not in vars(paged) and "begin_forward" not in vars(ragged)  # put back
-        stock, mine = plans[False], plans[True]
-        assert stock[2] == (5 if use_ragged else 3)  # stock reads every indptr back
-        assert mine[2] == 0
-        assert mine[0] == stock[0] and mine[1] == stock[1] and mine[3] == stock[3]
+            b = _backend(use_ragged)
+            _init(b, _forward_batch(prefix, seq), hooked)
+            ragged, paged = _wrappers(b)
+            seen[hooked] = (paged.plans, ragged.plans, paged.readbacks + ragged.readbacks,
+                            [paged._qo_indptr_buf.tolist(), paged._paged_kv_indptr_buf.tolist(),
+                             paged._paged_kv_last_page_len_buf.tolist()], b.forward_metadata.use_ragged)
+        stock, mine = seen[False], seen[True]
+        assert stock[2] == (5 if use_ragged else 3) and mine[2] == 0  # stock reads every indptr back; the slot none
+        assert mine[0] == stock[0] and mine[1] == stock[1] and mine[3] == stock[3] and mine[4] == stock[4]
         assert len(stock[1]) == use_ragged
-    assert hi.ENGINE.stats.plans == 40 * (2 if use_ragged else 1) and hi.ENGINE.stats.mismatches == 0
+    assert hi.ENGINE.stats.extends == 40 and hi.ENGINE.stats.plans == 40 * (2 if use_ragged else 1)
     hi.ENGINE.take_readback()
-    assert hi.ENGINE.off is None and hi.ENGINE.stats.mismatches == 0
+    assert hi.ENGINE.off is None and hi.ENGINE.stats.mismatches == 0 and hi.ENGINE.stats.unmatched == 0
+    assert hi.ENGINE.call is None
 
 
 def test_device_lengths_that_differ_from_the_host_ones_are_counted_and_turn_the_slot_off(caplog):
-    u, paged = _updater()
+    b = _backend()
+    ragged, paged = _wrappers(b)
     prefix, seq = [0, 10, 0], [5, 17, 9]
-    _extend(u, paged, prefix, seq, True, True)
+    _init(b, _forward_batch(prefix, seq))
     hi.ENGINE.take_readback()
     assert hi.ENGINE.off is None
-    _extend(u, paged, prefix, seq, True, True, device_seq=[5, 18, 9])  # the device disagrees with the host
+    _init(b, _forward_batch(prefix, seq, device_seq=[5, 18, 9]))  # the device disagrees with the host
     hi.ENGINE.take_readback()
-    assert hi.ENGINE.stats.mismatches > 0 and "differed" in hi.ENGINE.off
-    assert "turned off" in caplog.text
-    before = paged.readbacks
-    _extend(u, paged, prefix, seq, True, True)
-    assert paged.readbacks == before + 3  # stock's read again
+    assert hi.ENGINE.stats.mismatches > 0 and "differed" in hi.ENGINE.off and "turned off" in caplog.text
+    before = paged.readbacks + ragged.readbacks
+    _init(b, _forward_batch(prefix, seq))
+    assert paged.readbacks + ragged.readbacks == before + 5  # stock's values again
+
+
+def test_an_upload_that_differs_is_counted_for_the_ragged_wrapper_too():
+    b = _backend()
+    b.prefill_wrapper_ragged.corrupt = True  # FlashInfer's ragged upload off by one; the paged one right
+    _init(b, _forward_batch([0, 4], [3, 9]))
+    hi.ENGINE.take_readback()
+    assert hi.ENGINE.stats.mismatches == 1 and hi.ENGINE.off
+
+
+def test_an_upload_of_another_shape_turns_the_slot_off():
+    hi.ENGINE.check(((torch.zeros(3, dtype=torch.int32), torch.zeros(4, dtype=torch.int32)),))
+    assert "uploaded (4,) for (3,)" in hi.ENGINE.off and not hi.ENGINE.pending
 
 
 def test_a_readback_whose_copy_has_not_run_is_not_waited_for():
-    u, paged = _updater()
     hi.ENGINE.new_event = lambda: Event(fired=False)
-    _extend(u, paged, [0], [4], False, True)
-    value, event = hi.ENGINE.readback
+    _init(_backend(False), _forward_batch([0], [4]))
+    (value, event), = hi.ENGINE.pending
     hi.ENGINE.take_readback()
-    assert hi.ENGINE.readback == (value, event) and not event.fired  # left for a later call
+    assert hi.ENGINE.pending == [(value, event)] and not event.fired  # left for a later call
 
 
-@pytest.mark.parametrize("change", ["spec", "graph", "multi_item", "mask", "custom_kv", "no_prefix_cpu",
-                                    "no_seq_cpu", "encoder"])
-def test_what_it_leaves_to_stock(change):
-    u, paged = _updater()
-    over = {
-        "spec": {},  # below: a speculative batch
-        "graph": {},
-        "multi_item": {"multi_item_params": SimpleNamespace(is_enabled=lambda: True)},
-        "mask": {"cross_attention_custom_mask": torch.ones(4, dtype=torch.bool)},
-        "custom_kv": {"custom_kv_indices": torch.zeros(64, dtype=torch.int32)},
-        "no_prefix_cpu": {"extend_prefix_lens_cpu": None},
-        "no_seq_cpu": {"seq_lens_cpu": None},
-        "encoder": {"encoder_lens": torch.zeros(2, dtype=torch.int64)},
-    }[change]
-    if change == "graph":
-        paged.is_cuda_graph_enabled = True
-    args = dict(u=u, paged=paged, prefix=[0, 3], seq=[4, 9], use_ragged=False, hooked=True, **over)
-    if change == "spec":
-        calls = []
-        hi.prefill_update_hook(lambda *a, **k: calls.append(k), u, torch.arange(2), torch.tensor([4, 9]),
-                               torch.tensor([4, 9]), 13, None, [paged], False, None, object(), plan=None)
-        assert len(calls) == 1 and hi.ENGINE.stats.stock == 0  # not an extend: not counted either
-        return
-    try:
-        _extend(**args)
-    except Exception:  # noqa: BLE001 (SGLang's own path may refuse what the stand-ins lack; stock is the point)
-        pass
-    assert hi.ENGINE.stats.plans == 0 and hi.ENGINE.stats.stock == 1
-    assert "begin_forward" not in vars(paged)
+def _dequant(b, batch):
+    b.prefill_uses_dequant_workspace = True  # (stand-in: the NVFP4 workspace's page table set by its prep)
+    b._prepare_dequant_workspace_metadata_for_extend = lambda *a, **k: setattr(b, "dq_page_table", torch.zeros(1))
+
+
+STOCK_CASES = {
+    "decode": lambda b, batch: setattr(batch, "forward_mode", ForwardMode.DECODE),
+    "verify": lambda b, batch: setattr(batch, "forward_mode", ForwardMode.TARGET_VERIFY),
+    "graph_wrapper": lambda b, batch: setattr(b.prefill_wrappers_paged[0], "is_cuda_graph_enabled", True),
+    "two_wrappers": lambda b, batch: setattr(b, "num_wrappers", 2),
+    "multi_item": lambda b, batch: setattr(b, "enable_mis", True),
+    "mask": lambda b, batch: setattr(batch, "cross_attention_custom_mask", torch.ones(4, dtype=torch.bool)),
+    "encoder": lambda b, batch: setattr(batch, "encoder_lens", torch.zeros(2, dtype=torch.int64)),
+    "no_prefix_cpu": lambda b, batch: setattr(batch, "extend_prefix_lens_cpu", None),
+    "no_seq_cpu": lambda b, batch: setattr(batch, "seq_lens_cpu", None),
+    "longer_seq_cpu": lambda b, batch: setattr(batch, "seq_lens_cpu", torch.tensor([4, 9, 1])),
+    "device_bs": lambda b, batch: setattr(batch, "seq_lens", torch.tensor([4, 9, 1])),
+    "someone_elses": lambda b, batch: setattr(b.prefill_wrappers_paged[0], "begin_forward", lambda *a, **k: None),
+    "dequant": _dequant,
+}
+
+
+@pytest.mark.parametrize("case", sorted(STOCK_CASES))
+def test_what_it_leaves_to_stock(case):
+    b = _backend(False)
+    batch = _forward_batch([0, 3], [4, 9])
+    STOCK_CASES[case](b, batch)
+    calls = []
+
+    def original(backend, forward_batch):
+        calls.append(hi.ENGINE.call)
+        if case == "dequant":  # SGLang's own body, whose dequant prep sets the page table before the plan
+            return fb.FlashInferAttnBackend.init_forward_metadata(backend, forward_batch)
+        return None
+
+    hi.init_metadata_hook(original, b, batch)
+    assert len(calls) == 1 and hi.ENGINE.stats.plans == 0
+    if case == "dequant":  # covered, but the paged plan's arguments are the dequant layout's: unmatched, stock's
+        assert calls[0] is not None and hi.ENGINE.stats.unmatched == 1
+    else:
+        assert calls[0] is None
+        assert hi.ENGINE.stats.stock == (0 if case in ("decode", "verify") else 1)
 
 
 def test_arguments_that_are_not_sglangs_buffers_go_through_unchanged():
-    u, paged = _updater()
-    seen = []
-    host = hi.ENGINE.indptrs(u, torch.tensor([4, 9]), [0, 3], False)
+    b = _backend(False)
+    _init(b, _forward_batch([0], [4]))  # installs the slot's begin_forward
+    paged = b.prefill_wrappers_paged[0]
+    u = b.indices_updater_prefill
+    hi.ENGINE.call = hi.ENGINE.begin(b, torch.tensor([4, 9]), [0, 3])
     other = torch.tensor([0, 4, 10], dtype=torch.int32)
-    plan = partial(hi._paged_plan, hi.ENGINE, paged, lambda *a, **k: seen.append(a), host)
-    plan(other, u.kv_indptr[0][:3], torch.zeros(8), u.kv_last_page_len[:2], HQ)
-    assert seen[0][0] is other and hi.ENGINE.stats.unmatched == 1 and hi.ENGINE.stats.plans == 0
+    paged.begin_forward(other, u.kv_indptr[0][:3], torch.zeros(8), u.kv_last_page_len[:2], HQ, HKV, HD, 1)
+    hi.ENGINE.call = None
+    assert paged.readbacks == 2 and hi.ENGINE.stats.unmatched == 1 and hi.ENGINE.stats.plans == 1
 
 
-def test_each_eager_wrappers_pinned_plan_buffer_is_ringed():
-    u, paged = _updater()
-    hi.ENGINE.ring.new_event = lambda: Event(fired=False)  # no copy has run yet
-    for _ in range(3):
-        _extend(u, paged, [0, 2], [6, 8], False, True)
-    first, second, third = paged.staged_in
-    assert first is not second and third is first  # two buffers in turn
-    assert hi.ENGINE.ring.host_waits == 1  # the third plan waited for the first one's copy
+def test_every_plan_of_a_ringed_wrapper_goes_through_its_ring_and_the_event_follows_the_plan():
+    b = _backend(False)
+    paged = b.prefill_wrappers_paged[0]
+    first_buffer = paged._pin_memory_int_workspace_buffer
+    hi.ENGINE.ring.new_event = lambda: Event(fired=False, name="ring")  # no copy has run yet
+    _init(b, _forward_batch([0, 2], [6, 8]))  # covered
+    _init(b, _forward_batch([0, 2], [6, 8], seq_lens_cpu=None))  # not covered: stock's values, still ringed
+    _init(b, _forward_batch([0, 2], [6, 8]))
+    one, two, three = paged.staged_in
+    assert one is not first_buffer  # a stock plan before the slot may still have its copy queued from that one
+    assert two is first_buffer and three is one and hi.ENGINE.ring.host_waits == 1
+    assert [x for x in LOG if x != "check"] == ["plan", "ring"] * 3  # each ring event behind its plan's copy
 
 
-def test_the_hook_goes_in_through_sglangs_hook_registry():
+def test_the_hook_goes_in_through_sglangs_hook_registry_beside_the_device_plan():
     from helpers import out, run_python
 
     proc = run_python("""
@@ -237,13 +297,15 @@ def test_the_hook_goes_in_through_sglangs_hook_registry():
     rt = runtime.current()
     runtime.startup_check(rt)
     import sglang.srt.layers.attention.flashinfer_backend as fb
+    st = rt.state.statuses
     print("RESULT" + json.dumps({
-        "status": rt.state.statuses["flashinfer_prefill_host_indptr"].status.value,
-        "hooked": hasattr(fb.FlashInferIndicesUpdaterPrefill.update_single_wrapper, "__wrapped__"),
+        "status": [st[n].status.value for n in ("flashinfer_prefill_host_indptr", "flashinfer_device_plan")],
+        "hooked": hasattr(fb.FlashInferAttnBackend.init_forward_metadata, "__wrapped__"),
     }))
-    """, SGLANG_ENABLE_HOSTSYNC_PLUGIN="1", SGLANG_HOSTSYNC_SLOTS="default,flashinfer_prefill_host_indptr")
+    """, SGLANG_ENABLE_HOSTSYNC_PLUGIN="1",
+        SGLANG_HOSTSYNC_SLOTS="default,flashinfer,flashinfer_device_plan,flashinfer_prefill_host_indptr")
     assert proc.returncode == 0, out(proc)
     import json
 
     res = json.loads(proc.stdout.split("RESULT", 1)[1])
-    assert res == {"status": "applied", "hooked": True}, res
+    assert res == {"status": ["applied", "applied"], "hooked": True}, res

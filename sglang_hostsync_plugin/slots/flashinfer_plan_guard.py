@@ -67,8 +67,11 @@ class PlanGuard:
     behind the last copy out of it. ``new_event`` / ``new_buffer`` are injectable so
     the CPU tests can drive it without CUDA."""
 
-    def __init__(self, depth: int = DEPTH, new_event=None, new_buffer=None):
+    def __init__(self, depth: int = DEPTH, new_event=None, new_buffer=None, swap_first: bool = False):
         self.depth = depth
+        # swap_first: a wrapper's first guarded plan already takes a new buffer (a plan made before the
+        # guard saw the wrapper may still have its copy queued from the one it has).
+        self.swap_first = swap_first
         self.rings: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.new_event = new_event or (lambda: torch.cuda.Event())
         self.new_buffer = new_buffer or (lambda like: torch.zeros_like(like, pin_memory=True))
@@ -78,8 +81,9 @@ class PlanGuard:
     def before_plan(self, wrapper) -> None:
         ring = self.rings.get(wrapper)
         if ring is None:
-            self.rings[wrapper] = PinnedRing([wrapper._pin_memory_int_workspace_buffer], [None])
-            return
+            ring = self.rings[wrapper] = PinnedRing([wrapper._pin_memory_int_workspace_buffer], [None])
+            if not self.swap_first:
+                return
         index = (ring.current + 1) % self.depth
         if index == len(ring.buffers):
             ring.buffers.append(self.new_buffer(ring.buffers[0]))

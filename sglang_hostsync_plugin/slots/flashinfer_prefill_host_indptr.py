@@ -2,35 +2,38 @@
 (extend) batch get their indptrs from the host lengths SGLang already holds, so FlashInfer's ``plan()`` no
 longer reads them back from the device.
 
-SGLang 0.5.23's FlashInfer extend path (``FlashInferIndicesUpdaterPrefill.update_single_wrapper`` ->
-``call_begin_forward``, ``spec_info`` None) builds ``qo_indptr`` and ``kv_indptr`` on the device and hands
-them, with ``kv_last_page_len``, to the eager wrappers' ``begin_forward`` (``plan()``), whose first lines copy
-them to the host (FlashInfer 0.7.2 ``prefill.py``: the ragged wrapper's two indptrs, the paged wrapper's
-``qo_indptr``, ``paged_kv_indptr`` and ``paged_kv_last_page_len``): five blocking reads per prefill batch, the
-first of which waits for everything queued before it. Under overlap that stops the host at every new
-request; with ``flashinfer_device_plan`` these are the only syncs a FlashInfer EAGLE server has left.
+SGLang 0.5.23's FlashInfer extend path (``FlashInferAttnBackend.init_forward_metadata``'s extend branch ->
+``update_single_wrapper`` -> ``call_begin_forward``, ``spec_info`` None; the eager draft extend takes it too)
+builds ``qo_indptr`` and ``kv_indptr`` on the device and hands them, with ``kv_last_page_len``, to the eager
+wrappers' ``begin_forward`` (``plan()``), whose first lines copy them to the host (FlashInfer 0.7.2
+``prefill.py``: the ragged wrapper's two indptrs, the paged wrapper's ``qo_indptr``, ``paged_kv_indptr`` and
+``paged_kv_last_page_len``): five blocking reads per prefill batch, the first of which waits for everything
+queued before it. Under overlap that stops the host at every new request; with ``flashinfer_device_plan``
+these are the only syncs a FlashInfer EAGLE server has left.
 
-The host holds the same lengths: ``seq_lens_cpu`` and ``extend_prefix_lens_cpu`` (SGLang already sizes the
-KV index list from the latter). In such a call each eager wrapper's ``begin_forward`` gets host indptrs built
-as SGLang builds the device ones (``cumsum(seq_lens - prefix_lens)``; ``cumsum(prefix_lens)`` beside the
-ragged wrapper, ``cumsum(seq_lens)`` without it; ones), in pinned memory where CUDA is there. FlashInfer plans
-from the same values and uploads them itself (non-blocking) into the buffers its kernels read: the same plan
-and the same kernel inputs.
+The host holds the same lengths: the batch's ``seq_lens_cpu`` and ``extend_prefix_lens_cpu`` (SGLang sizes the
+KV index list from the latter, and builds the device ones from the same lists). In such a call each eager
+wrapper's ``begin_forward`` gets host indptrs built as SGLang builds the device ones
+(``cumsum(seq_lens - prefix_lens)``; ``cumsum(prefix_lens)`` when SGLang planned the ragged wrapper first,
+``cumsum(seq_lens)`` without it; ones), pinned where CUDA is there. FlashInfer plans from the same values and
+uploads them itself (non-blocking) into the buffers its kernels read: the same plan and the same kernel inputs.
 
-Without the read nothing drains the stream between two plans of one eager wrapper, so its pinned plan buffer is
-ringed as ``flashinfer_plan_guard`` rings the CUDA-graph wrappers' (the same ``PlanGuard``: two buffers, each
-rewritten only after its copy ran; a wait there is counted). Each substituted plan is checked on the stream:
-the wrapper's uploaded indptrs against SGLang's device ones, summed into a device counter whose copy is read
-at the next prefill without waiting. A mismatch is logged as an error and turns the slot off (that batch
-already ran on the host values: the check detects, it does not prevent).
+Without the read nothing drains the stream between two plans of one eager wrapper, so from the slot's first
+call on, every plan of the wrapper (covered or not) goes through a ring of its pinned plan buffer:
+``flashinfer_plan_guard``'s ``PlanGuard``, taking a new buffer at once (a stock plan's copy may still be
+queued from the old one); a wait for an earlier copy is counted. Each covered plan is checked on the stream:
+FlashInfer's uploads against SGLang's device indptrs, the count copied to the host and read at a later call
+without waiting. A mismatch is logged as an error and turns the slot off (that batch already ran on the host
+values: the check detects, it does not prevent).
 
-Stock's path, always, for: a speculative batch (verify, draft extend: their plans are other slots'), a
-CUDA-graph wrapper, multi-item scoring, a custom or cross-attention mask, NVFP4 custom KV indices, encoder
-lengths, a batch without host lengths, and arguments that are not SGLang's own indptr buffers. Sliding-window
-and cross-attention servers call other update functions, which the slot does not hook.
+Stock's values, always, for: a decode, idle or verify batch (other wrappers), a CUDA-graph wrapper,
+sliding-window or cross-attention dispatch, multi-item scoring, a custom or cross-attention mask, NVFP4
+dequant indices, encoder lengths, a batch without host lengths or whose host and device batch sizes differ,
+and ``begin_forward`` arguments that are not SGLang's own indptr buffers.
 
-Counted and logged at substituted plans 1, 10, 100 and every 1000th (``hostsync: flashinfer_prefill_host_indptr
-check: ...``). Hook target (AROUND): ``FlashInferIndicesUpdaterPrefill.update_single_wrapper``.
+Counted and logged at covered plans 1, 10, 100 and every 1000th (``hostsync: flashinfer_prefill_host_indptr
+check: ...``). Hook target (AROUND): ``FlashInferAttnBackend.init_forward_metadata``. The eager wrappers'
+``begin_forward`` is an instance attribute from the slot's first covered call on.
 """
 
 from __future__ import annotations
@@ -38,7 +41,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
 import torch
 
@@ -54,14 +56,29 @@ LOG_AT = (1, 10, 100)
 
 @dataclass
 class Stats:
+    extends: int = 0  # extend batches covered
     plans: int = 0  # begin_forward calls that got host indptrs
-    stock: int = 0  # extend calls left on stock's path
-    unmatched: int = 0  # a begin_forward whose arguments were not SGLang's buffers
-    mismatches: int = 0  # device indptrs that differed from the host ones (read back lagged)
+    stock: int = 0  # extend batches left to stock
+    unmatched: int = 0  # a covered batch's begin_forward whose arguments were not SGLang's buffers
+    mismatches: int = 0  # device indptr entries that differed from the host ones (read back later)
 
     def line(self, host_waits: int) -> str:
-        return (f"{self.plans} prefill plans from host indptrs, {self.mismatches} mismatches, {self.stock} stock "
-                f"extends, {self.unmatched} unmatched calls, {host_waits} plan-ring waits")
+        return (f"{self.plans} prefill plans from host indptrs ({self.extends} batches), {self.mismatches} "
+                f"mismatches, {self.stock} stock extends, {self.unmatched} unmatched calls, {host_waits} "
+                "plan-ring waits")
+
+
+@dataclass
+class Call:
+    """One covered ``init_forward_metadata``: SGLang's buffers and the host twins of what it writes in them."""
+
+    backend: object
+    bs: int
+    qo: torch.Tensor
+    kv_prefix: torch.Tensor  # beside the ragged wrapper (paged side: the cached prefix)
+    kv_seq: torch.Tensor  # without it
+    last: torch.Tensor
+    ragged_planned: bool = False
 
 
 class Engine:
@@ -72,61 +89,55 @@ class Engine:
         self.off: str | None = None
         self.pin = torch.cuda.is_available() if pin is None else pin
         self.new_event = new_event or (lambda: torch.cuda.Event())
-        self.ring = guard.PlanGuard(new_event=self.new_event, new_buffer=None if self.pin else torch.zeros_like)
-        self.counter: torch.Tensor | None = None  # device: mismatching entries so far
-        self.readback: tuple[torch.Tensor, object] | None = None  # (host copy of counter, event behind it)
+        self.ring = guard.PlanGuard(new_event=self.new_event, new_buffer=None if self.pin else torch.zeros_like,
+                                    swap_first=True)
+        self.call: Call | None = None
+        self.pending: list = []  # (host copy of a check's count, event behind it)
 
     def host(self, values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        out = torch.empty(values.numel(), dtype=like.dtype, pin_memory=self.pin)
-        return out.copy_(values)
+        return torch.empty(values.numel(), dtype=like.dtype, pin_memory=self.pin).copy_(values)
 
-    def indptrs(self, updater, seq_lens_cpu, prefix_cpu, use_ragged: bool) -> dict:
-        """SGLang's device indptrs of this call (buffer, length) and their host twins, built alike."""
+    def begin(self, backend, seq_lens_cpu, prefix_cpu) -> Call:
+        updater = backend.indices_updater_prefill
         bs = len(prefix_cpu)
-        seq = seq_lens_cpu[:bs].to(torch.int64)
+        seq = seq_lens_cpu.to(torch.int64)
         prefix = torch.tensor(prefix_cpu, dtype=torch.int64)
-        qo = torch.zeros(bs + 1, dtype=torch.int64)
-        kv = torch.zeros(bs + 1, dtype=torch.int64)
+        qo, kv_prefix, kv_seq = (torch.zeros(bs + 1, dtype=torch.int64) for _ in range(3))
         torch.cumsum(seq - prefix, 0, out=qo[1:])
-        torch.cumsum(prefix if use_ragged else seq, 0, out=kv[1:])
-        ones = torch.ones(bs, dtype=torch.int64)
-        return {"qo": (updater.qo_indptr[0], bs + 1, self.host(qo, updater.qo_indptr[0])),
-                "kv": (updater.kv_indptr[0], bs + 1, self.host(kv, updater.kv_indptr[0])),
-                "last": (updater.kv_last_page_len, bs, self.host(ones, updater.kv_last_page_len))}
+        torch.cumsum(prefix, 0, out=kv_prefix[1:])
+        torch.cumsum(seq, 0, out=kv_seq[1:])
+        kv_like = updater.kv_indptr[0]
+        return Call(backend, bs, self.host(qo, updater.qo_indptr[0]), self.host(kv_prefix, kv_like),
+                    self.host(kv_seq, kv_like), self.host(torch.ones(bs, dtype=torch.int64), updater.kv_last_page_len))
 
     def take_readback(self) -> None:
-        if self.readback is None:
-            return
-        value, event = self.readback
-        if not event.query():
-            return
-        self.readback = None
-        seen = int(value)
-        if seen > self.stats.mismatches:
-            self.stats.mismatches = seen
-            self.off = f"{seen} device indptr entries differed from the host lengths"
-            logger.error("hostsync: %s: %s; turned off for this process (stock's plan() reads them back again)",
-                         NAME, self.off)
+        while self.pending and self.pending[0][1].query():
+            value, _ = self.pending.pop(0)
+            if seen := int(value):
+                self.stats.mismatches += seen
+                self.off = f"{self.stats.mismatches} device indptr entries differed from the host lengths"
+                logger.error("hostsync: %s: %s; turned off for this process (stock's plan() reads them back "
+                             "again)", NAME, self.off)
 
     def check(self, pairs) -> None:
-        """Adds the mismatching entries of (SGLang's device indptr, FlashInfer's upload of the host one) pairs
-        to the counter; queues its copy. It never raises into the forward: a failure turns the slot off."""
+        """Counts the entries where (SGLang's device indptr, FlashInfer's upload of the host one) differ, on the
+        stream, and queues the count's copy to the host. It never raises into the forward: a failure turns the
+        slot off."""
         try:
+            bad = None
             for dev, uploaded in pairs:
-                if self.counter is None:
-                    self.counter = torch.zeros((), dtype=torch.int64, device=dev.device)
-                self.counter += (dev != uploaded[: dev.numel()].to(dev.dtype)).sum()
-                self.counter += abs(uploaded.numel() - dev.numel())  # a shorter or longer upload: not the same
+                if uploaded.shape != dev.shape:
+                    raise ValueError(f"FlashInfer uploaded {tuple(uploaded.shape)} for {tuple(dev.shape)}")
+                n = (dev != uploaded).sum()
+                bad = n if bad is None else bad + n
+            value = torch.empty((), dtype=torch.int64, pin_memory=self.pin)
+            value.copy_(bad, non_blocking=True)
+            event = self.new_event()
+            event.record()
+            self.pending.append((value, event))
         except Exception as exc:  # noqa: BLE001 (the check is advice; the forward goes on)
             self.off = f"the check failed: {type(exc).__name__}: {exc}"
             logger.error("hostsync: %s: %s; turned off for this process", NAME, self.off)
-            return
-        if self.readback is None:
-            value = torch.empty((), dtype=torch.int64, pin_memory=self.pin)
-            value.copy_(self.counter, non_blocking=True)
-            event = self.new_event()
-            event.record()
-            self.readback = (value, event)
 
     def counted(self) -> None:
         self.stats.plans += 1
@@ -142,85 +153,105 @@ def _is(arg, buffer: torch.Tensor, length: int) -> bool:
             and arg.data_ptr() == buffer.data_ptr())
 
 
-def _ragged_plan(engine: Engine, wrapper, plan, host: dict, qo_indptr, kv_indptr, *args, **kwargs):
-    (buf, n, qo) = host["qo"]
-    if not (_is(qo_indptr, buf, n) and _is(kv_indptr, buf, n)):
-        engine.stats.unmatched += 1
-        return plan(qo_indptr, kv_indptr, *args, **kwargs)
-    out = _planned(engine, wrapper, partial(plan, qo, qo, *args, **kwargs))
-    engine.check(((qo_indptr, wrapper._qo_indptr_buf), (kv_indptr, wrapper._kv_indptr_buf)))
-    return out
+class EagerPlan:
+    """An eager prefill wrapper's ``begin_forward`` from the slot's first covered call on: every plan goes
+    through the pinned-buffer ring; in a covered call SGLang's device indptrs are swapped for the host ones."""
+
+    __slots__ = ("engine", "wrapper", "plan", "ragged")
+
+    def __init__(self, engine: Engine, wrapper, ragged: bool):
+        self.engine, self.wrapper, self.ragged = engine, wrapper, ragged
+        self.plan = wrapper.begin_forward  # FlashInfer's bound plan()
+
+    def __call__(self, *args, **kwargs):
+        engine, call = self.engine, self.engine.call
+        host = None if call is None or engine.off else (self._ragged if self.ragged else self._paged)(call, args,
+                                                                                                     kwargs)
+        engine.ring.before_plan(self.wrapper)
+        out = self.plan(*(host or args), **kwargs)
+        engine.ring.after_plan(self.wrapper)
+        if host is not None:
+            engine.counted()
+            w = self.wrapper
+            if self.ragged:
+                engine.check(((args[0], w._qo_indptr_buf), (args[1], w._kv_indptr_buf)))
+            else:
+                engine.check(((args[0], w._qo_indptr_buf), (args[1], w._paged_kv_indptr_buf),
+                              (args[3], w._paged_kv_last_page_len_buf)))
+        elif call is not None:
+            engine.stats.unmatched += 1
+        return out
+
+    def _ragged(self, call: Call, args, kwargs):
+        buf = call.backend.indices_updater_prefill.qo_indptr[0]
+        if len(args) < 2 or not (_is(args[0], buf, call.bs + 1) and _is(args[1], buf, call.bs + 1)):
+            return None
+        call.ragged_planned = True
+        return (call.qo, call.qo, *args[2:])
+
+    def _paged(self, call: Call, args, kwargs):
+        u = call.backend.indices_updater_prefill
+        if len(args) < 4 or call.backend.dq_page_table is not None or kwargs.get("custom_mask") is not None \
+                or kwargs.get("prefix_len_ptr") is not None:
+            return None
+        if not (_is(args[0], u.qo_indptr[0], call.bs + 1) and _is(args[1], u.kv_indptr[0], call.bs + 1)
+                and _is(args[3], u.kv_last_page_len, call.bs)):
+            return None
+        # call_begin_forward plans the ragged wrapper first, and only where the paged side holds the prefix alone.
+        return (call.qo, call.kv_prefix if call.ragged_planned else call.kv_seq, args[2], call.last, *args[4:])
 
 
-def _paged_plan(engine: Engine, wrapper, plan, host: dict, qo_indptr, paged_kv_indptr, paged_kv_indices,
-                paged_kv_last_page_len, *args, **kwargs):
-    want = (qo_indptr, paged_kv_indptr, paged_kv_last_page_len)
-    if not all(_is(a, buf, n) for a, (buf, n, _) in zip(want, (host["qo"], host["kv"], host["last"]))):
-        engine.stats.unmatched += 1
-        return plan(qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, *args, **kwargs)
-    out = _planned(engine, wrapper, partial(plan, host["qo"][2], host["kv"][2], paged_kv_indices, host["last"][2],
-                                            *args, **kwargs))
-    engine.check(((qo_indptr, wrapper._qo_indptr_buf), (paged_kv_indptr, wrapper._paged_kv_indptr_buf),
-                  (paged_kv_last_page_len, wrapper._paged_kv_last_page_len_buf)))
-    return out
+def _eager_wrappers(engine: Engine, backend) -> tuple | None:
+    """The backend's eager prefill wrappers with the slot's ``begin_forward`` installed; None where one has a
+    ``begin_forward`` of someone else's or is a CUDA-graph wrapper."""
+    out = []
+    for w, ragged in ((backend.prefill_wrapper_ragged, True), (backend.prefill_wrappers_paged[0], False)):
+        if w is None:
+            continue
+        mine = vars(w).get("begin_forward")
+        if w.is_cuda_graph_enabled or (mine is not None and not isinstance(mine, EagerPlan)):
+            return None
+        if mine is None:
+            w.begin_forward = EagerPlan(engine, w, ragged)
+        out.append(w)
+    return tuple(out)
 
 
-def _planned(engine: Engine, wrapper, run):
-    engine.ring.before_plan(wrapper)
-    out = run()
-    engine.ring.after_plan(wrapper)
-    engine.counted()
-    return out
-
-
-def _eligible(engine: Engine, updater, seq_lens, seq_lens_cpu, prefill_wrappers, use_ragged, encoder_lens,
-              spec_info, multi_item_params, cross_attention_custom_mask, extend_prefix_lens_cpu,
-              custom_kv_indices) -> bool:
-    if engine.off or spec_info is not None or custom_kv_indices is not None or encoder_lens is not None:
+def _covered(engine: Engine, backend, batch) -> bool:
+    mode = batch.forward_mode
+    if engine.off or mode.is_decode_or_idle() or mode.is_target_verify():
         return False
-    if cross_attention_custom_mask is not None or (multi_item_params is not None and multi_item_params.is_enabled()):
+    if backend.num_wrappers != 1 or backend.enable_mis or batch.encoder_lens is not None \
+            or batch.cross_attention_custom_mask is not None:
         return False
-    if seq_lens_cpu is None or extend_prefix_lens_cpu is None:
+    seq, prefix = batch.seq_lens_cpu, batch.extend_prefix_lens_cpu
+    if seq is None or prefix is None:
         return False
-    bs = len(extend_prefix_lens_cpu)
-    if bs == 0 or len(seq_lens) != bs or len(seq_lens_cpu) < bs:
-        return False
-    wrappers = [prefill_wrappers[0]] + ([updater.prefill_wrapper_ragged] if use_ragged else [])
-    return all(w is not None and not w.is_cuda_graph_enabled and "begin_forward" not in vars(w) for w in wrappers)
+    bs = len(prefix)
+    return bs > 0 and len(seq) == bs and batch.seq_lens.shape == (bs,)
 
 
-def prefill_update_hook(original, self, req_pool_indices, seq_lens, seq_lens_cpu, seq_lens_sum, prefix_lens,
-                        prefill_wrappers, use_ragged, encoder_lens, spec_info, fixed_split_size=None,
-                        multi_item_params=None, cross_attention_custom_mask=None, extend_prefix_lens_cpu=None,
-                        custom_kv_indices=None, *, plan):
-    call = partial(original, self, req_pool_indices, seq_lens, seq_lens_cpu, seq_lens_sum, prefix_lens,
-                   prefill_wrappers, use_ragged, encoder_lens, spec_info, fixed_split_size, multi_item_params,
-                   cross_attention_custom_mask, extend_prefix_lens_cpu, custom_kv_indices, plan=plan)
+def init_metadata_hook(original, self, forward_batch):
     engine = ENGINE
     engine.take_readback()
-    if not _eligible(engine, self, seq_lens, seq_lens_cpu, prefill_wrappers, use_ragged, encoder_lens, spec_info,
-                     multi_item_params, cross_attention_custom_mask, extend_prefix_lens_cpu, custom_kv_indices):
-        if spec_info is None:
-            engine.stats.stock += 1
-        return call()
-    host = engine.indptrs(self, seq_lens_cpu, extend_prefix_lens_cpu, use_ragged)
-    paged = prefill_wrappers[0]
-    ragged = self.prefill_wrapper_ragged if use_ragged else None
-    # For this call only: an instance attribute shadows the class's begin_forward (plan).
-    paged.begin_forward = partial(_paged_plan, engine, paged, paged.begin_forward, host)
-    if ragged is not None:
-        ragged.begin_forward = partial(_ragged_plan, engine, ragged, ragged.begin_forward, host)
+    mode = forward_batch.forward_mode
+    if mode.is_decode_or_idle() or mode.is_target_verify():
+        return original(self, forward_batch)
+    if not (_covered(engine, self, forward_batch) and _eager_wrappers(engine, self)):
+        engine.stats.stock += 1
+        return original(self, forward_batch)
+    engine.call = engine.begin(self, forward_batch.seq_lens_cpu, forward_batch.extend_prefix_lens_cpu)
+    engine.stats.extends += 1
     try:
-        return call()
+        return original(self, forward_batch)
     finally:
-        del paged.begin_forward
-        if ragged is not None:
-            del ragged.begin_forward
+        engine.call = None
 
 
-# What the slot relies on beyond its target (owner, attribute, source sha): call_begin_forward builds the
-# extend's indptrs in SGLang's buffers and passes them to begin_forward in this order.
-PINS = ((f"{FB}.FlashInferIndicesUpdaterPrefill", "call_begin_forward", "5e12b9f71b1bfd90"),)
+# What the slot relies on beyond its target (owner, attribute, source sha): the extend branch's updater builds
+# the indptrs in SGLang's buffers and passes them to begin_forward in this order.
+PINS = ((f"{FB}.FlashInferIndicesUpdaterPrefill", "update_single_wrapper", "04fb3c4863eec4a2"),
+        (f"{FB}.FlashInferIndicesUpdaterPrefill", "call_begin_forward", "5e12b9f71b1bfd90"))
 FLASHINFER_VERSION = "0.7.2"
 # Where FlashInfer 0.7.2's eager plan() keeps its uploads of the indptrs (the check reads them).
 UPLOADS = {"BatchPrefillWithRaggedKVCacheWrapper": ("_qo_indptr_buf", "_kv_indptr_buf"),
@@ -270,12 +301,7 @@ SLOT = Slot(
     precheck=precheck,
     inert=inert,
     targets=(
-        HookTarget(f"{FB}.FlashInferIndicesUpdaterPrefill.update_single_wrapper", TargetKind.FUNCTION,
-                   hook=prefill_update_hook,
-                   params=("self", "req_pool_indices", "seq_lens", "seq_lens_cpu", "seq_lens_sum", "prefix_lens",
-                           "prefill_wrappers", "use_ragged", "encoder_lens", "spec_info", "fixed_split_size",
-                           "multi_item_params", "cross_attention_custom_mask", "extend_prefix_lens_cpu",
-                           "custom_kv_indices", "plan"),
-                   source_sha="04fb3c4863eec4a2"),
+        HookTarget(f"{FB}.FlashInferAttnBackend.init_forward_metadata", TargetKind.FUNCTION,
+                   hook=init_metadata_hook, params=("self", "forward_batch"), source_sha="b2f820ab062b8f90"),
     ),
 )
