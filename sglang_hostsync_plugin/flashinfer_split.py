@@ -61,11 +61,26 @@ __all__ = [
     "SplitSite", "ceil_div", "fa2_determine_cta_tile_q", "prefill_binary_search_kv_chunk_size",
     "prefill_split_qo_kv_indptr", "prefill_max_batch_size_if_split", "partition_paged_kv_binary_search",
     "decode_plan", "page_indptr", "plan_prefill_for_lens", "plan_decode_for_lens", "plan_call", "compare",
-    "read_written",
+    "read_written", "other_flashinfer",
 ]
 
 FLASHINFER_VERSION = "0.7.2"
 INT64_MAX = (1 << 63) - 1
+
+
+def other_flashinfer() -> str | None:
+    """The installed flashinfer-python's version where it is not FLASHINFER_VERSION (SGLang 0.5.23's pin), else
+    None (also without FlashInfer, or without its distribution metadata)."""
+    from importlib.metadata import PackageNotFoundError, version
+    from importlib.util import find_spec
+
+    if find_spec("flashinfer") is None:
+        return None
+    try:
+        have = version("flashinfer-python")
+    except PackageNotFoundError:
+        return None
+    return None if have == FLASHINFER_VERSION else have
 
 # H100 SXM defaults (the numbers the planner reads from the device).
 H100_NUM_SM = 132

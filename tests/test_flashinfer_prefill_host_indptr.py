@@ -156,6 +156,18 @@ def test_a_catalogue_slot_opt_in_whose_pins_hold_here_and_that_goes_beside_the_d
     assert hi.Engine().pin == torch.cuda.is_available()  # pinned host indptrs wherever there is a GPU
 
 
+def test_another_flashinfer_or_a_changed_pinned_source_is_refused(monkeypatch):
+    import importlib.metadata
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name == "flashinfer" else None)
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.7.3")
+    assert "flashinfer 0.7.3 installed" in hi.precheck()
+    monkeypatch.undo()
+    monkeypatch.setattr(hi, "PINS", ((hi.PINS[1][0], hi.PINS[1][1], "0" * 16),))
+    assert "expected 0000000000000000" in hi.precheck()
+
+
 @pytest.mark.parametrize("use_ragged", [True, False])
 def test_every_eager_plan_gets_host_indptrs_with_the_values_stock_reads_back(use_ragged):
     rng = random.Random(7 + use_ragged)

@@ -124,7 +124,6 @@ Hook targets (AROUND): ``Scheduler.get_next_batch_to_run``,
 from __future__ import annotations
 
 import collections
-import importlib.util
 import logging
 import weakref
 from dataclasses import dataclass, field
@@ -894,16 +893,9 @@ def draft_template_hook(original, self, forward_batch, kv_indices_buffer, call_f
 def precheck_upstream() -> str | None:
     """The port tracks FlashInfer 0.7.2 (SGLang 0.5.23's pin): another installed version is refused.
     Without FlashInfer (a CPU box) only SGLang's pinned sources are checked."""
-    if importlib.util.find_spec("flashinfer") is not None:
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            have = version("flashinfer-python")
-        except PackageNotFoundError:
-            have = None
-        if have is not None and have != fs.FLASHINFER_VERSION:
-            return (f"flashinfer {have} installed; the planner port tracks flashinfer {fs.FLASHINFER_VERSION} "
-                    "(SGLang 0.5.23's pin)")
+    if have := fs.other_flashinfer():
+        return (f"flashinfer {have} installed; the planner port tracks flashinfer {fs.FLASHINFER_VERSION} "
+                "(SGLang 0.5.23's pin)")
     return pinned_sources(PINS, "what the certified plan relies on")
 
 

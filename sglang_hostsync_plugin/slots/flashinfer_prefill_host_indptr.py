@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import flashinfer_split as fs
 from ..slot import HookTarget, ServingFacts, Slot, SlotKind, TargetKind, not_flashinfer
 from . import flashinfer_plan_guard as guard
 
@@ -252,7 +253,6 @@ def init_metadata_hook(original, self, forward_batch):
 # the indptrs in SGLang's buffers and passes them to begin_forward in this order.
 PINS = ((f"{FB}.FlashInferIndicesUpdaterPrefill", "update_single_wrapper", "04fb3c4863eec4a2"),
         (f"{FB}.FlashInferIndicesUpdaterPrefill", "call_begin_forward", "5e12b9f71b1bfd90"))
-FLASHINFER_VERSION = "0.7.2"
 # Where FlashInfer 0.7.2's eager plan() keeps its uploads of the indptrs (the check reads them).
 UPLOADS = {"BatchPrefillWithRaggedKVCacheWrapper": ("_qo_indptr_buf", "_kv_indptr_buf"),
            "BatchPrefillWithPagedKVCacheWrapper": ("_qo_indptr_buf", "_paged_kv_indptr_buf",
@@ -266,16 +266,11 @@ def precheck() -> str | None:
 
     from ..checks import pinned_sources
 
+    if have := fs.other_flashinfer():
+        return f"flashinfer {have} installed; the slot reads FlashInfer {fs.FLASHINFER_VERSION}'s plan()"
     if find_spec("flashinfer") is not None:
         import inspect
-        from importlib.metadata import PackageNotFoundError, version
 
-        try:
-            have = version("flashinfer-python")
-        except PackageNotFoundError:
-            have = None
-        if have is not None and have != FLASHINFER_VERSION:
-            return f"flashinfer {have} installed; the slot reads FlashInfer {FLASHINFER_VERSION}'s plan()"
         if reason := guard.precheck():
             return reason
         import flashinfer
