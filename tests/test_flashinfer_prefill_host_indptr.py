@@ -220,6 +220,15 @@ def test_an_upload_of_another_shape_turns_the_slot_off():
     assert "uploaded (4,) for (3,)" in hi.ENGINE.off and not hi.ENGINE.pending
 
 
+def test_the_log_line_is_the_one_the_gpu_test_reads(caplog):
+    from test_gpu_flashinfer_prefill_host_indptr import CHECK_LINE
+
+    caplog.set_level("INFO", logger="sglang.srt.plugins.hostsync")
+    _init(_backend(), _forward_batch([0, 4], [3, 9]))
+    (line,) = [r.getMessage() for r in caplog.records if " check: " in r.getMessage()]
+    assert CHECK_LINE.search(line).groups() == ("1", "1", "0"), line
+
+
 def test_a_readback_whose_copy_has_not_run_is_not_waited_for():
     hi.ENGINE.new_event = lambda: Event(fired=False)
     _init(_backend(False), _forward_batch([0], [4]))

@@ -16,6 +16,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 CONFIG = "standalone-t4-p16"
 BASE_SPEC = "default,flashinfer,eagle_host,-metadata_glue_graph,flashinfer_device_plan"  # auto's pick here
 SLOT_SPEC = BASE_SPEC + ",flashinfer_prefill_host_indptr"
+CHECK_LINE = re.compile(r"check: (\d+) prefill plans from host indptrs \((\d+) batches\), (\d+) mismatches")
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +59,8 @@ def test_every_prefill_planned_from_host_indptrs_without_a_mismatch(e2e):
     lines = e2e["servers"][_key(SLOT_SPEC)].get("slot_checks") or []
     (line,) = [x for x in lines if x.startswith("flashinfer_prefill_host_indptr")]
     print(line)
-    m = re.search(r"check: (\d+) prefill plans from host indptrs, (\d+) mismatches", line)
-    assert m and int(m.group(1)) > 0 and int(m.group(2)) == 0, line
+    m = CHECK_LINE.search(line)
+    assert m and int(m.group(1)) > 0 and int(m.group(2)) > 0 and int(m.group(3)) == 0, line
 
 
 def test_the_audit_finds_no_prefill_plan_read_back_with_the_slot(e2e):
