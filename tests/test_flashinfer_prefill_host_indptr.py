@@ -57,26 +57,36 @@ class EagerWrapper:
 
     def __init__(self, ragged: bool, sglang_buffers):
         self.ragged, self.sglang_buffers, self.corrupt = ragged, sglang_buffers, False
+        self._backend = "fa2"
         self._pin_memory_int_workspace_buffer = torch.zeros(16, dtype=torch.uint8)
         self.plans, self.readbacks, self.staged_in = [], 0, []
 
-    def _host(self, t):  # FlashInfer's `t.to("cpu")`
-        self.readbacks += any(t.data_ptr() == b.data_ptr() for b in self.sglang_buffers)
+    def _on_device(self, t):
+        return any(t.data_ptr() == b.data_ptr() for b in self.sglang_buffers)  # SGLang's buffers play the device
+
+    def _host(self, t):  # FlashInfer's `t.to("cpu")`: a blocking read-back of a device tensor
+        self.readbacks += self._on_device(t)
         return t.clone()
+
+    def _up(self, t):  # FlashInfer's `t.to(self.device, non_blocking=True)`: a device tensor stays itself
+        return t if self._on_device(t) else t.clone()
 
     def plan(self, qo_indptr, kv_indptr, *args, **kwargs):
         if self.ragged:
             qo, kv = self._host(qo_indptr), self._host(kv_indptr)
             self.plans.append((qo.tolist(), kv.tolist(), args[:3]))
-            self._qo_indptr_buf, self._kv_indptr_buf = qo_indptr.clone(), kv_indptr.clone()
-            self._qo_indptr_buf[-1] += self.corrupt
+            self._qo_indptr_buf, self._kv_indptr_buf = self._up(qo_indptr), self._up(kv_indptr)
+            if self.corrupt:
+                self._qo_indptr_buf = self._qo_indptr_buf.clone()
+                self._qo_indptr_buf[-1] += 1
+            self._o_indptr_buf, self._v_indptr_buf = self._qo_indptr_buf, self._kv_indptr_buf
         else:
             indices, last = args[0], args[1]
             qo, kv, last_host = self._host(qo_indptr), self._host(kv_indptr), self._host(last)
             self.plans.append((qo.tolist(), kv.tolist(), last_host.tolist(), len(indices), args[2:6],
                                kwargs.get("non_blocking"), kwargs.get("fixed_split_size")))
-            self._qo_indptr_buf, self._paged_kv_indptr_buf = qo_indptr.clone(), kv_indptr.clone()
-            self._paged_kv_last_page_len_buf = last.clone()
+            self._qo_indptr_buf, self._paged_kv_indptr_buf = self._up(qo_indptr), self._up(kv_indptr)
+            self._paged_kv_last_page_len_buf = self._up(last)
         self.staged_in.append(self._pin_memory_int_workspace_buffer)
         LOG.append("plan")
 
@@ -179,17 +189,35 @@ def test_every_eager_plan_gets_host_indptrs_with_the_values_stock_reads_back(use
             b = _backend(use_ragged)
             _init(b, _forward_batch(prefix, seq), hooked)
             ragged, paged = _wrappers(b)
+            bufs = [paged._qo_indptr_buf, paged._paged_kv_indptr_buf, paged._paged_kv_last_page_len_buf]
+            if use_ragged:
+                bufs += [ragged._qo_indptr_buf, ragged._kv_indptr_buf, ragged._o_indptr_buf, ragged._v_indptr_buf]
+            # What the kernels read at run: the same values in the same tensors (SGLang's own, by which buffer).
+            u = b.indices_updater_prefill
+            own = [x.data_ptr() for x in (u.qo_indptr[0], u.kv_indptr[0], u.kv_last_page_len)]
             seen[hooked] = (paged.plans, ragged.plans, paged.readbacks + ragged.readbacks,
-                            [paged._qo_indptr_buf.tolist(), paged._paged_kv_indptr_buf.tolist(),
-                             paged._paged_kv_last_page_len_buf.tolist()], b.forward_metadata.use_ragged)
+                            [(t.tolist(), own.index(t.data_ptr()) if t.data_ptr() in own else None, t.shape)
+                             for t in bufs], b.forward_metadata.use_ragged)
         stock, mine = seen[False], seen[True]
         assert stock[2] == (5 if use_ragged else 3) and mine[2] == 0  # stock reads every indptr back; the slot none
         assert mine[0] == stock[0] and mine[1] == stock[1] and mine[3] == stock[3] and mine[4] == stock[4]
+        assert all(which is not None for _, which, _ in mine[3])
         assert len(stock[1]) == use_ragged
     assert hi.ENGINE.stats.extends == 40 and hi.ENGINE.stats.plans == 40 * (2 if use_ragged else 1)
     hi.ENGINE.take_readback()
     assert hi.ENGINE.off is None and hi.ENGINE.stats.mismatches == 0 and hi.ENGINE.stats.unmatched == 0
     assert hi.ENGINE.call is None
+
+
+def test_only_backends_whose_run_reads_the_buffers_are_covered_an_auto_wrapper_after_its_first_plan():
+    b = _backend()
+    ragged, paged = _wrappers(b)
+    ragged._backend, paged._backend = "auto", "cutlass"
+    _init(b, _forward_batch([0, 4], [3, 9]))
+    assert ragged.readbacks == 2 and paged.readbacks == 3 and hi.ENGINE.stats.unmatched == 2
+    ragged._backend = "fa3"  # what FlashInfer's first plan resolved "auto" to on Hopper
+    _init(b, _forward_batch([0, 4], [3, 9]))
+    assert ragged.readbacks == 2 and paged.readbacks == 6 and hi.ENGINE.stats.plans == 1
 
 
 def test_device_lengths_that_differ_from_the_host_ones_are_counted_and_turn_the_slot_off(caplog):

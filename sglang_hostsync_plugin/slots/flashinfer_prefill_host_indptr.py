@@ -15,8 +15,11 @@ The host holds the same lengths: the batch's ``seq_lens_cpu`` and ``extend_prefi
 KV index list from the latter, and builds the device ones from the same lists). In such a call each eager
 wrapper's ``begin_forward`` gets host indptrs built as SGLang builds the device ones
 (``cumsum(seq_lens - prefix_lens)``; ``cumsum(prefix_lens)`` when SGLang planned the ragged wrapper first,
-``cumsum(seq_lens)`` without it; ones), pinned where CUDA is there. FlashInfer plans from the same values and
-uploads them itself (non-blocking) into the buffers its kernels read: the same plan and the same kernel inputs.
+``cumsum(seq_lens)`` without it; ones), pinned where CUDA is there. FlashInfer plans from the same values; its
+copies of them are then swapped back for SGLang's own device tensors, which stock's ``plan()`` keeps and the
+kernels read at run: the same plan and the same kernel inputs, at the same addresses. Only wrappers whose
+backend's ``run()`` reads those buffers at launch (fa2, fa3; an ``auto`` wrapper after its first plan, which
+stays stock's) are covered.
 
 Without the read nothing drains the stream between two plans of one eager wrapper, so from the slot's first
 call on, every plan of the wrapper (covered or not) goes through a ring of its pinned plan buffer:
@@ -149,6 +152,11 @@ class Engine:
 ENGINE = Engine()
 
 
+# FlashInfer backends whose run() reads the wrapper's indptr buffers when it launches (an "auto" wrapper's first
+# plan resolves its backend: it stays stock's); others (cutlass, cudnn, cute-dsl) keep what they planned from.
+RUN_READS_BUFFERS = ("fa2", "fa3")
+
+
 def _is(arg, buffer: torch.Tensor, length: int) -> bool:
     return (isinstance(arg, torch.Tensor) and arg.shape == (length,) and arg.dtype == buffer.dtype
             and arg.data_ptr() == buffer.data_ptr())
@@ -165,20 +173,26 @@ class EagerPlan:
         self.plan = wrapper.begin_forward  # FlashInfer's bound plan()
 
     def __call__(self, *args, **kwargs):
-        engine, call = self.engine, self.engine.call
-        host = None if call is None or engine.off else (self._ragged if self.ragged else self._paged)(call, args,
-                                                                                                     kwargs)
-        engine.ring.before_plan(self.wrapper)
+        engine, call, w = self.engine, self.engine.call, self.wrapper
+        host = None
+        if call is not None and not engine.off and w._backend in RUN_READS_BUFFERS:
+            host = (self._ragged if self.ragged else self._paged)(call, args, kwargs)
+        engine.ring.before_plan(w)
         out = self.plan(*(host or args), **kwargs)
-        engine.ring.after_plan(self.wrapper)
+        engine.ring.after_plan(w)
         if host is not None:
             engine.counted()
-            w = self.wrapper
             if self.ragged:
-                engine.check(((args[0], w._qo_indptr_buf), (args[1], w._kv_indptr_buf)))
+                uploads = (w._qo_indptr_buf, w._kv_indptr_buf)
+                engine.check(zip((args[0], args[1]), uploads))
+                # Stock's plan() keeps SGLang's own tensors (the kernels read them at run): so do we.
+                w._o_indptr_buf = args[0] if w._o_indptr_buf is uploads[0] else w._o_indptr_buf
+                w._v_indptr_buf = args[1] if w._v_indptr_buf is uploads[1] else w._v_indptr_buf
+                w._qo_indptr_buf, w._kv_indptr_buf = args[0], args[1]
             else:
-                engine.check(((args[0], w._qo_indptr_buf), (args[1], w._paged_kv_indptr_buf),
-                              (args[3], w._paged_kv_last_page_len_buf)))
+                engine.check(zip((args[0], args[1], args[3]),
+                                 (w._qo_indptr_buf, w._paged_kv_indptr_buf, w._paged_kv_last_page_len_buf)))
+                w._qo_indptr_buf, w._paged_kv_indptr_buf, w._paged_kv_last_page_len_buf = args[0], args[1], args[3]
         elif call is not None:
             engine.stats.unmatched += 1
         return out
