@@ -163,7 +163,6 @@ def test_a_catalogue_slot_opt_in_whose_pins_hold_here_and_that_goes_beside_the_d
     together = [cat[n] for n in ("flashinfer_plan_guard", "flashinfer_tree_verify_plan", "flashinfer_device_plan",
                                  hi.NAME)]
     assert claim_conflicts(together) == {}
-    assert hi.Engine().pin == torch.cuda.is_available()  # pinned host indptrs wherever there is a GPU
 
 
 def test_another_flashinfer_or_a_changed_pinned_source_is_refused(monkeypatch):
@@ -178,15 +177,19 @@ def test_another_flashinfer_or_a_changed_pinned_source_is_refused(monkeypatch):
     assert "expected 0000000000000000" in hi.precheck()
 
 
-@pytest.mark.parametrize("use_ragged", [True, False])
-def test_every_eager_plan_gets_host_indptrs_with_the_values_stock_reads_back(use_ragged):
+@pytest.mark.parametrize("use_ragged, ragged_backend", [(True, "fa2"), (True, "auto"), (True, "cutlass"),
+                                                        (False, "fa2")])
+def test_every_eager_plan_gets_host_indptrs_with_the_values_stock_reads_back(use_ragged, ragged_backend):
+    """An uncovered ragged wrapper (``auto`` before its first plan, cutlass) still leaves the paged side the prefix."""
     rng = random.Random(7 + use_ragged)
+    covered_ragged = use_ragged and ragged_backend == "fa2"
     for _ in range(40):
         bs = rng.randint(1, MAX_BS)
         prefix, seq = _batch(rng, bs)
         seen = {}
         for hooked in (False, True):
             b = _backend(use_ragged)
+            b.prefill_wrapper_ragged._backend = ragged_backend
             _init(b, _forward_batch(prefix, seq), hooked)
             ragged, paged = _wrappers(b)
             bufs = [paged._qo_indptr_buf, paged._paged_kv_indptr_buf, paged._paged_kv_last_page_len_buf]
@@ -199,13 +202,15 @@ def test_every_eager_plan_gets_host_indptrs_with_the_values_stock_reads_back(use
                             [(t.tolist(), own.index(t.data_ptr()) if t.data_ptr() in own else None, t.shape)
                              for t in bufs], b.forward_metadata.use_ragged)
         stock, mine = seen[False], seen[True]
-        assert stock[2] == (5 if use_ragged else 3) and mine[2] == 0  # stock reads every indptr back; the slot none
+        assert stock[2] == (5 if use_ragged else 3)  # stock reads every indptr back; the slot what it does not cover
+        assert mine[2] == (2 if use_ragged and not covered_ragged else 0)
         assert mine[0] == stock[0] and mine[1] == stock[1] and mine[3] == stock[3] and mine[4] == stock[4]
         assert all(which is not None for _, which, _ in mine[3])
         assert len(stock[1]) == use_ragged
-    assert hi.ENGINE.stats.extends == 40 and hi.ENGINE.stats.plans == 40 * (2 if use_ragged else 1)
+    assert hi.ENGINE.stats.extends == 40 and hi.ENGINE.stats.plans == 40 * (2 if covered_ragged else 1)
     hi.ENGINE.take_readback()
-    assert hi.ENGINE.off is None and hi.ENGINE.stats.mismatches == 0 and hi.ENGINE.stats.unmatched == 0
+    assert hi.ENGINE.off is None and hi.ENGINE.stats.mismatches == 0
+    assert hi.ENGINE.stats.unmatched == (40 if use_ragged and not covered_ragged else 0)
     assert hi.ENGINE.call is None
 
 
@@ -255,6 +260,37 @@ def test_the_log_line_is_the_one_the_gpu_test_reads(caplog):
     _init(_backend(), _forward_batch([0, 4], [3, 9]))
     (line,) = [r.getMessage() for r in caplog.records if " check: " in r.getMessage()]
     assert CHECK_LINE.search(line).groups() == ("1", "1", "0"), line
+
+
+def test_every_readback_whose_copy_ran_is_read():
+    for bad in (0, 2):
+        value = torch.tensor(bad)
+        hi.ENGINE.pending.append((value, Event()))
+    hi.ENGINE.take_readback()
+    assert not hi.ENGINE.pending and hi.ENGINE.stats.mismatches == 2
+
+
+def test_a_check_that_fails_mid_batch_leaves_the_rest_of_the_batch_to_stock():
+    class ShortUpload(EagerWrapper):
+        def plan(self, *a, **k):
+            EagerWrapper.plan(self, *a, **k)
+            self._qo_indptr_buf = self._qo_indptr_buf[:-1]  # an upload of another shape: the check raises
+
+        begin_forward = plan
+
+    b = _backend()
+    ragged, paged = _wrappers(b)
+    ragged.__class__ = ShortUpload
+    _init(b, _forward_batch([0, 4], [3, 9]))
+    assert "uploaded" in hi.ENGINE.off and paged.readbacks == 3  # the paged plan got SGLang's buffers
+
+
+def test_host_indptrs_that_cannot_be_built_leave_the_batch_to_stock(monkeypatch, caplog):
+    b = _backend()
+    monkeypatch.setattr(hi.ENGINE, "begin", lambda *a: (_ for _ in ()).throw(RuntimeError("no pinned memory")))
+    _init(b, _forward_batch([0, 4], [3, 9]))
+    assert "no pinned memory" in hi.ENGINE.off and "turned off" in caplog.text and hi.ENGINE.call is None
+    assert b.prefill_wrappers_paged[0].readbacks == 3
 
 
 def test_a_readback_whose_copy_has_not_run_is_not_waited_for():
@@ -317,8 +353,10 @@ def test_arguments_that_are_not_sglangs_buffers_go_through_unchanged():
     hi.ENGINE.call = hi.ENGINE.begin(b, torch.tensor([4, 9]), [0, 3])
     other = torch.tensor([0, 4, 10], dtype=torch.int32)
     paged.begin_forward(other, u.kv_indptr[0][:3], torch.zeros(8), u.kv_last_page_len[:2], HQ, HKV, HD, 1)
+    ones = torch.ones(2, dtype=torch.int32)
+    paged.begin_forward(u.qo_indptr[0][:3], u.kv_indptr[0][:3], torch.zeros(8), ones, HQ, HKV, HD, 1)
     hi.ENGINE.call = None
-    assert paged.readbacks == 2 and hi.ENGINE.stats.unmatched == 1 and hi.ENGINE.stats.plans == 1
+    assert paged.readbacks == 2 + 2 and hi.ENGINE.stats.unmatched == 2 and hi.ENGINE.stats.plans == 1
 
 
 def test_every_plan_of_a_ringed_wrapper_goes_through_its_ring_and_the_event_follows_the_plan():
@@ -331,8 +369,10 @@ def test_every_plan_of_a_ringed_wrapper_goes_through_its_ring_and_the_event_foll
     _init(b, _forward_batch([0, 2], [6, 8]))
     one, two, three = paged.staged_in
     assert one is not first_buffer  # a stock plan before the slot may still have its copy queued from that one
-    assert two is first_buffer and three is one and hi.ENGINE.ring.host_waits == 1
-    assert [x for x in LOG if x != "check"] == ["plan", "ring"] * 3  # each ring event behind its plan's copy
+    assert two is first_buffer and three is one
+    assert hi.ENGINE.ring.host_waits == 2  # the second waited for that stock copy, the third for the first's
+    # each ring event behind its plan's copy (the first: behind the copies before the ring)
+    assert [x for x in LOG if x != "check"] == ["ring"] + ["plan", "ring"] * 3
 
 
 def test_the_hook_goes_in_through_sglangs_hook_registry_beside_the_device_plan():

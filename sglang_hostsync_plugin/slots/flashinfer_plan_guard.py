@@ -70,7 +70,7 @@ class PlanGuard:
     def __init__(self, depth: int = DEPTH, new_event=None, new_buffer=None, swap_first: bool = False):
         self.depth = depth
         # swap_first: a wrapper's first guarded plan already takes a new buffer (a plan made before the
-        # guard saw the wrapper may still have its copy queued from the one it has).
+        # guard saw the wrapper may still have its copy queued from the one it has, which waits on it from then).
         self.swap_first = swap_first
         self.rings: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.new_event = new_event or (lambda: torch.cuda.Event())
@@ -84,6 +84,8 @@ class PlanGuard:
             ring = self.rings[wrapper] = PinnedRing([wrapper._pin_memory_int_workspace_buffer], [None])
             if not self.swap_first:
                 return
+            ring.events[0] = self.new_event()  # behind the copy the unguarded plans queued from it
+            ring.events[0].record()
         index = (ring.current + 1) % self.depth
         if index == len(ring.buffers):
             ring.buffers.append(self.new_buffer(ring.buffers[0]))

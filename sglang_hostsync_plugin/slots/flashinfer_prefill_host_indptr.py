@@ -175,8 +175,12 @@ class EagerPlan:
     def __call__(self, *args, **kwargs):
         engine, call, w = self.engine, self.engine.call, self.wrapper
         host = None
-        if call is not None and not engine.off and w._backend in RUN_READS_BUFFERS:
-            host = (self._ragged if self.ragged else self._paged)(call, args, kwargs)
+        if call is not None:
+            sglangs = (self._ragged if self.ragged else self._paged)(call, args, kwargs)
+            if self.ragged and sglangs is not None:
+                call.ragged_planned = True  # covered or not: the paged side now holds the prefix alone
+            if not engine.off and w._backend in RUN_READS_BUFFERS:
+                host = sglangs
         engine.ring.before_plan(w)
         out = self.plan(*(host or args), **kwargs)
         engine.ring.after_plan(w)
@@ -198,10 +202,10 @@ class EagerPlan:
         return out
 
     def _ragged(self, call: Call, args, kwargs):
+        """The host arguments where these are SGLang's (its extend's ragged plan), else None."""
         buf = call.backend.indices_updater_prefill.qo_indptr[0]
         if len(args) < 2 or not (_is(args[0], buf, call.bs + 1) and _is(args[1], buf, call.bs + 1)):
             return None
-        call.ragged_planned = True
         return (call.qo, call.qo, *args[2:])
 
     def _paged(self, call: Call, args, kwargs):
@@ -255,7 +259,12 @@ def init_metadata_hook(original, self, forward_batch):
     if not (_covered(engine, self, forward_batch) and _eager_wrappers(engine, self)):
         engine.stats.stock += 1
         return original(self, forward_batch)
-    engine.call = engine.begin(self, forward_batch.seq_lens_cpu, forward_batch.extend_prefix_lens_cpu)
+    try:
+        engine.call = engine.begin(self, forward_batch.seq_lens_cpu, forward_batch.extend_prefix_lens_cpu)
+    except Exception as exc:  # noqa: BLE001 (e.g. a pinned allocation: the batch goes on as stock's)
+        engine.off = f"building the host indptrs failed: {type(exc).__name__}: {exc}"
+        logger.error("hostsync: %s: %s; turned off for this process", NAME, engine.off)
+        return original(self, forward_batch)
     engine.stats.extends += 1
     try:
         return original(self, forward_batch)
