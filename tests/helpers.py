@@ -250,6 +250,20 @@ def e2e_with_slot(tmp_dir, reuse_var: str, name: str, module: str | None, dist: 
         return json.load(f)
 
 
+def audited_pairs(e2e: dict, config: str, base_spec: str, spec: str, min_steps: int = 50):
+    """Per concurrency (1 and 8), the audit of ``base_spec``'s and ``spec``'s audited arms in ``config``, printed
+    (syncs per step, run-ahead, the second's sync sites); both must exist and have timed ``min_steps``."""
+    cells = {(c["arm"], c["concurrency"]): c["audit"] for c in e2e["cells"] if c["config"] == config and c["audit"]}
+    for conc in (1, 8):
+        base, mine = cells.get((f"slots:{base_spec}", conc)), cells.get((f"slots:{spec}", conc))
+        assert base and mine, sorted(cells)
+        print(f"{config} c{conc}: syncs/step {base['syncs_per_step']:.3f} -> {mine['syncs_per_step']:.3f}, run-ahead "
+              f"{base.get('run_ahead_fraction')} -> {mine.get('run_ahead_fraction')}; the slot's sites: "
+              f"{mine['sync_sites']}")
+        assert base["steps"] > min_steps and mine["steps"] > min_steps
+        yield conc, base, mine
+
+
 def assert_started_and_applied(e2e: dict, server: str, slot: str) -> None:
     """Every server of the run got ready, and ``slot`` reads applied in ``server``'s status block."""
     failed = {k: s.get("error") for k, s in e2e["servers"].items() if s.get("ready_s") is None}

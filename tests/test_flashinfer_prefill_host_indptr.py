@@ -293,6 +293,17 @@ def test_host_indptrs_that_cannot_be_built_leave_the_batch_to_stock(monkeypatch,
     assert b.prefill_wrappers_paged[0].readbacks == 3
 
 
+@pytest.mark.parametrize("gone", ["num_wrappers", "_backend"])
+def test_an_upstream_field_gone_turns_the_slot_off_and_leaves_the_batch_to_stock(gone, caplog):
+    """Before the batch (the backend's dispatch field) or inside it (the paged wrapper's FlashInfer backend)."""
+    b = _backend()
+    ragged, paged = _wrappers(b)
+    delattr(paged if gone == "_backend" else b, gone)
+    _init(b, _forward_batch([0, 4], [3, 9]))
+    assert "raised AttributeError" in hi.ENGINE.off and "turned off" in caplog.text and hi.ENGINE.call is None
+    assert paged.readbacks == 3  # the paged plan got SGLang's own buffers
+
+
 def test_a_readback_whose_copy_has_not_run_is_not_waited_for():
     hi.ENGINE.new_event = lambda: Event(fired=False)
     _init(_backend(False), _forward_batch([0], [4]))

@@ -79,14 +79,9 @@ def test_every_step_planned_on_the_device_without_a_rescue(e2e, config):
 
 @pytest.mark.parametrize("config", CONFIGS)
 def test_the_audit_finds_no_seq_lens_read_with_the_slot(e2e, config):
-    cells = {(c["arm"], c["concurrency"]): c["audit"] for c in e2e["cells"] if c["config"] == config and c["audit"]}
-    for conc in (1, 8):
-        base, mine = cells.get((f"slots:{BASE_SPEC}", conc)), cells.get((f"slots:{DEVICE_SPEC}", conc))
-        assert base and mine, sorted(cells)
-        print(f"{config} c{conc}: syncs/step {base['syncs_per_step']:.3f} -> {mine['syncs_per_step']:.3f}, run-ahead "
-              f"{base.get('run_ahead_fraction')} -> {mine.get('run_ahead_fraction')}; the slot's sites: "
-              f"{mine['sync_sites']}")
-        assert base["steps"] > 50 and mine["steps"] > 50
+    from helpers import audited_pairs
+
+    for conc, base, mine in audited_pairs(e2e, config, BASE_SPEC, DEVICE_SPEC):
         reads = [site for site in mine["sync_sites"] if "resolve_seq_lens_cpu" in site]
         assert not reads and any("resolve_seq_lens_cpu" in site for site in base["sync_sites"]), (base, mine)
         if conc == 1 and SHAPE in GPU_BOUND:

@@ -64,13 +64,8 @@ def test_every_prefill_planned_from_host_indptrs_without_a_mismatch(e2e):
 
 
 def test_the_audit_finds_no_prefill_plan_read_back_with_the_slot(e2e):
-    cells = {(c["arm"], c["concurrency"]): c["audit"] for c in e2e["cells"] if c["config"] == CONFIG and c["audit"]}
-    for conc in (1, 8):
-        base, mine = cells.get((f"slots:{BASE_SPEC}", conc)), cells.get((f"slots:{SLOT_SPEC}", conc))
-        assert base and mine, sorted(cells)
-        print(f"c{conc}: syncs/step {base['syncs_per_step']:.3f} -> {mine['syncs_per_step']:.3f}, run-ahead "
-              f"{base.get('run_ahead_fraction')} -> {mine.get('run_ahead_fraction')}; the slot's sites: "
-              f"{mine['sync_sites']}")
-        assert base["steps"] > 50 and mine["steps"] > 50
+    from helpers import audited_pairs
+
+    for _, base, mine in audited_pairs(e2e, CONFIG, BASE_SPEC, SLOT_SPEC):
         assert any("prefill.py" in site for site in base["sync_sites"]), base
         assert not [site for site in mine["sync_sites"] if "prefill.py" in site], mine

@@ -78,9 +78,9 @@ class Call:
 
     backend: object
     bs: int
+    seq: torch.Tensor  # the host lengths (int64)
+    prefix: torch.Tensor
     qo: torch.Tensor
-    kv_prefix: torch.Tensor  # beside the ragged wrapper (paged side: the cached prefix)
-    kv_seq: torch.Tensor  # without it
     last: torch.Tensor
     ragged_planned: bool = False
 
@@ -104,24 +104,26 @@ class Engine:
     def begin(self, backend, seq_lens_cpu, prefix_cpu) -> Call:
         updater = backend.indices_updater_prefill
         bs = len(prefix_cpu)
-        seq = seq_lens_cpu.to(torch.int64)
-        prefix = torch.tensor(prefix_cpu, dtype=torch.int64)
-        qo, kv_prefix, kv_seq = (torch.zeros(bs + 1, dtype=torch.int64) for _ in range(3))
-        torch.cumsum(seq - prefix, 0, out=qo[1:])
-        torch.cumsum(prefix, 0, out=kv_prefix[1:])
-        torch.cumsum(seq, 0, out=kv_seq[1:])
-        kv_like = updater.kv_indptr[0]
-        return Call(backend, bs, self.host(qo, updater.qo_indptr[0]), self.host(kv_prefix, kv_like),
-                    self.host(kv_seq, kv_like), self.host(torch.ones(bs, dtype=torch.int64), updater.kv_last_page_len))
+        seq, prefix = seq_lens_cpu.to(torch.int64), torch.tensor(prefix_cpu, dtype=torch.int64)
+        return Call(backend, bs, seq, prefix, self.indptr(seq - prefix, updater.qo_indptr[0]),
+                    self.host(torch.ones(bs, dtype=torch.int64), updater.kv_last_page_len))
+
+    def indptr(self, lens: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros(lens.numel() + 1, dtype=torch.int64)
+        torch.cumsum(lens, 0, out=out[1:])
+        return self.host(out, like)
+
+    def turn_off(self, why: str) -> None:
+        self.off = why
+        logger.error("hostsync: %s: %s; turned off for this process (stock's plan() reads the indptrs back "
+                     "again)", NAME, why)
 
     def take_readback(self) -> None:
         while self.pending and self.pending[0][1].query():
             value, _ = self.pending.pop(0)
             if seen := int(value):
                 self.stats.mismatches += seen
-                self.off = f"{self.stats.mismatches} device indptr entries differed from the host lengths"
-                logger.error("hostsync: %s: %s; turned off for this process (stock's plan() reads them back "
-                             "again)", NAME, self.off)
+                self.turn_off(f"{self.stats.mismatches} device indptr entries differed from the host lengths")
 
     def check(self, pairs) -> None:
         """Counts the entries where (SGLang's device indptr, FlashInfer's upload of the host one) differ, on the
@@ -140,8 +142,7 @@ class Engine:
             event.record()
             self.pending.append((value, event))
         except Exception as exc:  # noqa: BLE001 (the check is advice; the forward goes on)
-            self.off = f"the check failed: {type(exc).__name__}: {exc}"
-            logger.error("hostsync: %s: %s; turned off for this process", NAME, self.off)
+            self.turn_off(f"the check failed: {type(exc).__name__}: {exc}")
 
     def counted(self) -> None:
         self.stats.plans += 1
@@ -176,11 +177,14 @@ class EagerPlan:
         engine, call, w = self.engine, self.engine.call, self.wrapper
         host = None
         if call is not None:
-            sglangs = (self._ragged if self.ragged else self._paged)(call, args, kwargs)
-            if self.ragged and sglangs is not None:
-                call.ragged_planned = True  # covered or not: the paged side now holds the prefix alone
-            if not engine.off and w._backend in RUN_READS_BUFFERS:
-                host = sglangs
+            try:
+                sglangs = (self._ragged if self.ragged else self._paged)(call, args, kwargs)
+                if self.ragged and sglangs is not None:
+                    call.ragged_planned = True  # covered or not: the paged side now holds the prefix alone
+                if not engine.off and w._backend in RUN_READS_BUFFERS:
+                    host = sglangs
+            except Exception as exc:  # noqa: BLE001 (never into the forward: this plan and the rest go stock's)
+                engine.turn_off(f"deciding a plan raised {type(exc).__name__}: {exc}")
         engine.ring.before_plan(w)
         out = self.plan(*(host or args), **kwargs)
         engine.ring.after_plan(w)
@@ -217,7 +221,8 @@ class EagerPlan:
                 and _is(args[3], u.kv_last_page_len, call.bs)):
             return None
         # call_begin_forward plans the ragged wrapper first, and only where the paged side holds the prefix alone.
-        return (call.qo, call.kv_prefix if call.ragged_planned else call.kv_seq, args[2], call.last, *args[4:])
+        kv = self.engine.indptr(call.prefix if call.ragged_planned else call.seq, u.kv_indptr[0])
+        return (call.qo, kv, args[2], call.last, *args[4:])
 
 
 def _eager_wrappers(engine: Engine, backend) -> tuple | None:
@@ -256,14 +261,13 @@ def init_metadata_hook(original, self, forward_batch):
     mode = forward_batch.forward_mode
     if mode.is_decode_or_idle() or mode.is_target_verify():
         return original(self, forward_batch)
-    if not (_covered(engine, self, forward_batch) and _eager_wrappers(engine, self)):
-        engine.stats.stock += 1
-        return original(self, forward_batch)
     try:
-        engine.call = engine.begin(self, forward_batch.seq_lens_cpu, forward_batch.extend_prefix_lens_cpu)
-    except Exception as exc:  # noqa: BLE001 (e.g. a pinned allocation: the batch goes on as stock's)
-        engine.off = f"building the host indptrs failed: {type(exc).__name__}: {exc}"
-        logger.error("hostsync: %s: %s; turned off for this process", NAME, engine.off)
+        if _covered(engine, self, forward_batch) and _eager_wrappers(engine, self):
+            engine.call = engine.begin(self, forward_batch.seq_lens_cpu, forward_batch.extend_prefix_lens_cpu)
+    except Exception as exc:  # noqa: BLE001 (an upstream field gone, a pinned allocation: the batch is stock's)
+        engine.turn_off(f"preparing the host indptrs raised {type(exc).__name__}: {exc}")
+    if engine.call is None:
+        engine.stats.stock += 1
         return original(self, forward_batch)
     engine.stats.extends += 1
     try:
