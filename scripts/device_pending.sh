@@ -58,6 +58,8 @@
 #                                           # work at c1, and auto's pick on a DSpark server;
 #                                           # then eagle_step_graph's GPU tests (launch_graph)
 #   CALL=10f bash scripts/device_pending.sh # DFlash p16 alone with an `auto` arm: auto's DFlash row on a GPU
+#   CALL=16 bash scripts/device_pending.sh  # issue 63's triton STANDALONE topk 1 / 4 page 1 rows with an `auto` arm
+#                                           # (stock, default, auto, default,eagle_host; at topk 4 the last is auto's pick)
 #   CALL=9 / CALL=9b bash scripts/device_pending.sh  # issue 67's step graphs, each with its
 #                                           # real server: 9 dflash_step_graph on dflash-p16, 9b dspark_step_graph
 #                                           # on dspark-p16 (stock / default / the slot, self-check on)
@@ -229,6 +231,10 @@ $COMMON --time-budget 525" bash scripts/device_call.sh ;;
   11c)
     NAME=t1p1 E2E_TIMEOUT=545 E2E_ARGS="--configs standalone-t1-p1 --arms stock --slots default,-audit \
 --slots auto,-audit --slots default,eagle_host,-audit --slots default,eagle_step_graph,-audit $COMMON --time-budget 525" \
+      bash scripts/device_call.sh ;;
+  16)  # issue 63's triton page-1 rows as `auto` arms (auto picks the step graph at topk 1, eagle_host at topk 4)
+    NAME=triton_p1 E2E_TIMEOUT=545 E2E_ARGS="--configs standalone-t1-p1,standalone-t4-p1 --arms stock \
+--slots default,-audit --slots auto,-audit --slots default,eagle_host,-audit $COMMON --time-budget 525" \
       bash scripts/device_call.sh ;;
   9)
     NAME=dflash_graph GPU_TESTS="tests/test_gpu_block_step_graph.py -k dflash" TESTS_TIMEOUT=575 bash scripts/device_call.sh ;;
