@@ -91,10 +91,11 @@
 # 6b only if the certified plan is still wanted (the device plan supersedes it); 12 and 4 (67's extra evidence).
 # The device tool: carry [".device-bundle-fi"], timeout 590, and start the next call within the
 # machine's 30 s idle release.
+# COMMON's c1 window is 8 requests since 2026-12-07 17:45 UTC (2 before: a c1 round timed two requests).
 set -u
 cd "$(dirname "$0")/.."
 [ -n "${DRY_RUN:-}" ] || bash scripts/stop_stray_servers.sh  # before CALL=3's step_graph_weights, which starts servers too
-COMMON="--concurrency 1 8 --rounds 6 --requests 2 --max-new-tokens 64 --traffic-requests 48 --traffic-aborts 8 \
+COMMON="--concurrency 1 8 --rounds 6 --requests 8 --max-new-tokens 64 --traffic-requests 48 --traffic-aborts 8 \
 --server-arg=--disable-prefill-cuda-graph --ready-timeout 300"
 case "${CALL:-}" in
   1)

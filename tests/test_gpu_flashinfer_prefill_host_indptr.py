@@ -29,7 +29,7 @@ def e2e(tmp_path_factory):
         # `auto` (which picks BASE_SPEC here) and `default` unaudited also give the one-flag issue's row for this server.
         ["--configs", CONFIG, "--attention-backend", "flashinfer", "--arms", "stock", "--slots", "default,-audit",
          "--slots", "auto,-audit", "--slots", SLOT_SPEC + ",-audit", "--slots", BASE_SPEC, "--slots", SLOT_SPEC,
-         "--concurrency", "1", "8", "--rounds", "6", "--requests", "2", "--max-new-tokens", "64", "--traffic-requests",
+         "--concurrency", "1", "8", "--rounds", "6", "--requests", "8", "--max-new-tokens", "64", "--traffic-requests",
          "48", "--traffic-aborts", "8", "--server-arg=--disable-prefill-cuda-graph", "--ready-timeout", "300",
          "--time-budget", "480"],
         timeout=510)
