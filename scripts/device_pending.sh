@@ -60,6 +60,8 @@
 #   CALL=10f bash scripts/device_pending.sh # DFlash p16 alone with an `auto` arm: auto's DFlash row on a GPU
 #   CALL=16 bash scripts/device_pending.sh  # issue 63's triton STANDALONE topk 1 / 4 page 1 rows with an `auto` arm
 #                                           # (stock, default, auto, default,eagle_host; at topk 4 the last is auto's pick)
+#   CALL=17 bash scripts/device_pending.sh  # issue 63's FlashInfer STANDALONE topk 1 page 16 row again, 8 requests a c1
+#                                           # round (stock, none, default, auto, auto + flashinfer_device_plan)
 #   CALL=9 / CALL=9b bash scripts/device_pending.sh  # issue 67's step graphs, each with its
 #                                           # real server: 9 dflash_step_graph on dflash-p16, 9b dspark_step_graph
 #                                           # on dspark-p16 (stock / default / the slot, self-check on)
@@ -236,6 +238,12 @@ $COMMON --time-budget 525" bash scripts/device_call.sh ;;
   16)  # issue 63's triton page-1 rows as `auto` arms (auto picks the step graph at topk 1, eagle_host at topk 4)
     NAME=triton_p1 E2E_TIMEOUT=545 E2E_ARGS="--configs standalone-t1-p1,standalone-t4-p1 --arms stock \
 --slots default,-audit --slots auto,-audit --slots default,eagle_host,-audit $COMMON --time-budget 525" \
+      bash scripts/device_call.sh ;;
+  17)  # issue 63's FlashInfer topk-1 page-16 row again (2026-12-07-h100-e read auto 0.986x / 0.920x stock, lowest
+        # round 0.668, with `none` 0.871x at c1: two requests a c1 round): stock, none, default, auto, auto + device plan
+    NAME=fi_t1 E2E_TIMEOUT=400 E2E_ARGS="--configs standalone-t1-p16 --attention-backend flashinfer --arms stock \
+--slots none,-audit --slots default,-audit --slots auto,-audit \
+--slots default,flashinfer,eagle_host,-metadata_glue_graph,flashinfer_device_plan,-audit $COMMON --time-budget 380" \
       bash scripts/device_call.sh ;;
   9)
     NAME=dflash_graph GPU_TESTS="tests/test_gpu_block_step_graph.py -k dflash" TESTS_TIMEOUT=575 bash scripts/device_call.sh ;;
