@@ -62,6 +62,7 @@
 #                                           # (stock, default, auto, default,eagle_host; at topk 4 the last is auto's pick)
 #   CALL=17 bash scripts/device_pending.sh  # issue 63's FlashInfer STANDALONE topk 1 page 16 row again, 8 requests a c1
 #                                           # round (stock, none, default, auto, auto + flashinfer_device_plan)
+#   CALL=18 bash scripts/device_pending.sh  # issue 63's triton STANDALONE topk 1 / 4 page 16 rows with an `auto` arm
 #   CALL=9 / CALL=9b bash scripts/device_pending.sh  # issue 67's step graphs, each with its
 #                                           # real server: 9 dflash_step_graph on dflash-p16, 9b dspark_step_graph
 #                                           # on dspark-p16 (stock / default / the slot, self-check on)
@@ -88,8 +89,9 @@
 # final code (benchmarks/results/2026-12-07-h100-c/). 10s, 8d and 8e ran, 7b failed (a log name too long, fixed since)
 # and 11b with it (its ports were taken; benchmarks/results/2026-12-07-h100-d/). 13, 5 and CALL=14's topk-4 half ran
 # (benchmarks/results/2026-12-07-h100-e/). 14b (cut once), 14, 14b and 7c ran (benchmarks/results/2026-12-07-h100-f/).
-# Next, for issue 64: 15 (the prefill read-backs, the last syncs); for issue 63 (each has an auto arm;
-# benchmarks/auto_verdicts.py judges them): 11b, 11, 10f, 11c (auto picks the step graph there), 2 (standalone-t4-p1's auto row);
+# Next, for issue 64: 15 (the prefill read-backs, the last syncs; it also gives issue 63's FlashInfer topk-4 row);
+# for issue 63 (each has an auto arm; `python benchmarks/auto_verdicts.py --matrix benchmarks/results/2026-12-0*`
+# says which cells have no run of today's pick): 16, 18, 17, 11, 11b, 10f;
 # 6b only if the certified plan is still wanted (the device plan supersedes it); 12 and 4 (67's extra evidence).
 # The device tool: carry [".device-bundle-fi"], timeout 590, and start the next call within the
 # machine's 30 s idle release.
@@ -244,6 +246,11 @@ $COMMON --time-budget 525" bash scripts/device_call.sh ;;
     NAME=fi_t1 E2E_TIMEOUT=400 E2E_ARGS="--configs standalone-t1-p16 --attention-backend flashinfer --arms stock \
 --slots none,-audit --slots default,-audit --slots auto,-audit \
 --slots default,flashinfer,eagle_host,-metadata_glue_graph,flashinfer_device_plan,-audit $COMMON --time-budget 380" \
+      bash scripts/device_call.sh ;;
+  18)  # issue 63's triton page-16 STANDALONE rows as `auto` arms (never run as one): auto picks the step graph at
+        # topk 1, eagle_host at topk 4 (there the last arm is its pick: an A/A pair)
+    NAME=triton_p16 E2E_TIMEOUT=545 E2E_ARGS="--configs standalone-t1-p16,standalone-t4-p16 --arms stock \
+--slots default,-audit --slots auto,-audit --slots default,eagle_host,-audit $COMMON --time-budget 525" \
       bash scripts/device_call.sh ;;
   9)
     NAME=dflash_graph GPU_TESTS="tests/test_gpu_block_step_graph.py -k dflash" TESTS_TIMEOUT=575 bash scripts/device_call.sh ;;
