@@ -6,7 +6,9 @@
 #   HOSTSYNC_BUNDLE=.device-bundle-fi bash scripts/gpu_run.sh ...   # on the device, carry .device-bundle-fi
 #
 # Trimmed from the bundle (never imported by a text-only `sglang.launch_server`): jedi (IPython
-# imports it lazily), sglang/multimodal_gen, and the Rust extensions _bench, _grpc, _multimodal.
+# imports it lazily), sglang/multimodal_gen, the Rust extensions _bench, _grpc, _multimodal, sgl_kernel's
+# InfLLM-V2 extension (a CPython 3.10 build, loaded only by that backend's lazy loader) and zstandard's cffi
+# backend (its C backend loads first); the tracked tree and the bundle must stay under one call's 64 MiB.
 # Trimmed from FlashInfer: the sources of its non-attention JIT families (csrc/ subfolders:
 # MoE, GEMM, Blackwell, DSV4, ...), CUTLASS/CCCL examples, tests and docs, and kernel-selection
 # JSON artifacts. What stays: every .py file, csrc/ top-level sources and templates (the
@@ -41,7 +43,8 @@ open(p, "w").write(s.replace(head, head + "    return False  # hostsync device b
 PY
 tar xJf "$SRC/site.tar.xz" -C "$STAGE/site"
 rm -rf "$STAGE"/site/jedi "$STAGE"/site/sglang/multimodal_gen \
-  "$STAGE"/site/sglang/srt/rust_extensions/_{bench,grpc,multimodal}.*.so
+  "$STAGE"/site/sglang/srt/rust_extensions/_{bench,grpc,multimodal}.*.so \
+  "$STAGE"/site/sgl_kernel/infllm_ops.*.so "$STAGE"/site/zstandard/_cffi.*.so
 echo "packing (xz, a few minutes on 2 cores) ..."
 tar -C "$STAGE/fi" -cf - . | xz -T0 -9 > "$DEST/flashinfer.tar.xz"
 if [ "${FI_ONLY:-0}" != 1 ] || [ ! -f "$DEST/site.tar.xz" ]; then  # FI_ONLY=1: keep an existing trimmed site
