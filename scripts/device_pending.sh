@@ -34,6 +34,7 @@
 #   CALL=15 bash scripts/device_pending.sh  # flashinfer_prefill_host_indptr in a real FlashInfer STANDALONE topk 4
 #                                           # page-16 server beside auto's set: identity, no prefill plan() read-back
 #                                           # (tests/test_gpu_flashinfer_prefill_host_indptr.py)
+#   CALL=15q                                # CALL=15's identity, check line and sync sites alone (3 rounds, ~7 min)
 #   CALL=7 bash scripts/device_pending.sh   # issue 63's combined topk-1 set (eagle_step_graph + the eagle_host
 #                                           # slots that may run beside it) against each alone, EAGLE3 and
 #                                           # STANDALONE topk 1 page 16 triton, real-traffic pass first
@@ -150,6 +151,9 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
   15)  # flashinfer_prefill_host_indptr beside auto's FlashInfer topk-4 set: identity, no prefill plan() read-back
     NAME=prefill_host_indptr GPU_TESTS="tests/test_gpu_flashinfer_prefill_host_indptr.py" TESTS_TIMEOUT=560 \
       bash scripts/device_call.sh ;;
+  15q)  # CALL=15 for a session with under 10 minutes of device time: stock and the two audited arms, 3 rounds
+    NAME=prefill_host_indptr_q HOSTSYNC_PREFILL_QUICK=1 GPU_TESTS="tests/test_gpu_flashinfer_prefill_host_indptr.py" \
+      TESTS_TIMEOUT=370 bash scripts/device_call.sh ;;
   6b)
     NAME=cert_plan GPU_TESTS="tests/test_gpu_flashinfer_certified_plan.py" TESTS_TIMEOUT=560 \
       bash scripts/device_call.sh ;;
