@@ -1,4 +1,4 @@
-"""Slot ``flashinfer_prefill_host_indptr`` (opt-in; not run on a GPU yet): FlashInfer's plans of a prefill
+"""Slot ``flashinfer_prefill_host_indptr`` (opt-in; its GPU test has not passed yet): FlashInfer's plans of a prefill
 (extend) batch get their indptrs from the host lengths SGLang already holds, so FlashInfer's ``plan()`` no
 longer reads them back from the device.
 
@@ -318,7 +318,7 @@ SLOT = Slot(
     kind=SlotKind.OWNED,
     origin="hostsync (FlashInfer prefill plans from SGLang's host lengths)",
     summary="FlashInfer's prefill (extend) plans get their indptrs from SGLang's host lengths: no blocking "
-            "read-back per prefill batch; not run on a GPU yet",
+            "read-back per prefill batch; its GPU test has not passed yet",
     default=False,
     precheck=precheck,
     inert=inert,
