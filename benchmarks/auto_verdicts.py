@@ -84,7 +84,8 @@ def matrix(rows: list[tuple[str, dict]]) -> list[str]:
            "| --- " * (stats.AUTO_HEADER.count(" | ") + 2) + "|"]
     for config, backend in MATRIX:
         for conc in (1, 8):
-            cell = [(run, v) for run, v in rows if (v["config"], v["backend"], v["concurrency"]) == (config, backend, conc)]
+            cell = [(run, v) for run, v in rows
+                    if (v["config"], v["backend"], v["concurrency"]) == (config, backend, conc)]
             today = [(run, v) for run, v in cell if today_cell(v) == "the same"]
             if not today:
                 others = ", ".join(sorted({run for run, _ in cell})) or "none"
