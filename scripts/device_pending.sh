@@ -90,7 +90,9 @@
 # final code (benchmarks/results/2026-12-07-h100-c/). 10s, 8d and 8e ran, 7b failed (a log name too long, fixed since)
 # and 11b with it (its ports were taken; benchmarks/results/2026-12-07-h100-d/). 13, 5 and CALL=14's topk-4 half ran
 # (benchmarks/results/2026-12-07-h100-e/). 14b (cut once), 14, 14b and 7c ran (benchmarks/results/2026-12-07-h100-f/).
-# Next, for issue 64: 15 (the prefill read-backs, the last syncs; it also gives issue 63's FlashInfer topk-4 row);
+# 15q ran on a fresh machine and ended in FlashInfer's JIT, no verdict (benchmarks/results/2026-12-07-h100-g/).
+# Next, for issue 64: 15 (the prefill read-backs, the last syncs; it also gives issue 63's FlashInfer topk-4 row; on a
+# fresh machine FlashInfer's JIT takes about 280 s of its 480 s budget: if no round finished, run it again at once);
 # for issue 63 (each has an auto arm; `python benchmarks/auto_verdicts.py --matrix benchmarks/results/2026-12-0*`
 # says which cells have no run of today's pick): 16, 18, 17, 11, 11b, 10f;
 # 6b only if the certified plan is still wanted (the device plan supersedes it); 12 and 4 (67's extra evidence).
