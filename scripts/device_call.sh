@@ -48,12 +48,14 @@ if [ -n "${E2E_ARGS:-}" ]; then
   sed -n '/^| config/,/^$/p' "$G/run/e2e/e2e.md" | head -20
   grep -h "e2e\] .*\(FAILED\|DIED\|real-traffic failures\|checkpoints ready\)" "$G/gpu_run.log" | cut -c1-400 | head
 fi
-wait
-cat "$G/flashinfer_warm.log" | tail -2
+# The GPU tests start beside the warm-up too (its build holds FlashInfer's lock; a server that needs the module waits
+# on it instead of building it again): waiting first cost a fresh machine's GPU tests 90 s (2026-12-07-h100-g).
 if [ -n "${GPU_TESTS:-}" ]; then
   timeout "${TESTS_TIMEOUT:-150}" python3 -m pytest -q -rs -s -p no:cacheprovider $GPU_TESTS > "$G/gpu_tests.log" 2>&1
   echo "gpu tests rc $?" >> "$G/gpu_tests.log"
   grep -E "passed|failed|error" "$G/gpu_tests.log" | tail -5
 fi
+wait
+cat "$G/flashinfer_warm.log" | tail -2
 DEST=${OUT:-gpu_out}; mkdir -p "$DEST"
 tar -C /tmp -cJf "$DEST/$NAME.tar.xz" --exclude='*/models/*' --exclude='*.trace.tsv' "hostsync-$NAME"
