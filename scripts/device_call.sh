@@ -57,5 +57,8 @@ if [ -n "${GPU_TESTS:-}" ]; then
 fi
 wait
 cat "$G/flashinfer_warm.log" | tail -2
+# The FlashInfer modules this call's servers built or found (their names carry the JIT parameters): what a warm-up
+# of the attention modules beside the servers' load would have to build.
+find "$FLASHINFER_WORKSPACE_BASE" -name '*.so' -printf '%TT %s %p\n' 2>/dev/null | sort > "$G/flashinfer_jit.txt"
 DEST=${OUT:-gpu_out}; mkdir -p "$DEST"
 tar -C /tmp -cJf "$DEST/$NAME.tar.xz" --exclude='*/models/*' --exclude='*.trace.tsv' "hostsync-$NAME"
