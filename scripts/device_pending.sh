@@ -105,7 +105,7 @@ set -u
 cd "$(dirname "$0")/.."
 [ -n "${DRY_RUN:-}" ] || bash scripts/stop_stray_servers.sh  # before CALL=3's step_graph_weights, which starts servers too
 COMMON="--concurrency 1 8 --rounds 6 --requests 8 --max-new-tokens 64 --traffic-requests 48 --traffic-aborts 8 \
---server-arg=--disable-prefill-cuda-graph --ready-timeout 300"
+--server-arg=--disable-prefill-cuda-graph --ready-timeout 420"
 case "${CALL:-}" in
   1)
     NAME=fi E2E_TIMEOUT=420 E2E_ARGS="--configs standalone-t1-p16,standalone-t4-p16 --attention-backend flashinfer \
