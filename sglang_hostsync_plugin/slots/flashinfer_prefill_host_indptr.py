@@ -29,10 +29,10 @@ FlashInfer's uploads against SGLang's device indptrs, the count copied to the ho
 without waiting. A mismatch is logged as an error and turns the slot off (that batch already ran on the host
 values: the check detects, it does not prevent).
 
-Stock's values, always, for: a decode, idle or verify batch (other wrappers), a CUDA-graph wrapper,
-sliding-window or cross-attention dispatch, multi-item scoring, a custom or cross-attention mask, NVFP4
-dequant indices, encoder lengths, a batch without host lengths or whose host and device batch sizes differ,
-and ``begin_forward`` arguments that are not SGLang's own indptr buffers.
+Stock's values, always, for: a decode, idle or verify batch (other wrappers), a call during a CUDA-graph capture,
+a CUDA-graph wrapper, sliding-window or cross-attention dispatch, multi-item scoring, a custom or cross-attention
+mask, NVFP4 dequant indices, encoder lengths, a batch without host lengths or whose host and device batch sizes
+differ, and ``begin_forward`` arguments that are not SGLang's own indptr buffers.
 
 Counted and logged at covered plans 1, 10, 100 and every 1000th (``hostsync: flashinfer_prefill_host_indptr
 check: ...``). Hook target (AROUND): ``FlashInferAttnBackend.init_forward_metadata``. The eager wrappers'
@@ -86,12 +86,15 @@ class Call:
 
 
 class Engine:
-    """The slot's state. ``new_event`` and ``pin`` are injectable so the CPU tests run it without CUDA."""
+    """The slot's state. ``new_event``, ``pin`` and ``capturing`` are injectable so the CPU tests run it without
+    CUDA."""
 
-    def __init__(self, new_event: Callable | None = None, pin: bool | None = None):
+    def __init__(self, new_event: Callable | None = None, pin: bool | None = None,
+                 capturing: Callable[[], bool] | None = None):
         self.stats = Stats()
         self.off: str | None = None
         self.pin = torch.cuda.is_available() if pin is None else pin
+        self.capturing = capturing or (torch.cuda.is_current_stream_capturing if self.pin else (lambda: False))
         self.new_event = new_event or (lambda: torch.cuda.Event())
         self.ring = guard.PlanGuard(new_event=self.new_event, new_buffer=None if self.pin else torch.zeros_like,
                                     swap_first=True)
@@ -257,10 +260,11 @@ def _covered(engine: Engine, backend, batch) -> bool:
 
 def init_metadata_hook(original, self, forward_batch):
     engine = ENGINE
-    engine.take_readback()
     mode = forward_batch.forward_mode
-    if mode.is_decode_or_idle() or mode.is_target_verify():
+    # A capture (SGLang's prefill graphs' warm-up paths) gets stock's call: no event query, no pinned copy in it.
+    if mode.is_decode_or_idle() or mode.is_target_verify() or engine.capturing():
         return original(self, forward_batch)
+    engine.take_readback()
     try:
         if _covered(engine, self, forward_batch) and _eager_wrappers(engine, self):
             engine.call = engine.begin(self, forward_batch.seq_lens_cpu, forward_batch.extend_prefix_lens_cpu)
