@@ -68,7 +68,7 @@
 #                                           # real server: 9 dflash_step_graph on dflash-p16, 9b dspark_step_graph
 #                                           # on dspark-p16 (stock / default / the slot, self-check on)
 #   CALL=11 / 11b / 11c bash scripts/device_pending.sh  # issue 63's matrix rows nobody measured: FlashInfer page 1
-#                                           # (11: STANDALONE topk 1 / 4), FlashInfer NGRAM (11b, with the device draft's set), triton STANDALONE
+#                                           # (11: STANDALONE topk 1 / 4), FlashInfer NGRAM (11b, `auto` audited too), triton STANDALONE
 #                                           # topk 1 page 1 (11c): stock, default, each candidate set, and auto (which
 #                                           # picks default there: an A/A pair, and auto's own never-below-stock row)
 #   CALL=12 bash scripts/device_pending.sh  # issue 67's step graphs at accept length 3 (SGLANG_SIMULATE_ACC_LEN, integral,
@@ -237,10 +237,10 @@ $COMMON --time-budget 380" bash scripts/device_call.sh ;;
     NAME=fi_p1 E2E_TIMEOUT=545 E2E_ARGS="--configs standalone-t1-p1,standalone-t4-p1 --attention-backend flashinfer \
 --arms stock --slots default,-audit --slots auto,-audit --slots default,flashinfer,eagle_host,-metadata_glue_graph,-audit \
 $COMMON --time-budget 525" bash scripts/device_call.sh ;;
-  11b)
+  11b)  # `auto` audited too: the FlashInfer NGRAM row's one sync per step, the drafter's (flashinfer-bound-plan.md, 10)
     NAME=fi_ngram E2E_TIMEOUT=545 E2E_ARGS="--configs ngram-p1 --attention-backend flashinfer --arms stock \
 --slots default,-audit --slots auto,-audit --slots default,eagle_host,ngram_host,-audit \
---slots default,eagle_host,ngram_full_mask,ngram_device_draft,-audit $COMMON --time-budget 525" bash scripts/device_call.sh ;;
+--slots auto $COMMON --time-budget 525" bash scripts/device_call.sh ;;
   11c)
     NAME=t1p1 E2E_TIMEOUT=545 E2E_ARGS="--configs standalone-t1-p1 --arms stock --slots default,-audit \
 --slots auto,-audit --slots default,eagle_host,-audit --slots default,eagle_step_graph,-audit $COMMON --time-budget 525" \
