@@ -31,6 +31,9 @@ for pair in ${SLOT_DISTS:-}; do
 done
 find sglang_hostsync_plugin -name '*.py' | LC_ALL=C sort | xargs cat | sha256sum | cut -c1-16 > "$G/digest.txt"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$G/gpu.txt"
+# Where the GPU sits against this machine's CPUs (a server's scheduler on the far NUMA node launches slower):
+# to tell a per-server offset between same-code arms from the host's drift.
+{ nvidia-smi topo -m; lscpu; echo "affinity: $(taskset -pc $$ 2>/dev/null)"; } > "$G/topo.txt" 2>&1
 (python3 - > "$G/flashinfer_warm.log" 2>&1 <<'PY'
 import time, torch, flashinfer.sampling as s
 t = time.perf_counter()
