@@ -99,7 +99,9 @@
 # The device tool: carry [".device-bundle-fi"], timeout 590, and start the next call within the
 # machine's 30 s idle release. On a fresh machine FlashInfer's JIT holds a server's first request about 280 s
 # (CUDA-graph capture 112 s, the first prefill's plan() 85 s; 2026-12-07-h100-g); later calls on the same machine
-# find FlashInfer's JIT cache: expect the first FlashInfer call's budget to end it rounds early.
+# find FlashInfer's JIT cache: expect the first FlashInfer call's budget to end it rounds early. Since 2026-12-07
+# 21:45 UTC device_call.sh builds FlashInfer's attention modules in parallel beside the servers' load
+# (scripts/flashinfer_attention_warm.py; about 110-150 s expected, not run yet: its log is in each archive).
 # COMMON's c1 window is 8 requests since 2026-12-07 17:45 UTC (2 before: a c1 round timed two requests).
 set -u
 cd "$(dirname "$0")/.."
@@ -151,6 +153,7 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
       GPU_TESTS="tests/test_gpu_flashinfer_device_plan_slot.py" TESTS_TIMEOUT=560 bash scripts/device_call.sh ;;
   14b)
     NAME=device_plan_8b HOSTSYNC_DEVICE_PLAN_CONFIGS=standalone-t4-p16 HOSTSYNC_DEVICE_PLAN_SHAPE=llama-8b-bigram \
+      FI_WARM_SHAPE=llama-8b-bigram \
       GPU_TESTS="tests/test_gpu_flashinfer_device_plan_slot.py" TESTS_TIMEOUT=560 bash scripts/device_call.sh ;;
   15)  # flashinfer_prefill_host_indptr beside auto's FlashInfer topk-4 set: identity, no prefill plan() read-back
     NAME=prefill_host_indptr GPU_TESTS="tests/test_gpu_flashinfer_prefill_host_indptr.py" TESTS_TIMEOUT=560 \

@@ -62,3 +62,18 @@ def test_each_call_fits_the_device_tools_limit(call):
     total = e2e + limits.get("TESTS_TIMEOUT", 150 if "GPU_TESTS=" in body else 0) + limits.get("SGW_TIMEOUT", 0)
     assert total <= 590, (call, total, limits)
 
+
+
+def test_the_flashinfer_warm_up_knows_every_checkpoint_shape_a_call_names():
+    """device_call.sh hands the attention warm-up E2E_ARGS's --checkpoint-shape (FI_WARM_SHAPE for GPU tests):
+    every shape a call names is one the warm-up's --shape accepts (it reads it from the e2e's table)."""
+    from sglang_hostsync_plugin.e2e import checkpoints
+
+    with open(PENDING) as f:
+        named = set(re.findall(r"(?:--checkpoint-shape|FI_WARM_SHAPE=|_SHAPE=)\s*([a-z0-9-]+)", f.read()))
+    assert named and named <= set(checkpoints.CHECKPOINT_SHAPES), named
+    warm = os.path.join(REPO, "scripts", "flashinfer_attention_warm.py")
+    out = subprocess.run([sys.executable, warm, "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "--shape" in out.stdout, out.stderr[-1000:]
+    for shape in named:
+        assert checkpoints.checkpoint_models(shape)["target"]["num_attention_heads"] > 0
