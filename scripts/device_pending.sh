@@ -253,10 +253,12 @@ $COMMON --time-budget 525" bash scripts/device_call.sh ;;
 --slots default,-audit --slots auto,-audit --slots default,eagle_host,-audit $COMMON --time-budget 525" \
       bash scripts/device_call.sh ;;
   17)  # issue 63's FlashInfer topk-1 page-16 row again (2026-12-07-h100-e read auto 0.986x / 0.920x stock, lowest
-        # round 0.668, with `none` 0.871x at c1: two requests a c1 round): stock, none, default, auto, auto + device plan
+        # round 0.668, with `none` 0.871x at c1: two requests a c1 round): stock, none, default, auto, auto + device plan;
+        # a c8 window of 32 requests (16 lasted 0.6 s there; its lowest round was one window)
     NAME=fi_t1 E2E_TIMEOUT=400 E2E_ARGS="--configs standalone-t1-p16 --attention-backend flashinfer --arms stock \
 --slots none,-audit --slots default,-audit --slots auto,-audit \
---slots default,flashinfer,eagle_host,-metadata_glue_graph,flashinfer_device_plan,-audit $COMMON --time-budget 380" \
+--slots default,flashinfer,eagle_host,-metadata_glue_graph,flashinfer_device_plan,-audit $COMMON --requests-per-user 4 \
+--time-budget 380" \
       bash scripts/device_call.sh ;;
   18)  # issue 63's triton page-16 STANDALONE rows as `auto` arms (never run as one): auto picks the step graph at
         # topk 1, eagle_host at topk 4 (there the last arm is its pick: an A/A pair)

@@ -40,6 +40,14 @@ def sglang_parse(argv):
 SPEED_RUN = matrix.Options(weights="dummy", simulate_acc_len=3.0)  # the benchmark-only options
 
 
+def test_a_windows_requests_are_at_least_requests_per_user_times_the_concurrency():
+    parse = run.build_parser().parse_args
+    assert [run.window_requests(parse(["--requests", "8"]), c) for c in (1, 8)] == [8, 16]
+    assert [run.window_requests(parse(["--requests", "8", "--requests-per-user", "4"]), c) for c in (1, 8)] == [8, 32]
+    with pytest.raises(ValueError, match="--requests-per-user"):
+        run.plan(parse(["--requests-per-user", "0"]))
+
+
 def test_by_default_servers_run_written_checkpoints_real_acceptance_and_the_radix_cache(tmp_path, capsys):
     """No --load-format dummy, no SGLANG_SIMULATE_ACC_LEN, no --disable-radix-cache unless asked; the
     report names a benchmark-only run."""

@@ -43,7 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="an extra arm with this SGLANG_HOSTSYNC_SLOTS (audit is added); repeatable")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--requests", type=int, default=6, help="requests per window (at least 2 per concurrent user)")
+    ap.add_argument("--requests", type=int, default=6,
+                    help="requests per window (at least --requests-per-user per concurrent user)")
+    ap.add_argument("--requests-per-user", type=int, default=2, metavar="N",
+                    help="a window's least requests per concurrent user (a c8 window of 2 each lasted 0.6 s)")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--prompt-kind", choices=PROMPT_KINDS, default="random",
@@ -151,8 +154,8 @@ def tokens_needed(args) -> int:
 def plan(args) -> tuple[list[matrix.Config], list[matrix.Arm], matrix.Options]:
     configs = matrix.parse_configs(args.configs)
     arms = matrix.parse_arms(args.arms, args.slots)
-    if args.rounds < 1 or min(args.concurrency) < 1 or args.requests < 1:
-        raise ValueError("--rounds, --concurrency and --requests must be positive")
+    if args.rounds < 1 or min(args.concurrency) < 1 or args.requests < 1 or args.requests_per_user < 1:
+        raise ValueError("--rounds, --concurrency, --requests and --requests-per-user must be positive")
     if args.max_total_tokens < tokens_needed(args):
         raise ValueError(f"--max-total-tokens {args.max_total_tokens} is fewer than the {tokens_needed(args)} "
                          "KV tokens the run's largest load holds (the highest --concurrency x (--prompt-len + "
@@ -363,6 +366,11 @@ def stop_all(servers) -> None:
         t.join()
 
 
+def window_requests(args, conc: int) -> int:
+    """Requests in one arm's timed window at concurrency ``conc``."""
+    return max(args.requests, args.requests_per_user * conc)
+
+
 class Budget:
     def __init__(self, seconds: float | None):
         self.deadline = None if seconds is None else time.perf_counter() + seconds
@@ -454,7 +462,7 @@ def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, res
                 "started'); run fewer arms at a time or lower --max-total-tokens")
         order = [a for a in arms if a.name in live]
         for conc in args.concurrency:
-            n = max(args.requests, 2 * conc)
+            n = window_requests(args, conc)
             for rnd in range(args.rounds):
                 if budget.spent():
                     result["meta"]["stopped"] = "time budget spent"
@@ -791,7 +799,7 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(out_dir, exist_ok=True)
     models = write_models(opts, out_dir)
     vocab = model_vocab(opts)
-    pool = prompts(max(args.identity_prompts, args.requests, 2 * max(args.concurrency)) * args.rounds + 3,
+    pool = prompts(max(args.identity_prompts, window_requests(args, max(args.concurrency))) * args.rounds + 3,
                    args.prompt_len, vocab, args.random_seed, args.prompt_kind)
     result = {
         "meta": {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
