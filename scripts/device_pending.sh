@@ -91,6 +91,7 @@
 # and 11b with it (its ports were taken; benchmarks/results/2026-12-07-h100-d/). 13, 5 and CALL=14's topk-4 half ran
 # (benchmarks/results/2026-12-07-h100-e/). 14b (cut once), 14, 14b and 7c ran (benchmarks/results/2026-12-07-h100-f/).
 # 15q ran on a fresh machine and ended in FlashInfer's JIT, no verdict (benchmarks/results/2026-12-07-h100-g/).
+# 2026-12-07 20:20-21:25 UTC: no machine lent (five tries refused, then lending paused for the session).
 # Next, for issue 64: 15 (the prefill read-backs, the last syncs; it also gives issue 63's FlashInfer topk-4 row; on a
 # fresh machine FlashInfer's JIT takes about 280 s of its 480 s budget: if no round finished, run it again at once);
 # for issue 63 (each has an auto arm; `python benchmarks/auto_verdicts.py --matrix benchmarks/results/2026-12-0*`
