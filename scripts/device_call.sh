@@ -45,13 +45,25 @@ PY
 # FlashInfer's attention modules, built in parallel beside the servers' load (a server waits on a module's lock
 # instead of building it; serially a fresh machine spent about 220 s there, 2026-12-07-h100-g). FI_WARM_SHAPE: the
 # checkpoint shape (default: E2E_ARGS's --checkpoint-shape, else small), none to skip; only where FlashInfer serves.
+# warm-shape begin (tests/test_device_scripts.py runs this block)
+WARM_ARGS=
 case " ${E2E_ARGS:-} ${GPU_TESTS:-} " in
   *flashinfer*)
-    WARM_SHAPE=${FI_WARM_SHAPE:-$(echo " ${E2E_ARGS:-} " | sed -n 's/.* --checkpoint-shape \([^ ]*\) .*/\1/p')} ;;
+    WARM_SHAPE=${FI_WARM_SHAPE:-$(echo " ${E2E_ARGS:-} " | sed -n 's/.* --checkpoint-shape[= ]\([^ ]*\) .*/\1/p')}
+    WARM_SHAPE=${WARM_SHAPE:-small}
+    # NGRAM configurations alone: no draft model, so no draft-decode module
+    case " $(echo " ${E2E_ARGS:-} " | sed -n 's/.* --configs[= ]\([^ ]*\) .*/\1/p' | tr , ' ') " in
+      "  ") ;;
+      *" "[!n]*|*" "n[!g]*) ;;
+      *) WARM_ARGS="--speculative-algorithm NGRAM" ;;
+    esac ;;
   *) WARM_SHAPE=${FI_WARM_SHAPE:-none} ;;
 esac
-if [ "${WARM_SHAPE:-small}" != none ]; then
-  timeout 420 python3 scripts/flashinfer_attention_warm.py --shape "${WARM_SHAPE:-small}" > "$G/flashinfer_attn_warm.log" 2>&1 &
+# warm-shape end
+if [ "$WARM_SHAPE" != none ]; then
+  # --max-jobs 4: five modules' ninja builds at once, about 20 nvcc jobs on 16 cores, not 27 (memory)
+  { timeout 420 python3 scripts/flashinfer_attention_warm.py --shape "$WARM_SHAPE" $WARM_ARGS --max-jobs 4
+    echo "warm-up rc $?"; } > "$G/flashinfer_attn_warm.log" 2>&1 &
 fi
 if [ -n "${E2E_ARGS:-}" ]; then
   HOSTSYNC_BUNDLE=/nonexistent OUT=$G/run TESTS=0 BENCHES=e2e E2E_TIMEOUT=${E2E_TIMEOUT:-480} \
@@ -71,7 +83,7 @@ if [ -n "${GPU_TESTS:-}" ]; then
 fi
 wait
 cat "$G/flashinfer_warm.log" | tail -2
-tail -1 "$G/flashinfer_attn_warm.log" 2>/dev/null
+tail -2 "$G/flashinfer_attn_warm.log" 2>/dev/null
 # The FlashInfer modules this call's servers built or found (their names carry the JIT parameters): what a warm-up
 # of the attention modules beside the servers' load would have to build.
 find "$FLASHINFER_WORKSPACE_BASE" -name '*.so' -printf '%TT %s %p\n' 2>/dev/null | sort > "$G/flashinfer_jit.txt"

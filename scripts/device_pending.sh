@@ -68,7 +68,8 @@
 #                                           # real server: 9 dflash_step_graph on dflash-p16, 9b dspark_step_graph
 #                                           # on dspark-p16 (stock / default / the slot, self-check on)
 #   CALL=11 / 11b / 11c bash scripts/device_pending.sh  # issue 63's matrix rows nobody measured: FlashInfer page 1
-#                                           # (11: STANDALONE topk 1 / 4), FlashInfer NGRAM (11b, `auto` audited too), triton STANDALONE
+#                                           # (11: STANDALONE topk 1 / 4), FlashInfer NGRAM (11b, `ngram_host` audited
+#                                           # too), triton STANDALONE
 #                                           # topk 1 page 1 (11c): stock, default, each candidate set, and auto (which
 #                                           # picks default there: an A/A pair, and auto's own never-below-stock row)
 #   CALL=12 bash scripts/device_pending.sh  # issue 67's step graphs at accept length 3 (SGLANG_SIMULATE_ACC_LEN, integral,
@@ -163,7 +164,7 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
     NAME=prefill_host_indptr_q HOSTSYNC_PREFILL_QUICK=1 GPU_TESTS="tests/test_gpu_flashinfer_prefill_host_indptr.py" \
       TESTS_TIMEOUT=480 bash scripts/device_call.sh ;;
   6b)
-    NAME=cert_plan GPU_TESTS="tests/test_gpu_flashinfer_certified_plan.py" TESTS_TIMEOUT=560 \
+    NAME=cert_plan FI_WARM_SHAPE=llama-1b GPU_TESTS="tests/test_gpu_flashinfer_certified_plan.py" TESTS_TIMEOUT=560 \
       bash scripts/device_call.sh ;;
   7)
     COMBINED=default,eagle_step_graph,eagle_host,-metadata_glue_graph,-draft_extend_glue_graph,\
@@ -241,10 +242,11 @@ $COMMON --time-budget 380" bash scripts/device_call.sh ;;
     NAME=fi_p1 E2E_TIMEOUT=545 E2E_ARGS="--configs standalone-t1-p1,standalone-t4-p1 --attention-backend flashinfer \
 --arms stock --slots default,-audit --slots auto,-audit --slots default,flashinfer,eagle_host,-metadata_glue_graph,-audit \
 $COMMON --time-budget 525" bash scripts/device_call.sh ;;
-  11b)  # `auto` audited too: the FlashInfer NGRAM row's one sync per step, the drafter's (flashinfer-bound-plan.md, 10)
+  11b)  # `ngram_host`'s set audited too: the FlashInfer NGRAM row's one sync per step (flashinfer-bound-plan.md, 10;
+         # `auto` picks `default` there, whose one wait is at the seq-lens resolve)
     NAME=fi_ngram E2E_TIMEOUT=545 E2E_ARGS="--configs ngram-p1 --attention-backend flashinfer --arms stock \
 --slots default,-audit --slots auto,-audit --slots default,eagle_host,ngram_host,-audit \
---slots auto $COMMON --time-budget 525" bash scripts/device_call.sh ;;
+--slots default,eagle_host,ngram_host $COMMON --time-budget 525" bash scripts/device_call.sh ;;
   11c)
     NAME=t1p1 E2E_TIMEOUT=545 E2E_ARGS="--configs standalone-t1-p1 --arms stock --slots default,-audit \
 --slots auto,-audit --slots default,eagle_host,-audit --slots default,eagle_step_graph,-audit $COMMON --time-budget 525" \

@@ -33,6 +33,8 @@ import os
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout's package first
+
 DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "half": "float16",
           "fp16": "float16", "float32": "float16", "float": "float16"}  # SGLang's auto: fp32 -> fp16
 
@@ -136,7 +138,7 @@ def _build(kind: str, backend, args) -> tuple[float, float]:
     return t1 - t0, time.perf_counter() - t1
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model-path", help="target checkpoint directory (its config.json is read)")
@@ -149,7 +151,11 @@ def main() -> int:
     p.add_argument("--sm", type=int, default=90, help="compute capability for --list without a GPU")
     p.add_argument("--list", action="store_true", help="print the modules, build nothing")
     p.add_argument("--max-jobs", type=int, help="MAX_JOBS (ninja -j) per module build (default nproc+2)")
-    a = p.parse_args()
+    return p
+
+
+def main() -> int:
+    a = build_parser().parse_args()
     if a.speculative_algorithm == "NGRAM":
         a.draft_key, a.draft_model_path = "none", None
     # sglang/__init__.py redirects FlashInfer's cache (srt/environ.py third_party_cache_defaults):

@@ -63,17 +63,79 @@ def test_each_call_fits_the_device_tools_limit(call):
     assert total <= 590, (call, total, limits)
 
 
+def _warm_choice(e2e_args: str = "", gpu_tests: str = "", shape: str | None = None) -> tuple[str, str]:
+    """device_call.sh's warm-shape block run alone: (WARM_SHAPE, WARM_ARGS)."""
+    with open(os.path.join(REPO, "scripts", "device_call.sh")) as f:
+        block = f.read().split("# warm-shape begin", 1)[1].split("# warm-shape end", 1)[0]
+    env = {"PATH": os.environ["PATH"], "E2E_ARGS": e2e_args, "GPU_TESTS": gpu_tests}
+    if shape is not None:
+        env["FI_WARM_SHAPE"] = shape
+    out = subprocess.run(["bash", "-c", "set -u\n" + block.split("\n", 1)[1] + '\necho "$WARM_SHAPE|$WARM_ARGS"'],
+                         env=env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return tuple(out.stdout.strip().split("|"))
+
+
+def test_the_flashinfer_warm_up_runs_where_flashinfer_serves_for_the_calls_checkpoint_shape():
+    fi = "--configs standalone-t4-p16,standalone-t1-p16 --attention-backend flashinfer"
+    assert _warm_choice("--configs ngram-p1,eagle3-t1-p16 --arms stock") == ("none", "")
+    assert _warm_choice(fi) == ("small", "")
+    assert _warm_choice(fi + " --checkpoint-shape llama-8b-bigram --rounds 6") == ("llama-8b-bigram", "")
+    assert _warm_choice(fi + " --checkpoint-shape=llama-1b") == ("llama-1b", "")
+    ngram = ("small", "--speculative-algorithm NGRAM")
+    assert _warm_choice("--configs ngram-p1 --attention-backend flashinfer") == ngram
+    assert _warm_choice("--configs ngram-p1,standalone-t4-p16 --attention-backend flashinfer") == ("small", "")
+    assert _warm_choice(gpu_tests="tests/test_gpu_flashinfer_x.py", shape="llama-1b") == ("llama-1b", "")
+    assert _warm_choice(fi, shape="none") == ("none", "")
+
 
 def test_the_flashinfer_warm_up_knows_every_checkpoint_shape_a_call_names():
-    """device_call.sh hands the attention warm-up E2E_ARGS's --checkpoint-shape (FI_WARM_SHAPE for GPU tests):
-    every shape a call names is one the warm-up's --shape accepts (it reads it from the e2e's table)."""
+    """Every shape a call hands the warm-up (E2E_ARGS's --checkpoint-shape, FI_WARM_SHAPE) is in the e2e's table,
+    which the warm-up reads."""
     from sglang_hostsync_plugin.e2e import checkpoints
 
     with open(PENDING) as f:
         named = set(re.findall(r"(?:--checkpoint-shape|FI_WARM_SHAPE=|_SHAPE=)\s*([a-z0-9-]+)", f.read()))
     assert named and named <= set(checkpoints.CHECKPOINT_SHAPES), named
-    warm = os.path.join(REPO, "scripts", "flashinfer_attention_warm.py")
-    out = subprocess.run([sys.executable, warm, "--help"], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and "--shape" in out.stdout, out.stderr[-1000:]
-    for shape in named:
-        assert checkpoints.checkpoint_models(shape)["target"]["num_attention_heads"] > 0
+
+
+def _fake_flashinfer(monkeypatch):
+    """FlashInfer's module-name functions (not installed here): a name from the getter's own arguments."""
+    import types
+
+    mods = {n: types.ModuleType(n) for n in ("flashinfer", "flashinfer.jit", "flashinfer.jit.attention",
+                                             "flashinfer.jit.attention.modules", "flashinfer.utils")}
+    names = mods["flashinfer.jit.attention.modules"]
+    names.get_batch_prefill_uri = lambda backend, *a: f"prefill_{backend}_d{a[4]}"
+    names._get_batch_prefill_module_uri = lambda base, backend, stride, kind: f"{base}_{stride}"
+    names.get_batch_decode_uri = lambda *a: f"decode_d{a[4]}"
+    utils = mods["flashinfer.utils"]
+    utils.version_at_least = lambda v, at: True
+    utils.is_fa3_backend_supported = lambda *a: True
+    utils.is_fa3_prefill_head_dim_supported = lambda qk, vo: qk in (64, 128, 256)
+    for name, mod in mods.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+
+
+def _planned(monkeypatch, *argv):
+    import importlib.util
+
+    _fake_flashinfer(monkeypatch)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    spec = importlib.util.spec_from_file_location("warm", os.path.join(REPO, "scripts", "flashinfer_attention_warm.py"))
+    warm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(warm)
+    return {m["name"]: m for m in warm.plan_modules(warm.build_parser().parse_args(list(argv)))}
+
+
+def test_the_warm_up_plans_the_modules_sglangs_flashinfer_backend_builds(monkeypatch):
+    small = _planned(monkeypatch, "--shape", "small")  # 16 / 8 heads: the draft decodes on CUDA cores
+    assert set(small) == {"quantization", "prefill_fa2_d128_equal", "prefill_fa3_d128", "cascade", "decode_d128"}
+    assert any("target verify" in u for u in small["prefill_fa2_d128_equal"]["uses"])
+    ngram = _planned(monkeypatch, "--shape", "small", "--draft-key", "none", "--speculative-algorithm", "NGRAM")
+    assert set(ngram) == {"quantization", "prefill_fa2_d128_equal", "prefill_fa3_d128", "cascade"}
+    one_step = _planned(monkeypatch, "--shape", "small", "--num-steps", "1")  # no multi-step draft decode
+    assert "decode_d128" not in one_step
+    # 32 / 8 heads (GQA 4): decode runs on tensor cores, through the fa2 prefill module
+    assert "decode_d128" not in _planned(monkeypatch, "--shape", "llama-8b-bigram")
+    assert "prefill_fa3_d64" in _planned(monkeypatch, "--shape", "llama-1b")  # head_dim 64

@@ -839,7 +839,8 @@ def test_whole_run_against_fake_servers(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(run, "gpu_free_gib", lambda: 2.5)  # as nvidia-smi would say on a full GPU
     out = tmp_path / "run"
     argv = ["--server-module", "fake_sglang_server", "--weights", "dummy", "--configs", "standalone-t4-p16", "--concurrency", "1", "2",
-            "--rounds", "2", "--requests", "3", "--max-new-tokens", "16", "--identity-tokens", "8",
+            "--rounds", "2", "--requests", "3", "--requests-per-user", "3", "--max-new-tokens", "16",
+            "--identity-tokens", "8",
             "--slots", "default,perturb", "--slots", "crash", "--slots", "die", "--port", str(free_port_base(6)), "--out", str(out),
             "--plugin-env", "SGLANG_HOSTSYNC_GLUE_CHECK=5"]
     t0 = time.perf_counter()
@@ -862,6 +863,8 @@ def test_whole_run_against_fake_servers(tmp_path, monkeypatch, capsys):
     assert [(r["concurrency"], r["round"]) for r in died_rows] == [(1, 0)] and died_rows[0]["errors"]
     rows = [r for r in result["rows"] if r["arm"] != "slots:die"]
     assert {(r["arm"], r["concurrency"]) for r in rows} == {(a, c) for a in ("stock", "audit", "plugin", "slots:default,perturb") for c in (1, 2)}
+    # a c1 window of --requests (3), a c2 window of --requests-per-user (3) per user
+    assert {(r["concurrency"], r["load"]["requests"]) for r in rows} == {(1, 3), (2, 6)}
     # Every server was warmed at c2 (two requests in flight) before the first measured round began.
     first_row = min(r["t_start"] for r in result["rows"])
     for arm in ("stock", "audit", "plugin", "slots:default,perturb"):
