@@ -92,7 +92,7 @@
 # and 11b with it (its ports were taken; benchmarks/results/2026-12-07-h100-d/). 13, 5 and CALL=14's topk-4 half ran
 # (benchmarks/results/2026-12-07-h100-e/). 14b (cut once), 14, 14b and 7c ran (benchmarks/results/2026-12-07-h100-f/).
 # 15q ran on a fresh machine and ended in FlashInfer's JIT, no verdict (benchmarks/results/2026-12-07-h100-g/).
-# 2026-12-07 20:20-21:25 UTC: no machine lent (five tries refused, then lending paused for the session).
+# 2026-12-07 20:12-20:45 UTC: no machine lent (seven tries refused, then no machine lent for the rest of that session).
 # Next, for issue 64: 15 (the prefill read-backs, the last syncs; it also gives issue 63's FlashInfer topk-4 row; on a
 # fresh machine FlashInfer's JIT takes about 280 s of its 480 s budget: if no round finished, run it again at once);
 # for issue 63 (each has an auto arm; `python benchmarks/auto_verdicts.py --matrix benchmarks/results/2026-12-0*`
@@ -102,7 +102,7 @@
 # machine's 30 s idle release. On a fresh machine FlashInfer's JIT holds a server's first request about 280 s
 # (CUDA-graph capture 112 s, the first prefill's plan() 85 s; 2026-12-07-h100-g); later calls on the same machine
 # find FlashInfer's JIT cache: expect the first FlashInfer call's budget to end it rounds early. Since 2026-12-07
-# 21:45 UTC device_call.sh builds FlashInfer's attention modules in parallel beside the servers' load
+# 20:41 UTC device_call.sh builds FlashInfer's attention modules in parallel beside the servers' load
 # (scripts/flashinfer_attention_warm.py; about 110-150 s expected, not run yet: its log is in each archive).
 # COMMON's c1 window is 8 requests since 2026-12-07 17:45 UTC (2 before: a c1 round timed two requests).
 set -u
