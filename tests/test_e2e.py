@@ -1384,3 +1384,47 @@ def test_a_server_is_its_arms_where_sglang_rewrote_the_model_path_it_was_launche
     assert "another server answers on this port (model /cache/t-snapshot" in run.not_its_own(srv)
     answers.clear()  # a server that does not say (or an older SGLang): not judged
     assert run.not_its_own(srv) is None
+
+
+def test_a_cells_scheduler_cpu_is_the_median_of_its_rounds_with_every_cpu_seen():
+    rows = [load_row("c", 1, "stock", r, [100], 100) for r in range(3)]
+    rows += [{**load_row("c", 1, "slots:a", r, [100], 100),
+              "cpu": {"scheduler_cpu_us_per_token": us, "scheduler_cpus": cpus}}
+             for r, (us, cpus) in enumerate([(900.0, [3]), (1200.0, [3, 7]), (1000.0, [3])])]
+    cells = {c["arm"]: c for c in stats.cells(rows)}
+    assert cells["slots:a"]["scheduler_cpu_us_per_token"] == 1000.0 and cells["slots:a"]["scheduler_cpus"] == [3, 7]
+    assert cells["stock"]["scheduler_cpu_us_per_token"] is None and cells["stock"]["scheduler_cpus"] == []
+    assert "- c c1 slots:a: 1000 (3, 7)" in stats.markdown(list(cells.values()), {}, {}).splitlines()
+
+
+def test_a_schedulers_cpu_over_a_window_from_proc(tmp_path):
+    """A process titled as SGLang titles its scheduler, in a session of its own, spins about 0.4 s inside the
+    window: its CPU per token is read from /proc, and nothing is read for a group without a scheduler."""
+    from sglang_hostsync_plugin.e2e import procs
+
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("no /proc")
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\ntime.sleep(30)"
+    child = subprocess.Popen(["bash", "-c", f'exec -a sglang::scheduler_TP0 "{sys.executable}" -c "$0"', spin],
+                             start_new_session=True)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    try:
+        deadline = time.time() + 20
+        while True:  # until bash has exec'd under that title
+            before = procs.group(child.pid)
+            if [p.title for p in before.values()] == ["sglang::scheduler_TP0"]:
+                break
+            assert time.time() < deadline, before
+            time.sleep(0.01)
+        deadline = time.time() + 20
+        while procs.group(child.pid)[child.pid].cpu_s - before[child.pid].cpu_s < 0.4 and time.time() < deadline:
+            time.sleep(0.05)
+        got = procs.window(before, procs.group(child.pid), tokens=1000)
+        assert 350 <= got["scheduler_cpu_us_per_token"] <= 2000 and got["scheduler_cpus"], got
+        assert procs.window(procs.group(other.pid), procs.group(other.pid), tokens=1000) is None
+        assert procs.window(before, before, tokens=0) is None
+    finally:
+        for p in (child, other):
+            p.kill()
+            p.wait()
+    assert procs.group(child.pid) == {}

@@ -29,7 +29,7 @@ import threading
 import time
 
 from ..slots.audit import parse_trace, rank_path
-from . import checkpoints, client, matrix, stats, traffic
+from . import checkpoints, client, matrix, procs, stats, traffic
 from .png import bar_chart
 
 HOSTSYNC_ENV_PREFIXES = ("SGLANG_HOSTSYNC_", "SGLANG_ENABLE_HOSTSYNC_PLUGIN")
@@ -473,11 +473,14 @@ def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, res
                         continue
                     batch = [prompt_pool[(rnd * n + k) % len(prompt_pool)] for k in range(n)]
                     fresh_trie(config, live[arm.name], f"{config.name}/{arm.name}")  # each arm's round from an empty trie
+                    before = procs.group(live[arm.name].proc.pid)  # outside the timed window
                     load = client.run_load(live[arm.name].base, batch, conc, args.max_new_tokens)
+                    cpu = procs.window(before, procs.group(live[arm.name].proc.pid),
+                                       sum(r.completion_tokens for r in load.results))
                     result["rows"].append({
                         "config": config.name, "concurrency": conc, "arm": arm.name, "round": rnd,
                         "t_start": load.t_start, "t_end": load.t_end, "errors": list(load.errors),
-                        "load": stats.load_figures(load.results, load.wall),
+                        "load": stats.load_figures(load.results, load.wall), "cpu": cpu,
                     })
                     f = result["rows"][-1]["load"]
                     say(f"{config.name} c{conc} r{rnd} {arm.name}: {stats.fmt(f['tok_s_user_median'], '.1f')} tok/s/user"

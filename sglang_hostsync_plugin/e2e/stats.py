@@ -289,6 +289,7 @@ def cells(rows: list[dict], windows: dict[tuple, list[list[TraceStep]]] | None =
     for (config, conc, arm), rs in grouped.items():
         per_user = [v for r in rs for v in r["load"]["tok_s_user_all"]]
         accept = [r["load"]["accept_length"] for r in rs if r["load"]["accept_length"] is not None]
+        cpu = [r["cpu"] for r in rs if r.get("cpu")]  # .get: rows from before 2026-12-07 21:30 UTC have none
         out.append({
             "config": config, "concurrency": conc, "arm": arm, "rounds": len(rs),
             "requests": sum(r["load"]["requests"] for r in rs),
@@ -298,6 +299,8 @@ def cells(rows: list[dict], windows: dict[tuple, list[list[TraceStep]]] | None =
             "tok_s_user_by_round": {r["round"]: r["load"]["tok_s_user_median"] for r in rs},
             "tok_s_total_median": median([r["load"]["tok_s_total"] for r in rs]),
             "accept_length": statistics.fmean(accept) if accept else None,
+            "scheduler_cpu_us_per_token": median([x["scheduler_cpu_us_per_token"] for x in cpu]),
+            "scheduler_cpus": sorted({n for x in cpu for n in x["scheduler_cpus"]}),
             "audit": pool_audit(windows[(config, conc, arm)]) if windows and (config, conc, arm) in windows else None,
             "other_ranks": {str(k[3]): rank_figures(w) for k, w in (windows or {}).items()  # str: a JSON key
                             if len(k) == 4 and k[:3] == (config, conc, arm)},
@@ -679,6 +682,19 @@ def auto_lines(verdicts: list[dict]) -> list[str]:
             AUTO_HEADER, "|" + " --- |" * AUTO_HEADER.count(" | ") + " --- |", *map(auto_row, verdicts)]
 
 
+def cpu_lines(cell_rows: list[dict]) -> list[str]:
+    """Each cell's scheduler CPU per output token and the CPUs it ran on (``procs``): same-code arms that differ
+    in speed but not here differ elsewhere than in the host's work."""
+    rows = [c for c in cell_rows if c.get("scheduler_cpu_us_per_token") is not None]
+    if not rows:
+        return []
+    lines = ["", "Scheduler CPU µs per output token, median of rounds (CPUs it was seen on):", ""]
+    for c in sorted(rows, key=lambda c: (c["config"], c["concurrency"], c["arm"] != "stock", c["arm"])):
+        lines.append(f"- {c['config']} c{c['concurrency']} {c['arm']}: {c['scheduler_cpu_us_per_token']:.0f} "
+                     f"({', '.join(map(str, c['scheduler_cpus']))})")
+    return lines
+
+
 def markdown(cell_rows: list[dict], servers: dict[str, dict], identity: dict[str, dict],
              arm_slots: dict[str, str | None] | None = None, traffic: dict | None = None) -> str:
     """The report: one table of cells, one of servers (ready time, identity)."""
@@ -725,6 +741,7 @@ def markdown(cell_rows: list[dict], servers: dict[str, dict], identity: dict[str
         lines += ["", "Servers that died while serving (rows after that are missing; the log tail is in e2e.json):", ""]
         lines += [f"- {name}: {why}" for name, why in died]
     lines += rank_lines(cell_rows)
+    lines += cpu_lines(cell_rows)
     lines += ramp_lines(cell_rows)
     lines += ramp_work_lines(cell_rows)
     lines += attribution_tables(cell_rows)
