@@ -65,6 +65,10 @@ if [ "$WARM_SHAPE" != none ]; then
   { timeout 420 python3 scripts/flashinfer_attention_warm.py --shape "$WARM_SHAPE" $WARM_ARGS --max-jobs 4
     echo "warm-up rc $?"; } > "$G/flashinfer_attn_warm.log" 2>&1 &
 fi
+# PYSPY_CONFIGS (gpu_run.sh's line-level scheduler profiles): py-spy travels xz'd in .devwheels/ (carry it).
+if [ -n "${PYSPY_CONFIGS:-}" ] && [ -f .devwheels/py-spy.xz ] && [ -z "${PYSPY:-}" ]; then
+  xz -dc .devwheels/py-spy.xz > /tmp/py-spy && chmod +x /tmp/py-spy && export PYSPY=/tmp/py-spy
+fi
 if [ -n "${E2E_ARGS:-}" ]; then
   HOSTSYNC_BUNDLE=/nonexistent OUT=$G/run TESTS=0 BENCHES=e2e E2E_TIMEOUT=${E2E_TIMEOUT:-480} \
     timeout $(( ${E2E_TIMEOUT:-480} + 45 )) bash scripts/gpu_run.sh > "$G/gpu_run.log" 2>&1

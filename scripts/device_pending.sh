@@ -59,6 +59,9 @@
 #                                           # work at c1, and auto's pick on a DSpark server;
 #                                           # then eagle_step_graph's GPU tests (launch_graph)
 #   CALL=10f bash scripts/device_pending.sh # DFlash p16 alone with an `auto` arm: auto's DFlash row on a GPU
+#   CALL=19 bash scripts/device_pending.sh  # issue 64's run-ahead: py-spy on a FlashInfer topk-4 page-16 8B-shaped
+#                                           # server (auto's set + the prefill slot, audited), c1: where the host's
+#                                           # 6 ms per step goes; carry [".device-bundle-fi", ".devwheels"]
 #   CALL=16 bash scripts/device_pending.sh  # issue 63's triton STANDALONE topk 1 / 4 page 1 rows with an `auto` arm
 #                                           # (stock, default, auto, default,eagle_host; at topk 4 the last is auto's pick)
 #   CALL=17 bash scripts/device_pending.sh  # issue 63's FlashInfer STANDALONE topk 1 page 16 row again, 8 requests a c1
@@ -93,7 +96,8 @@
 # (benchmarks/results/2026-12-07-h100-e/). 14b (cut once), 14, 14b and 7c ran (benchmarks/results/2026-12-07-h100-f/).
 # 15q ran on a fresh machine and ended in FlashInfer's JIT, no verdict (benchmarks/results/2026-12-07-h100-g/).
 # 2026-12-07 20:12-20:45 UTC: no machine lent (seven tries refused, then no machine lent for the rest of that session).
-# Next, for issue 64: 15 (the prefill read-backs, the last syncs; it also gives issue 63's FlashInfer topk-4 row; on a
+# Next, for issue 64: 15, then 19 (the profile section 9's glue graphs need first; .devwheels/py-spy.xz carried);
+# 15 (the prefill read-backs, the last syncs; it also gives issue 63's FlashInfer topk-4 row; on a
 # fresh machine FlashInfer's JIT takes about 280 s of its 480 s budget: if no round finished, run it again at once);
 # for issue 63 (each has an auto arm; `python benchmarks/auto_verdicts.py --matrix benchmarks/results/2026-12-0*`
 # says which cells have no run of today's pick): 16, 18, 17, 11, 11b, 10f;
@@ -251,6 +255,14 @@ $COMMON --time-budget 525" bash scripts/device_call.sh ;;
     NAME=t1p1 E2E_TIMEOUT=545 E2E_ARGS="--configs standalone-t1-p1 --arms stock --slots default,-audit \
 --slots auto,-audit --slots default,eagle_host,-audit --slots default,eagle_step_graph,-audit $COMMON --time-budget 525" \
       bash scripts/device_call.sh ;;
+  19)  # issue 64's run-ahead: where FlashInfer's host work per step goes (section 9 of docs/flashinfer-bound-plan.md),
+        # py-spy on the schedulers (carry .devwheels with py-spy.xz: `pip download py-spy --no-deps`, strip, xz -9e),
+        # topk 4 page 16 on the 8B-shaped target, auto's set with the prefill slot, audited: its syncs and run-ahead too
+    NAME=fi_profile PYSPY_CONFIGS=standalone-t4-p16 E2E_TIMEOUT=500 E2E_ARGS="--configs standalone-t4-p16 \
+--attention-backend flashinfer --checkpoint-shape llama-8b-bigram --arms stock \
+--slots default,flashinfer,eagle_host,-metadata_glue_graph,flashinfer_device_plan,flashinfer_prefill_host_indptr \
+--concurrency 1 --rounds 4 --requests 8 --max-new-tokens 64 --traffic-requests 16 --traffic-aborts 4 \
+--server-arg=--disable-prefill-cuda-graph --ready-timeout 420 --time-budget 470" bash scripts/device_call.sh ;;
   16)  # issue 63's triton page-1 rows as `auto` arms (auto picks the step graph at topk 1, eagle_host at topk 4)
     NAME=triton_p1 E2E_TIMEOUT=545 E2E_ARGS="--configs standalone-t1-p1,standalone-t4-p1 --arms stock \
 --slots default,-audit --slots auto,-audit --slots default,eagle_host,-audit $COMMON --time-budget 525" \
