@@ -258,11 +258,13 @@ $COMMON --time-budget 525" bash scripts/device_call.sh ;;
   19)  # issue 64's run-ahead: where FlashInfer's host work per step goes (section 9 of docs/flashinfer-bound-plan.md),
         # py-spy on the schedulers (carry .devwheels with py-spy.xz: `pip download py-spy --no-deps`, strip, xz -9e),
         # topk 4 page 16 on the 8B-shaped target, auto's set with the prefill slot, audited: its syncs and run-ahead too
-    NAME=fi_profile PYSPY_CONFIGS=standalone-t4-p16 E2E_TIMEOUT=500 E2E_ARGS="--configs standalone-t4-p16 \
+        # then the replay-launch GPU tests (the device plan's launch joined them on 2026-12-07)
+    NAME=fi_profile PYSPY_CONFIGS=standalone-t4-p16 E2E_TIMEOUT=480 E2E_ARGS="--configs standalone-t4-p16 \
 --attention-backend flashinfer --checkpoint-shape llama-8b-bigram --arms stock \
 --slots default,flashinfer,eagle_host,-metadata_glue_graph,flashinfer_device_plan,flashinfer_prefill_host_indptr \
 --concurrency 1 --rounds 4 --requests 8 --max-new-tokens 64 --traffic-requests 16 --traffic-aborts 4 \
---server-arg=--disable-prefill-cuda-graph --ready-timeout 420 --time-budget 470" bash scripts/device_call.sh ;;
+--server-arg=--disable-prefill-cuda-graph --ready-timeout 420 --time-budget 450" \
+      GPU_TESTS="tests/test_gpu_triton_replay_launch.py" TESTS_TIMEOUT=60 bash scripts/device_call.sh ;;
   16)  # issue 63's triton page-1 rows as `auto` arms (auto picks the step graph at topk 1, eagle_host at topk 4)
     NAME=triton_p1 E2E_TIMEOUT=545 E2E_ARGS="--configs standalone-t1-p1,standalone-t4-p1 --arms stock \
 --slots default,-audit --slots auto,-audit --slots default,eagle_host,-audit $COMMON --time-budget 525" \

@@ -119,10 +119,18 @@ def _plan_kernel(
             tl.store(ws32 + merge_off + 1 + q, base + (q - lo + 1) * n, mask=q < total_rows)
 
 
-def prefill_plan(qo_indptr, kv_indptr, workspace, plan_info: dict, *, batch_size: int, gqa: int,
-                 max_batch_size_if_split: int, page_size: int) -> None:
-    """Writes, on the current stream, what FlashInfer's CUDA-graph prefill plan writes for these lengths
-    into ``workspace`` (the device int workspace, uint8) at ``plan_info``'s offsets (byte offsets, as
+def launch_plan(qo_indptr, kv_indptr, ws32, ws8, *ints_and_flags) -> None:
+    """One plan kernel launch: tensors and ints only, every one fixed per CUDA-graph wrapper (``prefill_args`` /
+    ``decode_args`` build them), so SGLang's ``replay_launches`` can relaunch it (slot ``triton_replay_launch``)."""
+    *ints, decode, split, block = ints_and_flags
+    _plan_kernel[(1,)](qo_indptr, kv_indptr, ws32, ws8, *ints, DECODE=decode, SPLIT=split, BLOCK=block, BLOCK_P=32,
+                       SEARCH_STEPS=32)
+
+
+def prefill_args(qo_indptr, kv_indptr, workspace, plan_info: dict, *, batch_size: int, gqa: int,
+                 max_batch_size_if_split: int, page_size: int) -> tuple:
+    """``launch_plan``'s arguments for what FlashInfer's CUDA-graph prefill plan writes for these lengths into
+    ``workspace`` (the device int workspace, uint8) at ``plan_info``'s offsets (byte offsets, as
     ``flashinfer_split.PLAN_INFO_FIELDS`` names them; ``cta_tile_q`` and ``padded_batch_size`` from the same
     plan_info). ``kv_indptr`` in pages; both int32 with ``batch_size + 1`` entries on the device. The caller
     keeps the real row count within the captured one (``plan_info``'s ``total_num_rows``) and passes the
@@ -133,34 +141,41 @@ def prefill_plan(qo_indptr, kv_indptr, workspace, plan_info: dict, *, batch_size
     if max_batch_size_if_split > plan_info["padded_batch_size"]:
         raise ValueError(f"a split budget of {max_batch_size_if_split} exceeds the captured padded batch size "
                          f"{plan_info['padded_batch_size']} (another device's SM count?)")
-    ws32 = workspace.view(dtype=torch.int32)
-    _plan_kernel[(1,)](
-        qo_indptr, kv_indptr, ws32, workspace,
+    return (
+        qo_indptr, kv_indptr, workspace.view(dtype=torch.int32), workspace,
         batch_size, gqa, plan_info["cta_tile_q"], max_batch_size_if_split, max(128 // page_size, 1), page_size,
         plan_info["padded_batch_size"], plan_info["total_num_rows"],
         plan_info["request_indices_offset"] // 4, plan_info["qo_tile_indices_offset"] // 4,
         plan_info["kv_tile_indices_offset"] // 4, plan_info["merge_indptr_offset"] // 4,
         plan_info["o_indptr_offset"] // 4, plan_info["kv_chunk_size_ptr_offset"] // 4,
         plan_info["block_valid_mask_offset"], plan_info["total_num_rows_offset"] // 4,
-        DECODE=False, SPLIT=True, BLOCK=max(16, triton.next_power_of_2(batch_size)), BLOCK_P=32, SEARCH_STEPS=32,
+        False, True, max(16, triton.next_power_of_2(batch_size)),
     )
 
 
-def decode_plan(kv_indptr, workspace, plan_info: dict, *, batch_size: int, page_size: int) -> None:
+def decode_args(kv_indptr, workspace, plan_info: dict, *, batch_size: int, page_size: int) -> tuple:
     """The same for FlashInfer's CUDA-core decode plan (``DecodePlan`` under CUDA graphs: plan_info by
     ``DECODE_PLAN_INFO_FIELDS``). Its split budget is the grid's blocks over the KV heads, which under CUDA
     graphs is the plan's padded batch size: ``nb * gdy > max_grid`` holds exactly when ``nb > max_grid // gdy``."""
-    ws32 = workspace.view(dtype=torch.int32)
     padded = plan_info["padded_batch_size"]
-    _plan_kernel[(1,)](
-        kv_indptr, kv_indptr, ws32, workspace,
+    return (
+        kv_indptr, kv_indptr, workspace.view(dtype=torch.int32), workspace,
         batch_size, 1, 1, padded, max(128 // page_size, 1), page_size, padded, 0,
         plan_info["request_indices_offset"] // 4, 0, plan_info["kv_tile_indices_offset"] // 4, 0,
         plan_info["o_indptr_offset"] // 4, plan_info["kv_chunk_size_ptr_offset"] // 4,
         plan_info["block_valid_mask_offset"], 0,
-        DECODE=True, SPLIT=bool(plan_info["split_kv"]), BLOCK=max(16, triton.next_power_of_2(batch_size)),
-        BLOCK_P=32, SEARCH_STEPS=32,
+        True, bool(plan_info["split_kv"]), max(16, triton.next_power_of_2(batch_size)),
     )
+
+
+def prefill_plan(*args, **kwargs) -> None:
+    """Writes, on the current stream, the prefill plan ``prefill_args`` describes."""
+    launch_plan(*prefill_args(*args, **kwargs))
+
+
+def decode_plan(*args, **kwargs) -> None:
+    """Writes, on the current stream, the decode plan ``decode_args`` describes."""
+    launch_plan(*decode_args(*args, **kwargs))
 
 
 def replan_prefill(wrapper, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, *,

@@ -338,6 +338,36 @@ def test_the_device_plan_reads_each_planners_arguments_where_flashinfer_passes_t
     assert w._int_workspace_buffer[offsets["block_valid_mask_offset"] + padded - 1] != STALE
 
 
+def test_the_device_plans_launch_is_a_replayed_wrapper_of_tensors_and_ints(monkeypatch):
+    """With ``triton_replay_launch`` on, a wrapper's device plan goes through SGLang's ``replay_launches`` (here
+    a stand-in that records each call and runs the plain launch). Its arguments are tensors, ints and bools only
+    (a signature ``replay_launches`` can key; anything else keeps Triton's dispatch every call), the same objects
+    at every call of the wrapper, and the plan written is stock's."""
+    from sglang_hostsync_plugin.slots import triton_replay_launch as trl
+    from test_flashinfer_device_plan import prefill_layout, stand_in_wrapper
+
+    seen, plain = [], dp.launch_plan.__wrapped__
+    monkeypatch.setitem(trl._wrappers.replays, plain, lambda *a: seen.append(a) or plain(*a))
+    monkeypatch.setattr(trl._wrappers, "on", True)
+    bs, width, lens = 3, 8, [17, 9000, 250]
+    call = fs.PlannerCall(tuple(range(0, (bs + 1) * width, width)), tuple(fs.page_indptr(lens, 1)), bs * width, bs,
+                          32, 8, 1, True, HD, HD, False, -1, -1, False, 0, 0)
+    model = fs.plan_call(call)
+    info, size = prefill_layout(model, bs, bs * width)
+    w = stand_in_wrapper(info, size, bs)
+    w._qo_indptr_buf.copy_(torch.tensor(call.qo_indptr))
+    w._paged_kv_indptr_buf.copy_(torch.tensor(call.kv_indptr))
+    hi = torch.tensor([n + 5 for n in lens], dtype=torch.int32)
+    args = (None, w._int_workspace_buffer, None, torch.tensor(call.qo_indptr), hi, hi, bs * width, bs, 32, 8, 1,
+            True, HD, HD, False, -1, -1, False, 0, 0)
+    launch = dp.device_plan_for(w, args, fs.H100)
+    launch()
+    launch()
+    assert len(seen) == 2 and all(a is b for a, b in zip(*seen))
+    assert all(isinstance(x, torch.Tensor) or type(x) in (int, bool) for x in seen[0]), [type(x) for x in seen[0]]
+    assert fs.compare(model, w._plan_info, w._int_workspace_buffer, bs) == []
+
+
 @pytest.mark.parametrize("change, why", [
     (dict(window_left=100), "a sliding window"), (dict(fixed_split_size=256), "a fixed split size"),
     (dict(disable_split_kv=True), "split KV disabled"), (dict(num_colocated_ctas=4), "colocated CTAs"),

@@ -17,6 +17,7 @@ from sglang_hostsync_plugin.slots import fused_draft_page_locs as fdl
 from sglang_hostsync_plugin.slots import fused_relay_stash as frs
 from sglang_hostsync_plugin.slots import fused_tree_compact as ftc
 from sglang_hostsync_plugin.slots import greedy_row_argmax as gra
+from sglang_hostsync_plugin.slots import flashinfer_device_plan as fdp_slot
 from sglang_hostsync_plugin.slots import triton_replay_launch as trl
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -97,7 +98,37 @@ def _stash_result(fn):
     return call
 
 
+def _plan_cases(rng):
+    """flashinfer_device_plan's launch: a captured prefill plan's layout, two requests' lengths each call."""
+    from sglang_hostsync_plugin import flashinfer_device_plan as fdp, flashinfer_split as fs
+    from test_flashinfer_device_plan import prefill_layout
+
+    for bs in (1, 5, 8):
+        calls = []
+        for _ in range(2):
+            lens = [rng.randrange(1, 30000) for _ in range(bs)]
+            call = fs.PlannerCall(tuple(range(0, (bs + 1) * 8, 8)), tuple(fs.page_indptr(lens, 1)), bs * 8, bs, 32, 8,
+                                  1, True, 128, 128, False, -1, -1, False, 0, 0)
+            calls.append(call)
+        info, size = prefill_layout(fs.plan_call(calls[0]), bs, bs * 8)
+        yield tuple(fdp.prefill_args(torch.tensor(c.qo_indptr, dtype=torch.int32, device="cuda"),
+                                     torch.tensor(c.kv_indptr, dtype=torch.int32, device="cuda"),
+                                     torch.zeros(size, dtype=torch.uint8, device="cuda"), info, batch_size=bs, gqa=4,
+                                     max_batch_size_if_split=info["padded_batch_size"], page_size=1)
+                    for c in calls), {}
+
+
+def _plan_result(fn):
+    """The plan launch returns nothing: the workspace it writes, zeroed before the call and cloned after."""
+    def call(*args, **kw):
+        args[3].zero_()
+        fn(*args, **kw)
+        return args[3].clone()
+    return call
+
+
 WRAPPERS = {"stash_rows": (frs.stash_rows, _stash_cases), "row_argmax": (gra.row_argmax, _argmax_cases),
+            "launch_plan": (fdp_slot.launch_plan, lambda rng: ((a, b, kw) for (a, b), kw in _plan_cases(rng))),
             "compact_hidden": (ftc.compact_hidden, _compact_cases(True)),
             "compact_plain": (ftc.compact_plain, _compact_cases(False)),
             "page_locs_launch": (fdl.page_locs_launch, _page_locs_cases),
@@ -116,6 +147,8 @@ def test_replayed_launches_return_the_plain_wrappers_results(name, jit_calls):
     assert (fn, fn.__wrapped__) in trl._wrappers.fns
     if name == "stash_rows":
         fn = _stash_result(fn)
+    if name == "launch_plan":
+        fn = _plan_result(fn)
     n = changed = 0
     for first, second, kw in cases(random.Random(hash(name) % 1000)):
         trl.switch_off()

@@ -16,6 +16,7 @@ from sglang_hostsync_plugin.slots import fused_draft_page_locs as fdl
 from sglang_hostsync_plugin.slots import fused_relay_stash as frs
 from sglang_hostsync_plugin.slots import fused_tree_compact as ftc
 from sglang_hostsync_plugin.slots import greedy_row_argmax as gra
+from sglang_hostsync_plugin.slots import flashinfer_device_plan as fdp_slot
 from sglang_hostsync_plugin.slots import triton_replay_launch as trl
 
 
@@ -28,6 +29,7 @@ def off():
 def test_every_plugin_triton_wrapper_is_declared():
     declared = {wrapper for wrapper, _ in trl._wrappers.fns}
     assert {gra.row_argmax, ftc.compact_plain, ftc.compact_hidden, fdl.page_locs_launch, eft.tail_slots_triton, frs.stash_rows} <= declared
+    assert fdp_slot.launch_plan in declared  # flashinfer_device_plan's plan kernel
     assert gra._bind()["_hostsync_row_argmax"] is gra.row_argmax  # the edit binds the declared wrapper
 
 

@@ -37,7 +37,9 @@ check and the same three hook targets; read its docstring, steps 1, 3, 5 and 6):
 
 Cost: one Triton launch per planner call in place of FlashInfer's host planner and its pinned copy (not
 measured yet); the kernel is compiled once per power-of-two bucket of planner rows above 16, at the first
-skipped step that needs it (Triton's on-disk cache keeps it for later processes).
+skipped step that needs it (Triton's on-disk cache keeps it for later processes). Every argument of a wrapper's
+launch is bound once (tensors and ints), so with ``triton_replay_launch`` (in ``eagle_host``) its later launches
+are SGLang's ``replay_launches`` relaunches, without Triton's JIT dispatch (not run on a GPU yet).
 
 Counted and logged after device plans 1, 10, 100 and every 1000th (``hostsync: flashinfer_device_plan
 check: ...``, the line the e2e benchmark collects): skipped steps, stock steps with their reasons, device
@@ -70,6 +72,7 @@ from ..slot import HookTarget, ServingFacts, Slot, SlotKind, TargetKind, config_
 from . import flashinfer_certified_plan as cert, flashinfer_tree_verify_plan as tree_verify
 from .upstream_host_plans import draft_host_indptr_inert, verify_host_plan_inert
 from .flashinfer_plan_guard import NAME as PLAN_GUARD
+from .triton_replay_launch import replayed
 
 logger = logging.getLogger("sglang.srt.plugins.hostsync")
 
@@ -121,10 +124,19 @@ def install_planner(wrapper) -> None:
         wrapper._cached_module = DevicePlanner(module, wrapper)
 
 
+@replayed
+def launch_plan(*args) -> None:
+    """``flashinfer_device_plan.launch_plan``: with ``triton_replay_launch`` applied, a wrapper's every later
+    launch (the same tensors and ints) relaunches the recorded kernel without Triton's JIT dispatch."""
+    from ..flashinfer_device_plan import launch_plan as launch
+
+    launch(*args)
+
+
 def device_plan_for(wrapper, args, device: fs.Device) -> Callable[[], None] | str:
     """This wrapper's device plan, its arguments bound (every one is fixed by the wrapper's capture: its
     buffers, batch size, heads and ``plan_info``), or why the device plan does not make this call's plan."""
-    from ..flashinfer_device_plan import DECODE_PLAN_INFO_FIELDS, decode_plan, prefill_plan
+    from ..flashinfer_device_plan import DECODE_PLAN_INFO_FIELDS, decode_args, prefill_args
 
     if not wrapper.is_cuda_graph_enabled:
         return "not a CUDA-graph wrapper"
@@ -145,16 +157,17 @@ def device_plan_for(wrapper, args, device: fs.Device) -> Callable[[], None] | st
                          (call.total_num_rows != plan_info["total_num_rows"], "another row count than the capture's")):
             if bad:
                 return why
-        return partial(prefill_plan, wrapper._qo_indptr_buf, wrapper._paged_kv_indptr_buf, ws, plan_info,
-                       batch_size=call.batch_size, gqa=call.num_qo_heads // call.num_kv_heads,
-                       max_batch_size_if_split=budget, page_size=call.page_size)
+        return partial(launch_plan, *prefill_args(
+            wrapper._qo_indptr_buf, wrapper._paged_kv_indptr_buf, ws, plan_info, batch_size=call.batch_size,
+            gqa=call.num_qo_heads // call.num_kv_heads, max_batch_size_if_split=budget, page_size=call.page_size))
     if len(args) == DECODE_PLAN_ARGS:
         for bad, why in ((int(args[9]) >= 0, "a sliding window"), (not bool(args[8]), "no CUDA graph"),
                          (len(info) != len(DECODE_PLAN_INFO_FIELDS), "no captured decode plan_info")):
             if bad:
                 return why
-        return partial(decode_plan, wrapper._paged_kv_indptr_buf, ws, dict(zip(DECODE_PLAN_INFO_FIELDS, info)),
-                       batch_size=int(args[4]), page_size=int(args[7]))
+        return partial(launch_plan, *decode_args(wrapper._paged_kv_indptr_buf, ws,
+                                                 dict(zip(DECODE_PLAN_INFO_FIELDS, info)),
+                                                 batch_size=int(args[4]), page_size=int(args[7])))
     return f"a planner of {len(args)} arguments (fa3's prefill planner takes 16)"
 
 
