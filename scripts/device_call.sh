@@ -66,8 +66,12 @@ if [ "$WARM_SHAPE" != none ]; then
     echo "warm-up rc $?"; } > "$G/flashinfer_attn_warm.log" 2>&1 &
 fi
 # PYSPY_CONFIGS (gpu_run.sh's line-level scheduler profiles): py-spy travels xz'd in .devwheels/ (carry it).
-if [ -n "${PYSPY_CONFIGS:-}" ] && [ -f .devwheels/py-spy.xz ] && [ -z "${PYSPY:-}" ]; then
-  xz -dc .devwheels/py-spy.xz > /tmp/py-spy && chmod +x /tmp/py-spy && export PYSPY=/tmp/py-spy
+if [ -n "${PYSPY_CONFIGS:-}" ] && [ -z "${PYSPY:-}" ]; then
+  if [ -f .devwheels/py-spy.xz ]; then
+    xz -dc .devwheels/py-spy.xz > /tmp/py-spy && chmod +x /tmp/py-spy && export PYSPY=/tmp/py-spy
+  elif ! command -v py-spy > /dev/null; then
+    echo "PYSPY_CONFIGS is set but no py-spy: carry .devwheels/ with py-spy.xz (no profile this call)" | tee "$G/pyspy_missing.txt"
+  fi
 fi
 if [ -n "${E2E_ARGS:-}" ]; then
   HOSTSYNC_BUNDLE=/nonexistent OUT=$G/run TESTS=0 BENCHES=e2e E2E_TIMEOUT=${E2E_TIMEOUT:-480} \

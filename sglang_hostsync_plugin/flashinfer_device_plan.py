@@ -119,12 +119,14 @@ def _plan_kernel(
             tl.store(ws32 + merge_off + 1 + q, base + (q - lo + 1) * n, mask=q < total_rows)
 
 
-def launch_plan(qo_indptr, kv_indptr, ws32, ws8, *ints_and_flags) -> None:
-    """One plan kernel launch: tensors and ints only, every one fixed per CUDA-graph wrapper (``prefill_args`` /
-    ``decode_args`` build them), so SGLang's ``replay_launches`` can relaunch it (slot ``triton_replay_launch``)."""
+def launch_plan(kv_indptr, workspace, qo_indptr, *ints_and_flags) -> None:
+    """One plan kernel launch from tensors and ints fixed per CUDA-graph wrapper (``prefill_args`` /
+    ``decode_args``), so SGLang's ``replay_launches`` can relaunch it (slot ``triton_replay_launch``). Each tensor
+    is passed once, as its recording maps every kernel pointer to exactly one input: the workspace's int32 view is
+    taken here, and a decode plan's ``qo_indptr`` is None (the kernel gets ``kv_indptr`` there, unread)."""
     *ints, decode, split, block = ints_and_flags
-    _plan_kernel[(1,)](qo_indptr, kv_indptr, ws32, ws8, *ints, DECODE=decode, SPLIT=split, BLOCK=block, BLOCK_P=32,
-                       SEARCH_STEPS=32)
+    _plan_kernel[(1,)](kv_indptr if qo_indptr is None else qo_indptr, kv_indptr, workspace.view(dtype=torch.int32),
+                       workspace, *ints, DECODE=decode, SPLIT=split, BLOCK=block, BLOCK_P=32, SEARCH_STEPS=32)
 
 
 def prefill_args(qo_indptr, kv_indptr, workspace, plan_info: dict, *, batch_size: int, gqa: int,
@@ -142,7 +144,7 @@ def prefill_args(qo_indptr, kv_indptr, workspace, plan_info: dict, *, batch_size
         raise ValueError(f"a split budget of {max_batch_size_if_split} exceeds the captured padded batch size "
                          f"{plan_info['padded_batch_size']} (another device's SM count?)")
     return (
-        qo_indptr, kv_indptr, workspace.view(dtype=torch.int32), workspace,
+        kv_indptr, workspace, qo_indptr,
         batch_size, gqa, plan_info["cta_tile_q"], max_batch_size_if_split, max(128 // page_size, 1), page_size,
         plan_info["padded_batch_size"], plan_info["total_num_rows"],
         plan_info["request_indices_offset"] // 4, plan_info["qo_tile_indices_offset"] // 4,
@@ -159,7 +161,7 @@ def decode_args(kv_indptr, workspace, plan_info: dict, *, batch_size: int, page_
     graphs is the plan's padded batch size: ``nb * gdy > max_grid`` holds exactly when ``nb > max_grid // gdy``."""
     padded = plan_info["padded_batch_size"]
     return (
-        kv_indptr, kv_indptr, workspace.view(dtype=torch.int32), workspace,
+        kv_indptr, workspace, None,
         batch_size, 1, 1, padded, max(128 // page_size, 1), page_size, padded, 0,
         plan_info["request_indices_offset"] // 4, 0, plan_info["kv_tile_indices_offset"] // 4, 0,
         plan_info["o_indptr_offset"] // 4, plan_info["kv_chunk_size_ptr_offset"] // 4,

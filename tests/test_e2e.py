@@ -1386,45 +1386,47 @@ def test_a_server_is_its_arms_where_sglang_rewrote_the_model_path_it_was_launche
     assert run.not_its_own(srv) is None
 
 
-def test_a_cells_scheduler_cpu_is_the_median_of_its_rounds_with_every_cpu_seen():
+def test_a_cells_scheduler_placement_is_the_median_wait_all_preemptions_and_every_cpu_seen():
     rows = [load_row("c", 1, "stock", r, [100], 100) for r in range(3)]
     rows += [{**load_row("c", 1, "slots:a", r, [100], 100),
-              "cpu": {"scheduler_cpu_us_per_token": us, "scheduler_cpus": cpus}}
-             for r, (us, cpus) in enumerate([(900.0, [3]), (1200.0, [3, 7]), (1000.0, [3])])]
+              "cpu": {"scheduler_wait_share": w, "scheduler_preempted": n, "scheduler_cpus": cpus}}
+             for r, (w, n, cpus) in enumerate([(0.01, 2, [3]), (0.3, 40, [3, 7]), (0.02, 1, [3])])]
     cells = {c["arm"]: c for c in stats.cells(rows)}
-    assert cells["slots:a"]["scheduler_cpu_us_per_token"] == 1000.0 and cells["slots:a"]["scheduler_cpus"] == [3, 7]
-    assert cells["stock"]["scheduler_cpu_us_per_token"] is None and cells["stock"]["scheduler_cpus"] == []
-    assert "- c c1 slots:a: 1000 (3, 7)" in stats.markdown(list(cells.values()), {}, {}).splitlines()
+    a = cells["slots:a"]
+    assert (a["scheduler_wait_share"], a["scheduler_preempted"], a["scheduler_cpus"]) == (0.02, 43, [3, 7])
+    assert cells["stock"]["scheduler_wait_share"] is None and cells["stock"]["scheduler_cpus"] == []
+    assert "- c c1 slots:a: 2.00%, 43 preemptions, CPUs 3, 7" in stats.markdown(list(cells.values()), {}, {}).splitlines()
 
 
-def test_a_schedulers_cpu_over_a_window_from_proc(tmp_path):
-    """A process titled as SGLang titles its scheduler, in a session of its own, spins about 0.4 s inside the
-    window: its CPU per token is read from /proc, and nothing is read for a group without a scheduler."""
+def test_a_schedulers_run_queue_wait_over_a_window_from_proc():
+    """Two processes titled as SGLang titles its scheduler, in a session of their own, spin on one CPU: each
+    waits for it about half the window. Nothing is read for a group without a scheduler, or whose schedulers
+    changed between the samples."""
     from sglang_hostsync_plugin.e2e import procs
 
-    if not os.path.isdir("/proc/self"):
+    if not os.path.isdir("/proc/self") or not hasattr(os, "sched_getaffinity"):
         pytest.skip("no /proc")
-    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\ntime.sleep(30)"
-    child = subprocess.Popen(["bash", "-c", f'exec -a sglang::scheduler_TP0 "{sys.executable}" -c "$0"', spin],
-                             start_new_session=True)
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    cpu = min(os.sched_getaffinity(0))
+    spin = f"import os, time\nos.sched_setaffinity(0, {{{cpu}}})\nt = time.time()\nwhile time.time() - t < 60: pass"
+    one = f'(exec -a sglang::scheduler_TP0 "{sys.executable}" -c "$0")'
+    pair = subprocess.Popen(["bash", "-c", f"{one} & {one} & wait", spin], start_new_session=True)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     try:
         deadline = time.time() + 20
-        while True:  # until bash has exec'd under that title
-            before = procs.group(child.pid)
-            if [p.title for p in before.values()] == ["sglang::scheduler_TP0"]:
+        while True:  # until both spinners run under that title, on that CPU
+            before = procs.group(pair.pid)
+            scheds = [p for p in before.values() if p.title.startswith(procs.SCHEDULER_TITLE)]
+            if len(scheds) == 2 and all(p.cpu == cpu for p in scheds):
                 break
             assert time.time() < deadline, before
-            time.sleep(0.01)
-        deadline = time.time() + 20
-        while procs.group(child.pid)[child.pid].cpu_s - before[child.pid].cpu_s < 0.4 and time.time() < deadline:
             time.sleep(0.05)
-        got = procs.window(before, procs.group(child.pid), tokens=1000)
-        assert 350 <= got["scheduler_cpu_us_per_token"] <= 2000 and got["scheduler_cpus"], got
-        assert procs.window(procs.group(other.pid), procs.group(other.pid), tokens=1000) is None
-        assert procs.window(before, before, tokens=0) is None
+        time.sleep(1.0)
+        shared = procs.window(before, procs.group(pair.pid), 1.0)
+        assert 0.2 < shared["scheduler_wait_share"] < 1.0 and shared["scheduler_cpus"] == [cpu], shared
+        assert shared["scheduler_preempted"] > 0
+        assert procs.window(procs.group(other.pid), procs.group(other.pid), 1.0) is None  # no scheduler
+        assert procs.window({}, procs.group(pair.pid), 1.0) is None  # the schedulers changed
     finally:
-        for p in (child, other):
-            p.kill()
+        for p in (pair, other):
+            os.killpg(p.pid, 9)
             p.wait()
-    assert procs.group(child.pid) == {}

@@ -121,9 +121,9 @@ def _plan_cases(rng):
 def _plan_result(fn):
     """The plan launch returns nothing: the workspace it writes, zeroed before the call and cloned after."""
     def call(*args, **kw):
-        args[3].zero_()
+        args[1].zero_()
         fn(*args, **kw)
-        return args[3].clone()
+        return args[1].clone()
     return call
 
 

@@ -475,8 +475,7 @@ def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, res
                     fresh_trie(config, live[arm.name], f"{config.name}/{arm.name}")  # each arm's round from an empty trie
                     before = procs.group(live[arm.name].proc.pid)  # outside the timed window
                     load = client.run_load(live[arm.name].base, batch, conc, args.max_new_tokens)
-                    cpu = procs.window(before, procs.group(live[arm.name].proc.pid),
-                                       sum(r.completion_tokens for r in load.results))
+                    cpu = procs.window(before, procs.group(live[arm.name].proc.pid), load.wall)
                     result["rows"].append({
                         "config": config.name, "concurrency": conc, "arm": arm.name, "round": rnd,
                         "t_start": load.t_start, "t_end": load.t_end, "errors": list(load.errors),

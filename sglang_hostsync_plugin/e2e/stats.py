@@ -299,7 +299,8 @@ def cells(rows: list[dict], windows: dict[tuple, list[list[TraceStep]]] | None =
             "tok_s_user_by_round": {r["round"]: r["load"]["tok_s_user_median"] for r in rs},
             "tok_s_total_median": median([r["load"]["tok_s_total"] for r in rs]),
             "accept_length": statistics.fmean(accept) if accept else None,
-            "scheduler_cpu_us_per_token": median([x["scheduler_cpu_us_per_token"] for x in cpu]),
+            "scheduler_wait_share": median([x["scheduler_wait_share"] for x in cpu]),
+            "scheduler_preempted": sum(x["scheduler_preempted"] for x in cpu) if cpu else None,
             "scheduler_cpus": sorted({n for x in cpu for n in x["scheduler_cpus"]}),
             "audit": pool_audit(windows[(config, conc, arm)]) if windows and (config, conc, arm) in windows else None,
             "other_ranks": {str(k[3]): rank_figures(w) for k, w in (windows or {}).items()  # str: a JSON key
@@ -683,15 +684,16 @@ def auto_lines(verdicts: list[dict]) -> list[str]:
 
 
 def cpu_lines(cell_rows: list[dict]) -> list[str]:
-    """Each cell's scheduler CPU per output token and the CPUs it ran on (``procs``): same-code arms that differ
-    in speed but not here differ elsewhere than in the host's work."""
-    rows = [c for c in cell_rows if c.get("scheduler_cpu_us_per_token") is not None]
+    """Each cell's scheduler run-queue wait, preemptions and CPUs (``procs``): where same-code arms differ in
+    speed, a scheduler that waited for its CPU or moved between CPUs points at the host's placement."""
+    rows = [c for c in cell_rows if c.get("scheduler_wait_share") is not None]
     if not rows:
         return []
-    lines = ["", "Scheduler CPU µs per output token, median of rounds (CPUs it was seen on):", ""]
+    lines = ["", "Scheduler placement: its main thread's run-queue wait (% of the window, median of rounds), "
+             "preemptions (all rounds) and the CPUs it was seen on:", ""]
     for c in sorted(rows, key=lambda c: (c["config"], c["concurrency"], c["arm"] != "stock", c["arm"])):
-        lines.append(f"- {c['config']} c{c['concurrency']} {c['arm']}: {c['scheduler_cpu_us_per_token']:.0f} "
-                     f"({', '.join(map(str, c['scheduler_cpus']))})")
+        lines.append(f"- {c['config']} c{c['concurrency']} {c['arm']}: {100 * c['scheduler_wait_share']:.2f}%, "
+                     f"{c['scheduler_preempted']} preemptions, CPUs {', '.join(map(str, c['scheduler_cpus']))}")
     return lines
 
 
