@@ -162,10 +162,15 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
       FI_WARM_SHAPE=llama-8b-bigram \
       GPU_TESTS="tests/test_gpu_flashinfer_device_plan_slot.py" TESTS_TIMEOUT=560 bash scripts/device_call.sh ;;
   15)  # flashinfer_prefill_host_indptr beside auto's FlashInfer topk-4 set: identity, no prefill plan() read-back
-    NAME=prefill_host_indptr GPU_TESTS="tests/test_gpu_flashinfer_prefill_host_indptr.py" TESTS_TIMEOUT=560 \
+    # (first, about 30 s: the device plan's launch replayed as the plain launch, which this call's arms run)
+    NAME=prefill_host_indptr TESTS_TIMEOUT=560 GPU_TESTS="\
+tests/test_gpu_triton_replay_launch.py::test_replayed_launches_return_the_plain_wrappers_results[launch_plan] \
+tests/test_gpu_flashinfer_prefill_host_indptr.py" \
       bash scripts/device_call.sh ;;
   15q)  # CALL=15 for a session with under 10 minutes of device time: stock and the two audited arms, 3 rounds
-    NAME=prefill_host_indptr_q HOSTSYNC_PREFILL_QUICK=1 GPU_TESTS="tests/test_gpu_flashinfer_prefill_host_indptr.py" \
+    NAME=prefill_host_indptr_q HOSTSYNC_PREFILL_QUICK=1 GPU_TESTS="\
+tests/test_gpu_triton_replay_launch.py::test_replayed_launches_return_the_plain_wrappers_results[launch_plan] \
+tests/test_gpu_flashinfer_prefill_host_indptr.py" \
       TESTS_TIMEOUT=480 bash scripts/device_call.sh ;;
   6b)
     NAME=cert_plan FI_WARM_SHAPE=llama-1b GPU_TESTS="tests/test_gpu_flashinfer_certified_plan.py" TESTS_TIMEOUT=560 \
