@@ -18,7 +18,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from per_call import compare, parse_args, print_rows, write_json  # noqa: E402
 
-from hostsync_drivers import chain_tree, eagle_tail, spec_wrappers, tree_compact  # noqa: E402
+from hostsync_drivers import chain_tree, device_plan, eagle_tail, spec_wrappers, tree_compact  # noqa: E402
 from sglang.srt.speculative import eagle_utils  # noqa: E402
 from sglang_hostsync_plugin.slots import chain_tree_full_mask as ctf  # noqa: E402
 from sglang_hostsync_plugin.slots import flashinfer_device_plan as fdp_slot  # noqa: E402
@@ -41,21 +41,6 @@ def arms(fn):
         return fn(*args)
 
     return {"stock": off, "plugin": on}
-
-
-def plan_args(rng, bs: int) -> tuple:
-    """A captured CUDA-graph prefill plan's launch arguments (32 / 8 heads, 8 rows a request)."""
-    from sglang_hostsync_plugin import flashinfer_device_plan as fdp, flashinfer_split as fs
-    from test_flashinfer_device_plan import prefill_layout
-
-    lens = [rng.randrange(1, 30000) for _ in range(bs)]
-    call = fs.PlannerCall(tuple(range(0, (bs + 1) * 8, 8)), tuple(fs.page_indptr(lens, 1)), bs * 8, bs, 32, 8, 1,
-                          True, 128, 128, False, -1, -1, False, 0, 0)
-    info, size = prefill_layout(fs.plan_call(call), bs, bs * 8)
-    return fdp.prefill_args(torch.tensor(call.qo_indptr, dtype=torch.int32, device="cuda"),
-                            torch.tensor(call.kv_indptr, dtype=torch.int32, device="cuda"),
-                            torch.zeros(size, dtype=torch.uint8, device="cuda"), info, batch_size=bs, gqa=4,
-                            max_batch_size_if_split=info["padded_batch_size"], page_size=1)
 
 
 def main():
@@ -82,7 +67,7 @@ def main():
                          "plugin": lambda _, *a, fn=replay, kw=kw: fn(*a, **kw)}
                 label = f"{name}{'/' + variant if variant else ''}"
                 rows.append({"wrapper": label, "bs": bs, **compare(calls, None, args, ns)})
-        args = plan_args(rng, bs)  # flashinfer_device_plan's prefill plan (verify / draft extend), topk 4 rows
+        args, _ = device_plan.prefill_launch(rng, bs)  # flashinfer_device_plan's prefill plan (verify, draft extend)
         rows.append({"wrapper": "launch_plan (device plan)", "bs": bs,
                      **compare(arms(fdp_slot.launch_plan), None, args, ns)})
         kw = chain_tree.make_case(rng, bs, 3, device="cuda")  # the triton backend's uint8 buffer, filled

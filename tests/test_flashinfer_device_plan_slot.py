@@ -371,14 +371,15 @@ def test_the_device_plans_launch_is_a_replayed_wrapper_of_tensors_and_ints(monke
 @pytest.mark.parametrize("kind", ["prefill", "decode"])
 def test_sglangs_replay_recording_maps_every_tensor_of_the_device_plans_launch(kind, monkeypatch):
     """SGLang's ``replay_launches`` relaunches a recorded launch only where each kernel tensor is exactly one of
-    the wrapper's inputs (two inputs on one pointer, or a temporary, keep Triton's dispatch every call). The
-    launch ``device_plan_for`` binds, run against SGLang's own signature and plan builder (the kernel launch
-    itself stood in, as the interpreter records nothing): a plan, every kernel tensor mapped to an input."""
+    the wrapper's inputs (two inputs on one pointer, or a temporary, keep Triton's dispatch every call) and the
+    wrapper runs no aten op but allocations and views. The arguments ``device_plan_for`` binds (``prefill_args``,
+    ``decode_args``), run through SGLang's own signature, dispatch guard and plan builder (the kernel launch itself
+    stood in, as the interpreter records nothing): a plan, every kernel tensor mapped to an input."""
     from types import SimpleNamespace
 
+    from hostsync_drivers import device_plan
     from sglang.kernels.ops.diffusion.common import fast_launch as fl
     from sglang_hostsync_plugin import flashinfer_device_plan as kernels
-    from test_flashinfer_device_plan import prefill_layout
 
     launched = []
 
@@ -390,19 +391,16 @@ def test_sglangs_replay_recording_maps_every_tensor_of_the_device_plans_launch(k
 
     monkeypatch.setattr(kernels, "_plan_kernel", Kernel())
     monkeypatch.setattr(fl, "driver", SimpleNamespace(active=SimpleNamespace(get_current_stream=None)))  # no GPU
-    bs = 3
-    call = fs.PlannerCall(tuple(range(0, (bs + 1) * 8, 8)), tuple(fs.page_indptr([40, 9000, 7], 1)), bs * 8, bs, 32,
-                          8, 1, True, HD, HD, False, -1, -1, False, 0, 0)
-    info, size = prefill_layout(fs.plan_call(call), bs, bs * 8)
-    qo, kv = torch.tensor(call.qo_indptr, dtype=torch.int32), torch.tensor(call.kv_indptr, dtype=torch.int32)
-    ws = torch.zeros(size, dtype=torch.uint8)
-    if kind == "prefill":
-        args = kernels.prefill_args(qo, kv, ws, info, batch_size=bs, gqa=4, max_batch_size_if_split=4, page_size=1)
-    else:
-        args = kernels.decode_args(kv, ws, {**info, "v_offset": 0, "s_offset": 0}, batch_size=bs, page_size=1)
+    args, (info, _) = device_plan.prefill_launch(random.Random(5), 3, device="cpu")
+    if kind == "decode":  # the same indptr and workspace, as a CUDA-core decode wrapper's
+        args = kernels.decode_args(args[0], args[1], {**info, "v_offset": 0, "s_offset": 0}, batch_size=3,
+                                   page_size=1)
     key, inputs = fl._signature(args, {})
     assert key is not None  # tensors, ints, bools and None only
-    kernels.launch_plan(*args)
+    guard = fl._LaunchOnly()
+    with guard:
+        kernels.launch_plan(*args)
+    assert guard.violation is None, guard.violation
     (grid, a, kw), = launched
     compiled = SimpleNamespace(src=SimpleNamespace(signature=[None] * (len(a) + len(kw))), run=None, function=None,
                                packed_metadata=None)

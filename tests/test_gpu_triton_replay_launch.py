@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from hostsync_drivers import eagle_tail, relay_stash, tree_compact
+from hostsync_drivers import device_plan, eagle_tail, relay_stash, tree_compact
 from sglang_hostsync_plugin.slots import eagle_fixed_shape_tail as eft
 from sglang_hostsync_plugin.slots import fused_draft_page_locs as fdl
 from sglang_hostsync_plugin.slots import fused_relay_stash as frs
@@ -99,23 +99,10 @@ def _stash_result(fn):
 
 
 def _plan_cases(rng):
-    """flashinfer_device_plan's launch: a captured prefill plan's layout, two requests' lengths each call."""
-    from sglang_hostsync_plugin import flashinfer_device_plan as fdp, flashinfer_split as fs
-    from test_flashinfer_device_plan import prefill_layout
-
+    """flashinfer_device_plan's launch: one captured prefill layout, other request lengths each call."""
     for bs in (1, 5, 8):
-        calls = []
-        for _ in range(2):
-            lens = [rng.randrange(1, 30000) for _ in range(bs)]
-            call = fs.PlannerCall(tuple(range(0, (bs + 1) * 8, 8)), tuple(fs.page_indptr(lens, 1)), bs * 8, bs, 32, 8,
-                                  1, True, 128, 128, False, -1, -1, False, 0, 0)
-            calls.append(call)
-        info, size = prefill_layout(fs.plan_call(calls[0]), bs, bs * 8)
-        yield tuple(fdp.prefill_args(torch.tensor(c.qo_indptr, dtype=torch.int32, device="cuda"),
-                                     torch.tensor(c.kv_indptr, dtype=torch.int32, device="cuda"),
-                                     torch.zeros(size, dtype=torch.uint8, device="cuda"), info, batch_size=bs, gqa=4,
-                                     max_batch_size_if_split=info["padded_batch_size"], page_size=1)
-                    for c in calls), {}
+        first, layout = device_plan.prefill_launch(rng, bs)
+        yield first, device_plan.prefill_launch(rng, bs, layout=layout)[0], {}
 
 
 def _plan_result(fn):
@@ -128,7 +115,7 @@ def _plan_result(fn):
 
 
 WRAPPERS = {"stash_rows": (frs.stash_rows, _stash_cases), "row_argmax": (gra.row_argmax, _argmax_cases),
-            "launch_plan": (fdp_slot.launch_plan, lambda rng: ((a, b, kw) for (a, b), kw in _plan_cases(rng))),
+            "launch_plan": (fdp_slot.launch_plan, _plan_cases),
             "compact_hidden": (ftc.compact_hidden, _compact_cases(True)),
             "compact_plain": (ftc.compact_plain, _compact_cases(False)),
             "page_locs_launch": (fdl.page_locs_launch, _page_locs_cases),
