@@ -1,4 +1,4 @@
-# Quick start: `make doctor`, `make test` (TESTS=paths, PYTEST_ARGS=arguments, below). Both create .venv/ on first use.
+# Quick start: `make doctor` (ARGS=its arguments), `make test` (TESTS=paths, PYTEST_ARGS=arguments, below). Both create .venv/ on first use.
 PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
@@ -18,8 +18,10 @@ $(STAMP): requirements/ci-lock.txt setup.py
 	$(VPY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
 
+# ARGS: the doctor's arguments (make doctor ARGS="--speculative-algorithm EAGLE --attention-backend flashinfer").
+ARGS ?=
 doctor: $(STAMP)
-	$(VPY) -m sglang_hostsync_plugin doctor
+	$(VPY) -m sglang_hostsync_plugin doctor $(ARGS)
 
 # Unset, both give the CI command (.ci/run). PYTEST_ARGS adds pytest arguments
 # (make test PYTEST_ARGS="-k doctor --durations=20"); TESTS replaces the paths, since a path in

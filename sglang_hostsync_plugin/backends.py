@@ -197,7 +197,8 @@ def seq_lens_report(
     return SeqLensReport(speculative_algorithm, two_batch_overlap, roles, needs, forced_by)
 
 
-def format_report(rep: SeqLensReport) -> str:
+def format_report(rep: SeqLensReport, slots: dict[str, str] | None = None) -> str:
+    """The stock report; ``slots`` (name -> ``Slot.seq_lens_read``): what the applying slots change in it."""
     lines = ["FutureMap.resolve_seq_lens_cpu (per-step seq_lens D2H + synchronize):"]
     for r in rep.roles:
         parts = [
@@ -209,6 +210,9 @@ def format_report(rep: SeqLensReport) -> str:
         lines.append(f"  {r.role:<16} {r.backend:<22} needs_cpu_seq_lens={r.needs_cpu_seq_lens}: {', '.join(parts)}")
     if rep.d2h_per_step:
         lines.append(f"  per-step D2H: YES, forced by {', '.join(rep.forced_by)}")
+        if slots:
+            lines.append("  with the selected slots (above is stock SGLang's):")
+            lines += [f"    {name}: {what}" for name, what in slots.items()]
     else:
         lines.append("  per-step D2H: none (no backend in the spec loop needs host seq_lens)")
     return "\n".join(lines)

@@ -273,6 +273,10 @@ def _main(argv: list[str]) -> int:
     hints = auto_hints(plan, facts) + preset_hints(plan, catalogue, facts) + audit_hints(plan, catalogue, facts)
     left_out = not_picked(plan, facts, catalogue)
     rows = report.doctor_rows(plan, catalogue, left_out)
+    # What the slots that would apply change in the backends' stock per-step read.
+    seq_lens_slots = {v.name: catalogue[v.name].seq_lens_read for v in plan.verdicts
+                      if v.selected and v.status in (Status.APPLIED, Status.WOULD_APPLY) and v.name in catalogue
+                      and catalogue[v.name].seq_lens_read and seq_lens is not None and seq_lens.d2h_per_step}
     common = dict(sglang=installed, supported_sglang=version.SUPPORTED_SGLANG, selected=list(plan.selected),
                   strict=plan.strict, choice=auto_line(plan))
     bad = plan.config_errors()
@@ -288,7 +292,7 @@ def _main(argv: list[str]) -> int:
 
     roles = process_roles_found()
     if args.json:
-        print(report.doctor_json(rows, **common, ok=ok, seq_lens_d2h=seq_lens.as_dict() if seq_lens else None,
+        print(report.doctor_json(rows, **common, ok=ok, seq_lens_d2h=seq_lens.as_dict() | {"slots": seq_lens_slots} if seq_lens else None,
                                  hints=hints, warnings=plan.warnings(), process_roles=roles))
     else:
         runs = [n for n in plan.selected if n not in left_out]
@@ -305,7 +309,7 @@ def _main(argv: list[str]) -> int:
         if width is not None:
             say("(--wide: also each slot's kind, origin and default; --json: everything)")
         if seq_lens is not None:
-            say(backends.format_report(seq_lens))
+            say(backends.format_report(seq_lens, seq_lens_slots))
         if common["choice"]:
             say(common["choice"])
         for warning in plan.warnings():

@@ -237,6 +237,9 @@ class Slot:
     # The csrc/ kernels the slot will use under these facts: the launcher starts
     # building them in the background (``csrc.start_prebuild``) while the model loads.
     kernels: Callable[[ServingFacts], tuple[str, ...]] | None = None
+    # What the slot does, where it applies, to ``FutureMap.resolve_seq_lens_cpu``'s per-step D2H and
+    # synchronize (the doctor prints it under the backends' stock report); None: nothing.
+    seq_lens_read: str | None = None
     # Runs in each scheduler process after its init, before the server reports
     # ready (loads those kernels, or starts loading them: csrc.load_in_background); returns a note for the log.
     prepare: Callable[[ServingFacts], str] | None = None

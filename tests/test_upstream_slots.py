@@ -472,3 +472,24 @@ def test_doctor_hints_the_ngram_preset_for_ngram_servers_only(capsys, monkeypatc
     monkeypatch.delenv("SGLANG_HOSTSYNC_SLOTS")
     code, cap = _doctor(capsys, "--json", "--attention-backend", "triton", "--speculative-algorithm", "EAGLE")
     assert code == 0 and json.loads(cap.out)["hints"] == []
+
+
+def test_doctor_says_what_the_selected_slots_change_in_the_seq_lens_read(capsys, monkeypatch):
+    """Where a selected slot skips or moves the per-step read, the doctor names it under the stock report
+    (``auto``'s FlashInfer topk-4 page-16 pick has ``flashinfer_device_plan``; a selection without it says nothing)."""
+    args = ("--attention-backend", "flashinfer", "--speculative-algorithm", "EAGLE", "--speculative-eagle-topk", "4",
+            "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "8", "--page-size", "16")
+    monkeypatch.delenv("SGLANG_HOSTSYNC_SLOTS", raising=False)
+    code, cap = _doctor(capsys, "--wide", *args)
+    assert code == 0, cap.err
+    lines = cap.out.splitlines()
+    at = lines.index("  with the selected slots (above is stock SGLang's):")
+    assert lines[at - 1].startswith("  per-step D2H: YES, forced by FlashInferAttnBackend")
+    assert lines[at + 1] == f"    flashinfer_device_plan: {registry.catalogue()['flashinfer_device_plan'].seq_lens_read}"
+    code, cap = _doctor(capsys, "--json", *args)
+    assert list(json.loads(cap.out)["seq_lens_d2h"]["slots"]) == ["flashinfer_device_plan"]
+    monkeypatch.setenv("SGLANG_HOSTSYNC_SLOTS", "default,flashinfer")
+    code, cap = _doctor(capsys, "--json", *args)
+    assert code == 0 and json.loads(cap.out)["seq_lens_d2h"]["slots"] == {}
+    code, cap = _doctor(capsys, "--wide", *args)
+    assert "with the selected slots" not in cap.out

@@ -929,6 +929,7 @@ SLOT = Slot(
             "when the ported planner proves FlashInfer's plan is the same for every length the host cannot rule "
             "out",
     default=False,
+    seq_lens_read="skipped on the topk-1 decode steps its certificate covers",
     # Without the step's read nothing drains the stream between two plans of a wrapper: the pinned
     # plan buffer's write-after-read hazard (flashinfer_plan_guard's docstring).
     requires=(PLAN_GUARD,),
