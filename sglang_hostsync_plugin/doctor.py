@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import logging
 import os
 import sys
 import warnings
@@ -212,10 +213,23 @@ def main(argv: list[str] | None = None) -> int:
         from .e2e import main as e2e_main
 
         return e2e_main(argv[1:])
-    # SGLang's modules warn on import about GPU-only features (AWQ, GGUF, FLA) on a CPU box: not the doctor's news.
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=UserWarning, module=r"sglang\.")
-        return _main(argv)
+    # SGLang's modules warn on import about GPU-only features (AWQ, GGUF, FLA) and, on a CPU box, that its JIT
+    # finds no CUDA architecture: not the doctor's news.
+    arch = logging.getLogger(JIT_ARCH_LOGGER)
+    arch.addFilter(_no_cuda_arch)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"sglang\.")
+            return _main(argv)
+    finally:
+        arch.removeFilter(_no_cuda_arch)
+
+
+JIT_ARCH_LOGGER = "sglang.kernels.jit.utils.arch"
+
+
+def _no_cuda_arch(record: logging.LogRecord) -> bool:
+    return record.getMessage() != "Cannot detect CUDA architecture."
 
 
 def _main(argv: list[str]) -> int:
