@@ -24,7 +24,8 @@
 #                                           # its real server: 6 ngram_device_draft incl. part 2 (triton NGRAM),
 #                                           # 6b the certified plan's FlashInfer topk-1 e2e: what registering waits on
 #   CALL=20 bash scripts/device_pending.sh  # under 8 minutes of device time: the replayed-launch GPU tests (the device
-#                                           # plan's launch among them) and CALL=13's test (no server, ~5 min)
+#                                           # plan's launch among them) and CALL=13's test (no server, ~5 min);
+#                                           # CALL=20r the replayed launches alone (~2 min)
 #   CALL=13 bash scripts/device_pending.sh  # issue 64's FlashInfer plan made on the device, against FlashInfer's
 #                                           # planner (tests/test_gpu_flashinfer_device_plan.py; no server)
 #   CALL=14 bash scripts/device_pending.sh  # the slot flashinfer_device_plan (not registered) in a real FlashInfer
@@ -158,6 +159,9 @@ the_slots_probe_self_checks_every_call_without_a_mismatch; do echo -n "tests/tes
         # topk > 1 set, first ran there without one) and the device plan against FlashInfer's planner; no server
     NAME=replay_plan GPU_TESTS="tests/test_gpu_triton_replay_launch.py tests/test_gpu_flashinfer_device_plan.py" \
       TESTS_TIMEOUT=300 bash scripts/device_call.sh ;;
+  20r)  # CALL=20's replayed launches alone (the device plan's among them), for the last 4-5 minutes of device time
+    NAME=replay GPU_TESTS="tests/test_gpu_triton_replay_launch.py" TESTS_TIMEOUT=120 \
+      bash scripts/device_call.sh ;;
   13)  # issue 64's device plan against FlashInfer's own planner (no server; about a minute after the bundle)
     NAME=device_plan GPU_TESTS="tests/test_gpu_flashinfer_device_plan.py" TESTS_TIMEOUT=240 bash scripts/device_call.sh ;;
   14)

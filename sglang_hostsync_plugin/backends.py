@@ -45,6 +45,7 @@ class SeqLensReport:
     roles: list[BackendRole]
     d2h_per_step: bool
     forced_by: list[str]  # class names, or the reason SGLang forces it
+    overlap: bool = True  # False: the scheduler never calls resolve_seq_lens_cpu (run_batch, under enable_overlap)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -144,6 +145,7 @@ def seq_lens_report(
     draft_attention_backend: str | None = None,
     speculative_attention_mode: str = "prefill",
     two_batch_overlap: bool = False,
+    overlap: bool = True,
 ) -> SeqLensReport:
     """Name the backend classes that make the spec-v2 loop do the per-step seq_lens
     D2H, using SGLang's decide_needs_cpu_seq_lens and HybridAttnBackend."""
@@ -194,6 +196,8 @@ def seq_lens_report(
         forced_by = ["two-batch overlap" if two_batch_overlap else f"--speculative-algorithm {speculative_algorithm}"]
     else:
         forced_by = []
+    if not overlap:
+        return SeqLensReport(speculative_algorithm, two_batch_overlap, roles, False, [], overlap=False)
     return SeqLensReport(speculative_algorithm, two_batch_overlap, roles, needs, forced_by)
 
 
@@ -213,6 +217,9 @@ def format_report(rep: SeqLensReport, slots: dict[str, str] | None = None) -> st
         if slots:
             lines.append("  with the selected slots (above is stock SGLang's):")
             lines += [f"    {name}: {what}" for name, what in slots.items()]
+    elif not rep.overlap:
+        lines.append("  per-step D2H: none here: without overlap SGLang does not call it (that loop waits for each "
+                     "step's results anyway)")
     else:
         lines.append("  per-step D2H: none (no backend in the spec loop needs host seq_lens)")
     return "\n".join(lines)

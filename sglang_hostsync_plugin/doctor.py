@@ -275,6 +275,7 @@ def _main(argv: list[str]) -> int:
                 speculative_algorithm=args.speculative_algorithm,
                 speculative_attention_mode=args.speculative_attention_mode,
                 two_batch_overlap=args.enable_two_batch_overlap,
+                overlap=not args.disable_overlap_schedule,
             )
     except (config.HostsyncConfigError, registry.SlotRegistryError, KeyError, ValueError) as exc:
         message = exc.args[0] if isinstance(exc, KeyError) else str(exc)

@@ -505,3 +505,18 @@ def test_doctor_on_a_cpu_box_does_not_relay_sglangs_no_cuda_arch_warning():
         """, fresh=True)
     assert proc.returncode == 0, out(proc)
     assert "Cannot detect CUDA architecture" not in proc.stderr, out(proc)
+
+
+def test_doctor_seq_lens_slot_lines_follow_the_selection_and_overlap(capsys, monkeypatch):
+    """The NGRAM texts name where the read stays; without overlap SGLang never calls it, and no slot line shows."""
+    ngram = ("--speculative-algorithm", "NGRAM", "--attention-backend", "triton")
+    monkeypatch.setenv("SGLANG_HOSTSYNC_SLOTS", "default,ngram_full_mask,ngram_device_draft")
+    code, cap = _doctor(capsys, "--json", *ngram)
+    slots = json.loads(cap.out)["seq_lens_d2h"]["slots"]
+    assert code == 0 and slots["ngram_device_draft"].startswith("gone where every attention backend is triton"), slots
+    assert slots["ngram_accept_readback"].startswith("where the read stays"), slots
+    code, cap = _doctor(capsys, "--json", *ngram, "--disable-overlap-schedule")
+    rep = json.loads(cap.out)["seq_lens_d2h"]
+    assert code == 0 and rep["d2h_per_step"] is False and rep["overlap"] is False and rep["slots"] == {}, rep
+    code, cap = _doctor(capsys, *ngram, "--disable-overlap-schedule")
+    assert "per-step D2H: none here: without overlap SGLang does not call it" in cap.out, cap.out

@@ -356,8 +356,9 @@ SLOT = Slot(
     summary="EAGLE-family FlashInfer decode steps skip the seq-lens D2H + synchronize; FlashInfer's "
             "CUDA-graph plans are made on the GPU from the lengths its kernels read (stock's plan exactly)",
     default=False,
-    seq_lens_read=("skipped on the decode steps whose plans it makes on the GPU (kept at a batch size's first step "
-                   "and where a site is not covered)"),
+    seq_lens_read=("skipped on the decode steps whose plans it makes on the GPU; kept at a batch size's first step, "
+                   "where a site is not covered, without a window or under a runtime rule, and for good after a "
+                   "window miss"),
     # Stock steps still plan on the host into the pinned buffer: flashinfer_plan_guard's hazard.
     requires=(PLAN_GUARD,),
     precheck=config_precheck(None, cert.precheck_upstream),

@@ -137,8 +137,8 @@ SLOT = Slot(
     summary="NGRAM draft prep reads step N-1's accept tokens/lens from pinned mirrors copied under "
             "SGLang's seq-lens synchronize: 3 syncs per step -> 1",
     default=True,
-    seq_lens_read=("kept, one per step: it also brings back step N-1's accepted tokens (stock reads them with two "
-                   "more blocking copies)"),
+    seq_lens_read=("where the read stays, it also brings back step N-1's accepted tokens (stock reads them with two "
+                   "more blocking copies): one wait per step"),
     inert=lambda f: not_speculative(f, "only NGRAM drafts from step N-1's accepted tokens on the host", f.is_ngram()),
     targets=(
         HookTarget(f"{FUTURE_MAP}.stash", TargetKind.FUNCTION, hook=stash_hook,

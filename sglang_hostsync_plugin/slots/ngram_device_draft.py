@@ -537,7 +537,9 @@ SLOT = Slot(
             "seq-lens wait (FlashInfer keeps it); acceptance differs from the trie's, so greedy ids match stock's only up "
             "to verify numerics (2 of 25 requests differed on a random model, near-ties likely)",
     default=False,
-    seq_lens_read="gone on triton (the draft is made on the device); FlashInfer and other backends keep it",
+    seq_lens_read=("gone where every attention backend is triton (ngram_full_mask sizes the verify mask without "
+                   "host lengths), but with two-batch overlap, pipeline parallelism or forward-pass metrics; "
+                   "FlashInfer and other backends keep it"),
     requires=(ngram_full_mask.NAME,),  # its part of the site builds the full mask from the device tree
     conflicts=tuple(CONFLICTS),
     precheck=config_precheck(None, check_pins),

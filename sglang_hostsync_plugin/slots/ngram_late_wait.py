@@ -157,7 +157,7 @@ SLOT = Slot(
     summary="NGRAM's per-step wait for step N-1 moves from the top of run_batch to the draft prep that "
             "reads its values: the scheduler and worker glue in between runs under step N-1's GPU work",
     default=False,
-    seq_lens_read="kept, one per step: its wait moves from the top of the step to the draft prep",
+    seq_lens_read="where the read stays, its wait moves from the top of the step to the draft prep",
     requires=("ngram_accept_readback", "ngram_full_mask"),
     presets=(NGRAM_PRESET,),
     precheck=config_precheck(None, check_pins),
