@@ -71,3 +71,12 @@ def test_the_docs_example_hook_logs_the_first_decode_batch_once_and_passes_throu
     results = [hook(original, None, b) for b in (batch(False), batch(True), batch(True))]
     assert results == ["result 1", "result 2", "result 3"] and len(calls) == 3
     assert [r.getMessage() for r in caplog.records] == ["example_first_decode: first decode batch, 3 requests"]
+
+
+def test_the_docs_fingerprint_command_prints_the_examples_params_and_sha(capsys):
+    code = re.search(r'`python -c "(.*?)"`', open(DOC, encoding="utf-8").read()).group(1)
+    exec(compile(code, "doc-command", "exec"), {})
+    module = _blocks()["python"]
+    params, sha = capsys.readouterr().out.strip().rsplit(" ", 1)
+    declared = re.search(r"params=(\(.*?\))", module).group(1)
+    assert eval(declared) == eval(params) and f'source_sha="{sha}"' in module, (params, sha)
