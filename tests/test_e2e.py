@@ -69,6 +69,15 @@ def test_by_default_servers_run_written_checkpoints_real_acceptance_and_the_radi
     assert "Benchmark-only" not in run._header([{"date": "d", "command": "c", "rounds": 1, "max_new_tokens": 8}])
 
 
+def test_every_arms_server_sleeps_on_idle_unless_told_not_to(tmp_path):
+    """Idle arms' schedulers must not spin beside the timed one: --sleep-on-idle on stock's and the plugin's alike."""
+    config, models = matrix.CONFIGS["standalone-t4-p16"], {"target": "t", "draft": "d"}
+    for argv, flag in (([], True), (["--no-sleep-on-idle"], False)):
+        opts = run.plan(run.build_parser().parse_args(argv))[2]
+        for arm in matrix.parse_arms("stock,plugin", ["default"]):
+            assert ("--sleep-on-idle" in matrix.launch(config, arm, 1, opts, models, str(tmp_path)).argv) is flag
+
+
 def test_every_configuration_and_arm_launches_with_sglangs_own_parser(tmp_path):
     models = matrix.write_models(str(tmp_path / "models"))
     assert json.load(open(os.path.join(models["draft"], "config.json")))["num_hidden_layers"] == 2

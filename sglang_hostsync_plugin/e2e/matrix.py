@@ -207,6 +207,9 @@ class Options:
     # decision: speed runs only, never evidence of correctness.
     simulate_acc_len: float = 0.0
     radix_cache: bool = True
+    # The arms' servers share the machine, and SGLang's idle scheduler polls without sleeping: each idle arm
+    # would spin a CPU (a timed scheduler's hyperthread sibling, maybe) through another arm's window.
+    sleep_on_idle: bool = True
     cuda_graph_max_bs: int = 8
     extra_server_args: tuple[str, ...] = ()
     # (KEY, VALUE) added to every plugin arm's environment (e.g. a slot's check setting).
@@ -259,6 +262,8 @@ def launch(config: Config, arm: Arm, port: int, opts: Options, models: dict[str,
         argv += ["--load-format", "dummy"]
     if not opts.radix_cache:
         argv.append("--disable-radix-cache")
+    if opts.sleep_on_idle:
+        argv.append("--sleep-on-idle")
     if arm.slots is not None:
         argv.append("--enable-hostsync-plugin")
     argv += list(opts.extra_server_args)

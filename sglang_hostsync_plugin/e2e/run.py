@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="SGLANG_SIMULATE_ACC_LEN (default 0: real acceptance); > 0 replaces the target's accept "
                          "decision: speed runs only, the report says so")
     ap.add_argument("--no-radix-cache", action="store_true", help="pass --disable-radix-cache to every server")
+    ap.add_argument("--no-sleep-on-idle", action="store_true",
+                    help="do not pass --sleep-on-idle to every server (then each idle arm's scheduler spins a CPU "
+                         "while another arm is timed)")
     ap.add_argument("--traffic", choices=("full", "sequential", "off"), default="full",
                     help="the real-traffic pass before the timed rounds: the request mix one at a time against "
                          "stock ('sequential'), then concurrent clients with aborted streams ('full')")
@@ -102,6 +105,7 @@ def options(args) -> matrix.Options:
     return matrix.Options(
         model_path=args.model_path, draft_model_path=args.draft_model_path, dummy_shape=args.dummy_shape,
         weights=args.weights, checkpoint_shape=args.checkpoint_shape, radix_cache=not args.no_radix_cache,
+        sleep_on_idle=not args.no_sleep_on_idle,
         attention_backend=args.attention_backend,
         mem_fraction_static=args.mem_fraction_static, max_total_tokens=args.max_total_tokens,
         random_seed=args.random_seed, simulate_acc_len=args.simulate_acc_len,
