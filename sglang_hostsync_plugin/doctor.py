@@ -307,7 +307,8 @@ def _main(argv: list[str]) -> int:
 
     roles = process_roles_found()
     if args.json:
-        print(report.doctor_json(rows, **common, ok=ok, seq_lens_d2h=seq_lens.as_dict() | {"slots": seq_lens_slots} if seq_lens else None,
+        d2h = seq_lens.as_dict() | {"slots": seq_lens_slots} if seq_lens else None
+        print(report.doctor_json(rows, **common, ok=ok, seq_lens_d2h=d2h,
                                  hints=hints, warnings=plan.warnings(), process_roles=roles))
     else:
         runs = [n for n in plan.selected if n not in left_out]
