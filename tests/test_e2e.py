@@ -1405,6 +1405,13 @@ def test_a_cells_scheduler_placement_is_the_median_wait_all_preemptions_and_ever
     assert (a["scheduler_wait_share"], a["scheduler_preempted"], a["scheduler_cpus"]) == (0.02, 43, [3, 7])
     assert cells["stock"]["scheduler_wait_share"] is None and cells["stock"]["scheduler_cpus"] == []
     assert "- c c1 slots:a: 2.00%, 43 preemptions, CPUs 3, 7" in stats.markdown(list(cells.values()), {}, {}).splitlines()
+    # with the other arms' schedulers' CPUs (rows since 2026-12-08): their median, printed after
+    for r, others in zip(rows[3:], (3.9, 0.0, 4.1)):
+        r["cpu"]["others_cpus"] = others
+    a = {c["arm"]: c for c in stats.cells(rows)}["slots:a"]
+    assert a["others_cpus"] == 3.9
+    assert ("- c c1 slots:a: 2.00%, 43 preemptions, CPUs 3, 7; other arms' schedulers 3.90 CPUs"
+            in stats.markdown([a], {}, {}).splitlines())
 
 
 def test_a_schedulers_run_queue_wait_over_a_window_from_proc():
@@ -1437,5 +1444,42 @@ def test_a_schedulers_run_queue_wait_over_a_window_from_proc():
         assert procs.window({}, procs.group(pair.pid), 1.0) is None  # the schedulers changed
     finally:
         for p in (pair, other):
+            os.killpg(p.pid, 9)
+            p.wait()
+
+
+def test_the_other_arms_schedulers_cpu_over_a_window_from_proc():
+    """Beside the timed server, one other server's scheduler spins (SGLang's idle loop without --sleep-on-idle)
+    and one sleeps: ``others_cpus`` reads about one CPU with the spinner among the other arms, about none
+    without it."""
+    from sglang_hostsync_plugin.e2e import procs
+
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("no /proc")
+
+    def titled(code: str) -> subprocess.Popen:
+        return subprocess.Popen(["bash", "-c", f'exec -a sglang::scheduler_TP0 "{sys.executable}" -c "$0"', code],
+                                start_new_session=True)
+
+    timed, asleep = titled("import time; time.sleep(60)"), titled("import time; time.sleep(60)")
+    spinning = titled("import time\nt = time.time()\nwhile time.time() - t < 60: pass")
+    every = [timed.pid, asleep.pid, spinning.pid]
+    try:
+        deadline = time.time() + 20
+        while not all(any(p.title.startswith(procs.SCHEDULER_TITLE) for p in g.values())
+                      for g in procs.groups(every).values()):
+            assert time.time() < deadline
+            time.sleep(0.05)
+        t0, before = time.perf_counter(), procs.groups(every)
+        time.sleep(1.0)
+        after, wall = procs.groups(every), time.perf_counter() - t0
+        with_spinner = procs.arm_window(before, after, timed.pid, wall)
+        assert 0.3 < with_spinner["others_cpus"] < 1.2, with_spinner
+        quiet = {g: before[g] for g in (timed.pid, asleep.pid)}
+        assert procs.arm_window(quiet, {g: after[g] for g in quiet}, timed.pid, wall)["others_cpus"] < 0.1
+        assert procs.arm_window(before, after, asleep.pid, wall)["others_cpus"] > 0.3  # the spinner, seen from another
+        assert procs.others({}, after[spinning.pid], wall) is None  # not seen at both ends
+    finally:
+        for p in (timed, asleep, spinning):
             os.killpg(p.pid, 9)
             p.wait()

@@ -302,6 +302,8 @@ def cells(rows: list[dict], windows: dict[tuple, list[list[TraceStep]]] | None =
             "scheduler_wait_share": median([x["scheduler_wait_share"] for x in cpu]),
             "scheduler_preempted": sum(x["scheduler_preempted"] for x in cpu) if cpu else None,
             "scheduler_cpus": sorted({n for x in cpu for n in x["scheduler_cpus"]}),
+            # .get: rows from before 2026-12-08 have none
+            "others_cpus": median([x["others_cpus"] for x in cpu if x.get("others_cpus") is not None]),
             "audit": pool_audit(windows[(config, conc, arm)]) if windows and (config, conc, arm) in windows else None,
             "other_ranks": {str(k[3]): rank_figures(w) for k, w in (windows or {}).items()  # str: a JSON key
                             if len(k) == 4 and k[:3] == (config, conc, arm)},
@@ -690,10 +692,13 @@ def cpu_lines(cell_rows: list[dict]) -> list[str]:
     if not rows:
         return []
     lines = ["", "Scheduler placement: its main thread's run-queue wait (% of the window, median of rounds), "
-             "preemptions (all rounds) and the CPUs it was seen on:", ""]
+             "preemptions (all rounds), the CPUs it was seen on, and the CPUs the other arms' schedulers used "
+             "meanwhile (median; about 1 each where they spin idle, 0 asleep):", ""]
     for c in sorted(rows, key=lambda c: (c["config"], c["concurrency"], c["arm"] != "stock", c["arm"])):
+        others = c.get("others_cpus")
         lines.append(f"- {c['config']} c{c['concurrency']} {c['arm']}: {100 * c['scheduler_wait_share']:.2f}%, "
-                     f"{c['scheduler_preempted']} preemptions, CPUs {', '.join(map(str, c['scheduler_cpus']))}")
+                     f"{c['scheduler_preempted']} preemptions, CPUs {', '.join(map(str, c['scheduler_cpus']))}"
+                     + ("" if others is None else f"; other arms' schedulers {others:.2f} CPUs"))
     return lines
 
 
