@@ -69,6 +69,8 @@
 #                                           # (stock, default, auto, default,eagle_host; at topk 4 the last is auto's pick)
 #   CALL=17 bash scripts/device_pending.sh  # issue 63's FlashInfer STANDALONE topk 1 page 16 row again, 8 requests a c1
 #                                           # round (stock, none, default, auto, auto + flashinfer_device_plan)
+#   CALL=17s bash scripts/device_pending.sh # the same-code gap with the idle arms spinning, then asleep (--sleep-on-idle,
+#                                           # the e2e's default since 2026-12-08): FlashInfer topk 1 page 16, ~8 min
 #   CALL=18 bash scripts/device_pending.sh  # issue 63's triton STANDALONE topk 1 / 4 page 16 rows with an `auto` arm
 #   CALL=9 / CALL=9b bash scripts/device_pending.sh  # issue 67's step graphs, each with its
 #                                           # real server: 9 dflash_step_graph on dflash-p16, 9b dspark_step_graph
@@ -284,6 +286,15 @@ $COMMON --time-budget 525" bash scripts/device_call.sh ;;
     NAME=triton_p1 E2E_TIMEOUT=545 E2E_ARGS="--configs standalone-t1-p1,standalone-t4-p1 --arms stock \
 --slots default,-audit --slots auto,-audit --slots default,eagle_host,-audit $COMMON --time-budget 525" \
       bash scripts/device_call.sh ;;
+  17s)  # is the same-code gap the idle arms' spinning? FlashInfer STANDALONE topk 1 page 16, stock / none / auto, 4
+         # rounds, no traffic pass: first with --no-sleep-on-idle (the idle arms spin, as in every run before
+         # 2026-12-08), then with it (the e2e's default); compare none/stock's spread and others_cpus
+    for S in spin sleep; do
+      NAME=idle_$S E2E_TIMEOUT=270 E2E_ARGS="--configs standalone-t1-p16 --attention-backend flashinfer --arms stock \
+--slots none,-audit --slots auto,-audit --concurrency 1 8 --rounds 4 --requests 8 --requests-per-user 4 \
+--max-new-tokens 64 --traffic off --server-arg=--disable-prefill-cuda-graph --ready-timeout 240 --time-budget 250 \
+$([ $S = spin ] && echo --no-sleep-on-idle)" bash scripts/device_call.sh
+    done ;;
   17)  # issue 63's FlashInfer topk-1 page-16 row again (2026-12-07-h100-e read auto 0.986x / 0.920x stock, lowest
         # round 0.668, with `none` 0.871x at c1: two requests a c1 round): stock, none, default, auto, auto + device plan;
         # a c8 window of 32 requests (16 lasted 0.6 s there; its lowest round was one window)
