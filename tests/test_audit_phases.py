@@ -361,6 +361,23 @@ def test_the_idle_pass_runs_in_on_idle_not_before_the_next_requests_first_decode
     assert [s.step for s in audit.parse_trace((tmp_path / "t.tsv").read_text())] == [0, 1, 2, 3]
 
 
+def test_the_idle_pass_runs_before_sglangs_on_idle_which_may_sleep_until_the_next_request(audit_env):
+    """Under --sleep-on-idle SGLang's ``on_idle`` ends in a poll that returns when a request arrives: a pass
+    after it would run on that request's path."""
+    from audit_cases import FakeScheduler, StubMeter, run_step
+
+    audit_env.setattr(audit, "PROCESS_EVERY", 100)
+    audit_env.setattr(audit, "_meter", StubMeter())
+    for _ in range(2):
+        run_step(lambda: None)
+    order = []
+    original = audit._process
+    audit_env.setattr(audit, "_process", lambda write: (order.append("pass"), original(write)))
+    assert audit.on_idle_hook(lambda sched: order.append("sglang's on_idle") or "its result", FakeScheduler()) \
+        == "its result"
+    assert order == ["pass", "sglang's on_idle"]
+
+
 def test_an_idle_pass_repeats_while_a_steps_gpu_finish_is_unknown(audit_env):
     from audit_cases import FakeScheduler, StubMeter, run_step
 

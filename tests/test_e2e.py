@@ -1473,11 +1473,12 @@ def test_the_other_arms_schedulers_cpu_over_a_window_from_proc():
         t0, before = time.perf_counter(), procs.groups(every)
         time.sleep(1.0)
         after, wall = procs.groups(every), time.perf_counter() - t0
-        with_spinner = procs.arm_window(before, after, timed.pid, wall)
+        with_spinner = procs.arm_window(before, after, timed.pid, wall, wall)
         assert 0.3 < with_spinner["others_cpus"] < 1.2, with_spinner
         quiet = {g: before[g] for g in (timed.pid, asleep.pid)}
-        assert procs.arm_window(quiet, {g: after[g] for g in quiet}, timed.pid, wall)["others_cpus"] < 0.1
-        assert procs.arm_window(before, after, asleep.pid, wall)["others_cpus"] > 0.3  # the spinner, seen from another
+        assert procs.arm_window(quiet, {g: after[g] for g in quiet}, timed.pid, wall, wall)["others_cpus"] < 0.1
+        assert procs.arm_window(before, after, asleep.pid, wall, wall)["others_cpus"] > 0.3  # seen from another
+        assert procs.arm_window(before, after, spinning.pid, wall, wall)["others_cpus"] < 0.1  # never the timed one
         assert procs.others({}, after[spinning.pid], wall) is None  # not seen at both ends
     finally:
         for p in (timed, asleep, spinning):

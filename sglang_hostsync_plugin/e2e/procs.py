@@ -1,12 +1,13 @@
 """A server's scheduler processes as Linux's /proc shows them around a timed window: how long their main thread
-waited for a CPU (run-queue wait, ``schedstat``), how often it was preempted, and the CPUs it ran on. SGLang's
-scheduler polls without sleeping, so its CPU time tracks the wall clock; waiting to run is what another process
-on its CPU, or a move between CPUs, costs it. Two servers of the same code can differ by several percent in
+waited for a CPU (run-queue wait, ``schedstat``), how often it was preempted, and the CPUs it ran on. A busy
+scheduler never sleeps, so its CPU time says little; waiting to run is what another process on its CPU, or a
+move between CPUs, costs it. Two servers of the same code can differ by several percent in
 tok/s/user (2026-12-07): these figures tell host contention and placement from the GPU host's drift. Empty where
 /proc cannot be read (another OS, a process gone).
 
-The other arms' servers stay up through each window: ``others`` is their schedulers' CPU use over it, in CPUs
-(an idle SGLang scheduler polls without sleeping unless started with ``--sleep-on-idle``: about 1 each)."""
+The other arms' servers stay up through each window: ``others`` is their scheduler processes' CPU use over it, in
+CPUs (an idle SGLang scheduler polls without sleeping unless started with ``--sleep-on-idle``: about 1 each, one
+per server at TP 1)."""
 
 from __future__ import annotations
 
@@ -90,13 +91,13 @@ def window(before: dict[int, Proc], after: dict[int, Proc], wall_s: float) -> di
 
 
 def arm_window(before: dict[int, dict[int, Proc]], after: dict[int, dict[int, Proc]], timed: int,
-               wall_s: float) -> dict | None:
-    """``window`` for the timed server's group ``timed``, with ``others_cpus``: what every other group's
-    schedulers used meanwhile (``others``)."""
+               wall_s: float, span_s: float) -> dict | None:
+    """``window`` for the timed server's group ``timed`` over its ``wall_s``, with ``others_cpus``: what every
+    other group's schedulers used between the two samples (``span_s`` apart, the window and the reads)."""
     out = window(before.get(timed, {}), after.get(timed, {}), wall_s)
     if out is not None:
         def rest(sample: dict[int, dict[int, Proc]]) -> dict[int, Proc]:
             return {pid: p for g, group_ in sample.items() if g != timed for pid, p in group_.items()}
 
-        out["others_cpus"] = others(rest(before), rest(after), wall_s)
+        out["others_cpus"] = others(rest(before), rest(after), span_s)
     return out

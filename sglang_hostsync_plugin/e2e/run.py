@@ -478,9 +478,10 @@ def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, res
                     batch = [prompt_pool[(rnd * n + k) % len(prompt_pool)] for k in range(n)]
                     fresh_trie(config, live[arm.name], f"{config.name}/{arm.name}")  # each arm's round from an empty trie
                     pgids = [srv.proc.pid for srv in live.values()]
-                    before = procs.groups(pgids)  # outside the timed window
+                    t0, before = time.perf_counter(), procs.groups(pgids)  # outside the timed window
                     load = client.run_load(live[arm.name].base, batch, conc, args.max_new_tokens)
-                    cpu = procs.arm_window(before, procs.groups(pgids), live[arm.name].proc.pid, load.wall)
+                    after = procs.groups(pgids)
+                    cpu = procs.arm_window(before, after, live[arm.name].proc.pid, load.wall, time.perf_counter() - t0)
                     result["rows"].append({
                         "config": config.name, "concurrency": conc, "arm": arm.name, "round": rnd,
                         "t_start": load.t_start, "t_end": load.t_end, "errors": list(load.errors),

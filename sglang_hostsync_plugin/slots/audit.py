@@ -785,21 +785,19 @@ def run_batch_hook(original, scheduler, batch=None, *args, **kwargs):
 
 def on_idle_hook(original, scheduler, *args, **kwargs):
     """SGLang calls ``on_idle`` on every loop turn without a batch: the first one after a step makes
-    the pass and writes the trace out (later ones again while a step's GPU finish is still unknown)."""
-    result = original(scheduler, *args, **kwargs)
-    if _audit is None or _broken:
-        return result
-    try:
-        state = _audit.state
-        if state.idle_pass_at == state.steps and _resolved_upto() >= state.steps - 1:
-            return result
-        t0 = time.perf_counter_ns()
-        _process(write=True)
-        state.idle_pass_at = state.steps
-        state.bookkeeping_total_ns += time.perf_counter_ns() - t0
-    except Exception:
-        _break()
-    return result
+    the pass and writes the trace out (later ones again while a step's GPU finish is still unknown).
+    Before SGLang's own: under ``--sleep-on-idle`` that ends asleep until the next request arrives."""
+    if _audit is not None and not _broken:
+        try:
+            state = _audit.state
+            if state.idle_pass_at != state.steps or _resolved_upto() < state.steps - 1:
+                t0 = time.perf_counter_ns()
+                _process(write=True)
+                state.idle_pass_at = state.steps
+                state.bookkeeping_total_ns += time.perf_counter_ns() - t0
+        except Exception:
+            _break()
+    return original(scheduler, *args, **kwargs)
 
 
 def _break() -> None:
