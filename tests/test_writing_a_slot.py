@@ -32,7 +32,7 @@ def _doctor(path: str):
     env = clean_env(SGLANG_HOSTSYNC_SLOTS="default,example_first_decode")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (path, env.get("PYTHONPATH")) if p)
     proc = run_process([sys.executable, "-m", "sglang_hostsync_plugin", "doctor", "--json"], env=env, cwd=REPO,
-                       timeout=300, fresh=True)
+                       timeout=300)
     rows = {r["name"]: r for r in json.loads(proc.stdout)["slots"]} if proc.stdout.strip() else {}
     return proc, rows
 
