@@ -100,7 +100,10 @@
 # and 11b with it (its ports were taken; benchmarks/results/2026-12-07-h100-d/). 13, 5 and CALL=14's topk-4 half ran
 # (benchmarks/results/2026-12-07-h100-e/). 14b (cut once), 14, 14b and 7c ran (benchmarks/results/2026-12-07-h100-f/).
 # 15q ran on a fresh machine and ended in FlashInfer's JIT, no verdict (benchmarks/results/2026-12-07-h100-g/).
-# 2026-12-07 20:12-20:45 UTC: no machine lent (seven tries refused, then no machine lent for the rest of that session).
+# 2026-12-07 20:12-20:45 UTC: no machine lent (seven tries refused, then no machine lent for the rest of that session);
+# 22:36-23:44 UTC the same (six refused, then too little device time left).
+# First on the next machine: 20r (or 20: the replayed device-plan launch in auto's FlashInfer topk > 1 set has no GPU
+# run yet), then 17s (every run so far timed each arm beside spinning idle servers: read the rest after it).
 # Next, for issue 64: 15, then 19 (the profile section 9's glue graphs need first; .devwheels/py-spy.xz carried);
 # 15 (the prefill read-backs, the last syncs; it also gives issue 63's FlashInfer topk-4 row; on a
 # fresh machine FlashInfer's JIT takes about 280 s of its 480 s budget: if no round finished, run it again at once);
