@@ -9,7 +9,9 @@ it was identical to stock, its ratio to stock and lowest round, the best unaudit
 needs a new run). The bar: identical, never below stock, within 2% of the best.
 
 ``--matrix`` prints the one-flag issue's configuration matrix instead: per configuration, attention backend and
-concurrency, the newest run whose ``auto`` arm ran today's pick, its verdict, or that none did.
+concurrency, the newest run whose ``auto`` arm ran today's pick, its verdict, or that none did. A run whose
+servers started without ``--sleep-on-idle`` (every run before 2026-12-08) is marked "idle arms spinning": each
+other arm's scheduler spun a CPU through every timed window.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ def verdicts(path: str) -> list[dict]:
     for v in out:
         command = (servers.get(f"{v['config']}/{v['arm']}") or {}).get("command", "")
         v["today"], v["backend"], v["date"] = todays_pick(command), backend_of(command), result["meta"].get("date", "")
+        v["idle_spinning"] = "--sleep-on-idle" not in shlex.split(command)
     return out
 
 
@@ -92,7 +95,8 @@ def matrix(rows: list[tuple[str, dict]]) -> list[str]:
                 out.append(f"| {config} | {backend} | {conc} | not run (runs with an older pick: {others}) |")
                 continue
             run, v = max(today, key=lambda rv: rv[1]["date"])
-            out.append(f"| {config} | {backend} | {conc} | {run} | " + stats.auto_row(v).split(" | ", 2)[2])
+            spun = " (idle arms spinning)" if v["idle_spinning"] else ""
+            out.append(f"| {config} | {backend} | {conc} | {run}{spun} | " + stats.auto_row(v).split(" | ", 2)[2])
     return out
 
 

@@ -451,14 +451,14 @@ def test_auto_verdicts_matrix_takes_the_newest_run_of_todays_pick_per_cell(tmp_p
     av = _auto_verdicts()
     monkeypatch.setattr(av.choice, "pick", lambda facts: av.choice.Choice("x", "default,eagle_step_graph", None))
 
-    def run(folder, date, picked, auto_tok_s):
+    def run(folder, date, picked, auto_tok_s, asleep=""):
         rows = [{"config": "standalone-t1-p1", "concurrency": c, "arm": a, "round": r, "errors": [],
                  "load": {"requests": 1, "tok_s_user_median": v, "tok_s_total": v, "accept_length": 1.5,
                           "tok_s_user_all": [v]}}
                 for c in (1, 8) for a, v in (("stock", 100), ("slots:auto,-audit", auto_tok_s)) for r in range(2)]
         command = ("SGLANG_HOSTSYNC_SLOTS=auto python3 -m sglang.launch_server --model-path /m --attention-backend "
                    "triton --speculative-algorithm STANDALONE --speculative-eagle-topk 1 --page-size 1 "
-                   "--speculative-num-steps 3 --speculative-num-draft-tokens 4 --enable-hostsync-plugin")
+                   f"--speculative-num-steps 3 --speculative-num-draft-tokens 4 {asleep}--enable-hostsync-plugin")
         result = {"meta": {"date": date, "arm_slots": {"stock": None, "slots:auto,-audit": "auto"}}, "rows": rows,
                   "identity": {}, "traffic": {}, "servers": {"standalone-t1-p1/slots:auto,-audit": {
                       "command": command, "status_block": [f"  auto: x; pin it with SGLANG_HOSTSYNC_SLOTS={picked}"]}}}
@@ -471,6 +471,11 @@ def test_auto_verdicts_matrix_takes_the_newest_run_of_todays_pick_per_cell(tmp_p
     assert av.main([str(tmp_path / f) for f in "abc"] + ["--matrix"]) == 0
     lines = capsys.readouterr().out.splitlines()
     cells = [x for x in lines if x.startswith("| standalone-t1-p1 | triton |")]
-    assert len(cells) == 2 and all("| b/e2e.json |" in x and "| 1.200 (1.200) |" in x for x in cells), cells
+    assert len(cells) == 2 and all("| b/e2e.json (idle arms spinning) |" in x and "| 1.200 (1.200) |" in x
+                                   for x in cells), cells
     assert "| standalone-t1-p16 | triton | 1 | not run (runs with an older pick: none) |" in lines
+    run("d", "2026-12-08T10:00:00+00:00", "default,eagle_step_graph", 125, asleep="--sleep-on-idle ")
+    assert av.main([str(tmp_path / f) for f in "abcd"] + ["--matrix"]) == 0
+    cells = [x for x in capsys.readouterr().out.splitlines() if x.startswith("| standalone-t1-p1 | triton |")]
+    assert all("| d/e2e.json | " in x and "| 1.250 (1.250) |" in x for x in cells), cells
     assert len([x for x in lines if x.startswith("| ") and "| --- " not in x]) == 1 + 2 * len(av.MATRIX)
