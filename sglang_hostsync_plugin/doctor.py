@@ -288,10 +288,10 @@ def _main(argv: list[str]) -> int:
     hints = auto_hints(plan, facts) + preset_hints(plan, catalogue, facts) + audit_hints(plan, catalogue, facts)
     left_out = not_picked(plan, facts, catalogue)
     rows = report.doctor_rows(plan, catalogue, left_out)
-    # What the slots that would apply change in the backends' stock per-step read.
-    seq_lens_slots = {v.name: catalogue[v.name].seq_lens_read for v in plan.verdicts
-                      if v.selected and v.status in (Status.APPLIED, Status.WOULD_APPLY) and v.name in catalogue
-                      and catalogue[v.name].seq_lens_read and seq_lens is not None and seq_lens.d2h_per_step}
+    # What the selected slots that would apply change in the backends' stock per-step read, where there is one.
+    applying = [v.name for v in plan.verdicts if v.selected and v.status in (Status.APPLIED, Status.WOULD_APPLY)]
+    seq_lens_slots = {n: catalogue[n].seq_lens_read for n in applying if n in catalogue and catalogue[n].seq_lens_read
+                      } if seq_lens is not None and seq_lens.d2h_per_step else {}
     common = dict(sglang=installed, supported_sglang=version.SUPPORTED_SGLANG, selected=list(plan.selected),
                   strict=plan.strict, choice=auto_line(plan))
     bad = plan.config_errors()

@@ -1430,18 +1430,19 @@ def test_a_schedulers_run_queue_wait_over_a_window_from_proc():
     try:
         deadline = time.time() + 20
         while True:  # until both spinners run under that title, on that CPU
-            before = procs.group(pair.pid)
+            before = procs.groups([pair.pid])[pair.pid]
             scheds = [p for p in before.values() if p.title.startswith(procs.SCHEDULER_TITLE)]
             if len(scheds) == 2 and all(p.cpu == cpu for p in scheds):
                 break
             assert time.time() < deadline, before
             time.sleep(0.05)
         time.sleep(1.0)
-        shared = procs.window(before, procs.group(pair.pid), 1.0)
+        shared = procs.window(before, procs.groups([pair.pid])[pair.pid], 1.0)
         assert 0.2 < shared["scheduler_wait_share"] < 1.0 and shared["scheduler_cpus"] == [cpu], shared
         assert shared["scheduler_preempted"] > 0
-        assert procs.window(procs.group(other.pid), procs.group(other.pid), 1.0) is None  # no scheduler
-        assert procs.window({}, procs.group(pair.pid), 1.0) is None  # the schedulers changed
+        alone = procs.groups([other.pid])[other.pid]
+        assert procs.window(alone, alone, 1.0) is None  # no scheduler
+        assert procs.window({}, procs.groups([pair.pid])[pair.pid], 1.0) is None  # the schedulers changed
     finally:
         for p in (pair, other):
             os.killpg(p.pid, 9)

@@ -24,7 +24,7 @@ class Proc:
     cpu: int  # the CPU its main thread last ran on
     wait_ns: int  # its main thread's time on a run queue, waiting for a CPU, so far
     preempted: int  # its nonvoluntary context switches so far
-    cpu_ticks: int = 0  # the whole process's user + system CPU time so far, in clock ticks
+    cpu_ticks: int  # the whole process's user + system CPU time so far, in clock ticks
 
 
 def _read(pid: int, pgids: set[int]) -> tuple[int, Proc] | None:
@@ -62,19 +62,14 @@ def groups(pgids: Iterable[int]) -> dict[int, dict[int, Proc]]:
     return out
 
 
-def group(pgid: int) -> dict[int, Proc]:
-    """Every process of the process group ``pgid``."""
-    return groups((pgid,))[pgid]
-
-
-def others(before: dict[int, Proc], after: dict[int, Proc], wall_s: float) -> float | None:
-    """CPUs the schedulers among ``after`` (the other arms' servers) used over a window of ``wall_s`` seconds,
-    summed; None without a scheduler seen at both ends."""
+def others(before: dict[int, Proc], after: dict[int, Proc], span_s: float) -> float | None:
+    """CPUs the schedulers among ``after`` (the other arms' servers) used over the ``span_s`` seconds between the
+    samples, summed; None without a scheduler seen at both ends."""
     sched = [pid for pid, p in after.items() if p.title.startswith(SCHEDULER_TITLE) and pid in before]
-    if not sched or wall_s <= 0:
+    if not sched or span_s <= 0:
         return None
     ticks = sum(after[p].cpu_ticks - before[p].cpu_ticks for p in sched)
-    return round(ticks / os.sysconf("SC_CLK_TCK") / wall_s, 3)
+    return round(ticks / os.sysconf("SC_CLK_TCK") / span_s, 3)
 
 
 def window(before: dict[int, Proc], after: dict[int, Proc], wall_s: float) -> dict | None:
