@@ -42,7 +42,8 @@ MIN_REASON_WIDTH = 30
 
 def fit(text: str, width: int | None, indent: str = "  ") -> str:
     """Each line of ``text`` wrapped to ``width`` columns (``None``: as it is), later lines of a
-    wrapped line indented by its own indent plus ``indent``; a word longer than a line is cut."""
+    wrapped line indented by its own indent plus ``indent``; a word longer than a line stays whole (a
+    value such as the pick's ``SGLANG_HOSTSYNC_SLOTS=...`` is pasted back as printed)."""
     if width is None:
         return text
     out = []
@@ -52,7 +53,7 @@ def fit(text: str, width: int | None, indent: str = "  ") -> str:
             continue
         lead = line[:len(line) - len(line.lstrip())]
         out += textwrap.wrap(line.lstrip(), width, initial_indent=lead, subsequent_indent=lead + indent,
-                             break_on_hyphens=False) if line.strip() else [line]
+                             break_on_hyphens=False, break_long_words=False) if line.strip() else [line]
     return "\n".join(out)
 
 

@@ -23,7 +23,7 @@ def acting(plan):
     return {v.name for v in plan.verdicts if v.selected and v.status in (Status.WOULD_APPLY, Status.UPSTREAM)}
 
 
-FI_TREE = "default,flashinfer,eagle_host,-metadata_glue_graph,flashinfer_device_plan"
+FI_TREE = "default,flashinfer,eagle_host,-metadata_glue_graph,flashinfer_device_plan,flashinfer_prefill_host_indptr"
 CLASSES = [
     (facts("EAGLE3", 1), "default,eagle_step_graph"),
     (facts("STANDALONE", 1), "default,eagle_step_graph"),
@@ -543,7 +543,8 @@ def test_the_doctor_reads_a_whole_server_command_line(monkeypatch, capsys):
             "--mem-fraction-static", "0.8", "--enable-hostsync-plugin"]
     assert doctor.main(argv) == 0
     out = capsys.readouterr()
-    assert f"SGLANG_HOSTSYNC_SLOTS={FI_TREE}" in out.out.replace("\n  ", " ")
+    # The value to paste back stays on one line, however long (the wrap does not cut a word).
+    assert any(f"SGLANG_HOSTSYNC_SLOTS={FI_TREE}" in line for line in out.out.splitlines())
     assert ("not read by the plugin's checks (SGLang's own): --model-path meta-llama/Llama-3.1-8B-Instruct "
             "--speculative-draft-model-path d --speculative-num-draft-tokens 8 --mem-fraction-static 0.8") in out.err
     assert doctor.main([*argv, "--json"]) == 0
