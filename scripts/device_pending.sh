@@ -120,6 +120,9 @@
 set -u
 cd "$(dirname "$0")/.."
 [ -n "${DRY_RUN:-}" ] || bash scripts/stop_stray_servers.sh  # before CALL=3's step_graph_weights, which starts servers too
+# Issue 63's matrix rows time each round in 4 passes (e2e --passes): with the idle neighbours asleep the same code
+# still moved 0.62-1.14x by round (2026-12-08-h100, 17s), the host's own drift within a ~6 s round.
+PASSES="--passes 4"
 COMMON="--concurrency 1 8 --rounds 6 --requests 8 --max-new-tokens 64 --traffic-requests 48 --traffic-aborts 8 \
 --server-arg=--disable-prefill-cuda-graph --ready-timeout 420"
 case "${CALL:-}" in
@@ -246,7 +249,7 @@ $COMMON --time-budget 380" bash scripts/device_call.sh ;;
         # the step graph, unaudited, the self-check every 32nd replay
     NAME=dflash_auto E2E_TIMEOUT=400 E2E_ARGS="--configs dflash-p16 --checkpoint-shape small-bigram --arms stock \
 --slots default,-audit --slots auto,-audit --slots default,dflash_step_graph,-audit \
---plugin-env SGLANG_HOSTSYNC_STEP_GRAPH_CHECK=32 $COMMON --time-budget 380" bash scripts/device_call.sh ;;
+--plugin-env SGLANG_HOSTSYNC_STEP_GRAPH_CHECK=32 $COMMON $PASSES --time-budget 380" bash scripts/device_call.sh ;;
   10)  # each step graph is inert in the other's configuration, so one arm holds both; the eager self-check every 32nd
       # replay (its eager step counts in the arm's host work and speed: against the slots, by about 1/32 of a step)
     GRAPHS=default,dflash_step_graph,dspark_step_graph
@@ -265,7 +268,7 @@ $COMMON --time-budget 380" bash scripts/device_call.sh ;;
   11)
     NAME=fi_p1 E2E_TIMEOUT=545 E2E_ARGS="--configs standalone-t1-p1,standalone-t4-p1 --attention-backend flashinfer \
 --arms stock --slots default,-audit --slots auto,-audit --slots default,flashinfer,eagle_host,-metadata_glue_graph,-audit \
-$COMMON --time-budget 525" bash scripts/device_call.sh ;;
+$COMMON $PASSES --time-budget 525" bash scripts/device_call.sh ;;
   11b)  # `ngram_host`'s set audited too: the FlashInfer NGRAM row's one sync per step (flashinfer-bound-plan.md, 10;
          # `auto` picks `default` there, whose one wait is at the seq-lens resolve)
     NAME=fi_ngram E2E_TIMEOUT=545 E2E_ARGS="--configs ngram-p1 --attention-backend flashinfer --arms stock \
@@ -291,10 +294,10 @@ $COMMON --time-budget 525" bash scripts/device_call.sh ;;
     NAME=fi_bar E2E_TIMEOUT=540 E2E_ARGS="--configs standalone-t4-p16 --attention-backend flashinfer \
 --checkpoint-shape llama-8b-bigram --arms stock --slots default,flashinfer,eagle_host,-metadata_glue_graph --slots auto \
 --concurrency 1 8 --rounds 6 --requests 8 --max-new-tokens 64 --traffic-requests 48 --traffic-aborts 8 \
---ready-timeout 420 --time-budget 520" bash scripts/device_call.sh ;;
+$PASSES --ready-timeout 420 --time-budget 520" bash scripts/device_call.sh ;;
   16)  # issue 63's triton page-1 rows as `auto` arms (auto picks the step graph at topk 1, eagle_host at topk 4)
     NAME=triton_p1 E2E_TIMEOUT=545 E2E_ARGS="--configs standalone-t1-p1,standalone-t4-p1 --arms stock \
---slots default,-audit --slots auto,-audit --slots default,eagle_host,-audit $COMMON --time-budget 525" \
+--slots default,-audit --slots auto,-audit --slots default,eagle_host,-audit $COMMON $PASSES --time-budget 525" \
       bash scripts/device_call.sh ;;
   17s)  # is the same-code gap the idle arms' spinning? FlashInfer STANDALONE topk 1 page 16, stock / none / auto, 4
          # rounds, no traffic pass: first with --no-sleep-on-idle (the idle arms spin, as in every run before
@@ -313,12 +316,12 @@ $COMMON --time-budget 525" bash scripts/device_call.sh ;;
     NAME=fi_t1 E2E_TIMEOUT=400 E2E_ARGS="--configs standalone-t1-p16 --attention-backend flashinfer --arms stock \
 --slots none,-audit --slots default,-audit --slots auto,-audit \
 --slots default,flashinfer,eagle_host,-metadata_glue_graph,flashinfer_device_plan,-audit $COMMON --requests-per-user 4 \
---time-budget 380" \
+$PASSES --time-budget 380" \
       bash scripts/device_call.sh ;;
   18)  # issue 63's triton page-16 STANDALONE rows as `auto` arms (never run as one): auto picks the step graph at
         # topk 1, eagle_host at topk 4 (there the last arm is its pick: an A/A pair)
     NAME=triton_p16 E2E_TIMEOUT=545 E2E_ARGS="--configs standalone-t1-p16,standalone-t4-p16 --arms stock \
---slots default,-audit --slots auto,-audit --slots default,eagle_host,-audit $COMMON --time-budget 525" \
+--slots default,-audit --slots auto,-audit --slots default,eagle_host,-audit $COMMON $PASSES --time-budget 525" \
       bash scripts/device_call.sh ;;
   9)
     NAME=dflash_graph GPU_TESTS="tests/test_gpu_block_step_graph.py -k dflash" TESTS_TIMEOUT=575 bash scripts/device_call.sh ;;

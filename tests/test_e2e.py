@@ -1112,6 +1112,66 @@ def test_each_finished_round_is_saved_and_a_budget_stop_is_named(tmp_path, monke
     assert "(time budget spent: the rounds that finished)" in (budget / "e2e.md").read_text()
 
 
+def test_a_rounds_passes_slice_its_window_and_reverse_the_arms_pass_by_pass():
+    """--passes K: the window's requests in K slices of at least one request per concurrent user (fewer
+    passes where the window is too short), each pass over the arms in turn, reversed pass by pass."""
+    args = run.build_parser().parse_args(["--requests", "8", "--requests-per-user", "4", "--passes", "4"])
+    order = ["A", "B", "C"]
+    c1 = run.round_passes(args, 1, 0, order)
+    assert [(p, "".join(o), list(idx)) for p, o, idx in c1] == [
+        (0, "ABC", [0, 1]), (1, "CBA", [2, 3]), (2, "ABC", [4, 5]), (3, "CBA", [6, 7])]
+    c8 = run.round_passes(args, 8, 1, order)  # a window of 32 (4 per user): four bursts of 8
+    assert [len(idx) for _, _, idx in c8] == [8] * 4 and [i for _, _, idx in c8 for i in idx] == list(range(32))
+    short = run.build_parser().parse_args(["--requests", "10", "--requests-per-user", "1", "--passes", "4"])
+    assert [len(idx) for _, _, idx in run.round_passes(short, 4, 0, order)] == [5, 5]  # 10 // 4: two passes
+    assert [len(idx) for _, _, idx in run.round_passes(short, 3, 0, order)] == [3, 3, 4]
+    odd = run.build_parser().parse_args(["--requests", "3", "--passes", "3"])
+    assert ["".join(o) for _, o, _ in run.round_passes(odd, 1, 1, order)] == ["CBA", "ABC", "CBA"]
+    one = run.build_parser().parse_args(["--requests", "8"])  # the default: one pass, ABBA by round
+    assert [("".join(o), len(idx)) for r in (0, 1) for _, o, idx in run.round_passes(one, 1, r, order)] == [
+        ("ABC", 8), ("CBA", 8)]
+    with pytest.raises(ValueError, match="--passes"):
+        run.plan(run.build_parser().parse_args(["--passes", "0"]))
+
+
+def test_a_rounds_figure_pools_its_passes():
+    """Two passes of a round: the round's tok/s/user is the median of both passes' requests, and the
+    cell counts rounds, not passes."""
+    rows = [{**load_row("c", 1, "stock", r, v, 100), "pass": p}
+            for r, p, v in ((0, 0, [100, 100]), (0, 1, [80, 80]), (1, 0, [90, 90]), (1, 1, [90, 90]))]
+    rows += [{**load_row("c", 1, "plugin", r, v, 100), "pass": p}
+             for r, p, v in ((0, 0, [120, 120]), (0, 1, [88, 88]), (1, 0, [99, 99]), (1, 1, [99, 99]))]
+    cells = {c["arm"]: c for c in stats.cells(rows)}
+    assert cells["stock"]["tok_s_user_by_round"] == {0: 90, 1: 90} and cells["stock"]["rounds"] == 2
+    assert cells["plugin"]["ratio_by_round"] == pytest.approx([104 / 90, 99 / 90])
+    assert cells["plugin"]["requests"] == 8
+
+
+def test_passes_against_fake_servers(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+    saved = []
+    real = run.save
+    monkeypatch.setattr(run, "save", lambda result, out_dir: saved.append(len(result["rows"])) or real(result, out_dir))
+    out = tmp_path / "run"
+    argv = ["--server-module", "fake_sglang_server", "--weights", "dummy", "--configs", "standalone-t4-p16",
+            "--arms", "stock,plugin", "--concurrency", "1", "2", "--rounds", "2", "--requests", "4",
+            "--requests-per-user", "2", "--passes", "2", "--max-new-tokens", "16", "--identity-tokens", "8",
+            "--traffic", "off", "--port", str(free_port_base(2)), "--out", str(out)]
+    assert run.main(argv) == 0
+    rows = json.load(open(out / "e2e.json"))["rows"]
+    for conc in (1, 2):
+        for rnd in (0, 1):
+            these = [(r["arm"], r["pass"], r["load"]["requests"]) for r in rows
+                     if r["concurrency"] == conc and r["round"] == rnd]
+            first = these[0][0]
+            other = "plugin" if first == "stock" else "stock"
+            assert these == [(first, 0, 2), (other, 0, 2), (other, 1, 2), (first, 1, 2)], (conc, rnd, these)
+    assert [n for n in saved if n][:4] == [4, 8, 12, 16]  # saved after every round (two passes over two arms)
+    md = (out / "e2e.md").read_text()
+    assert "each round in 2 passes, order reversed pass by pass" in md
+    assert re.search(r"\| standalone-t4-p16 \| 1 \| plugin \| [^|]+ \| [0-9.]+ \([0-9.]+-[0-9.]+\) \|", md)
+
+
 def test_the_real_traffic_pass_runs_before_the_rounds_and_any_difference_fails_the_run(tmp_path, monkeypatch):
     """Every server gets the request mix one at a time (compared with stock's), then concurrent clients with
     cut streams, the drain and one request after the aborts; a differing output or KV tokens still held

@@ -47,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="requests per window (at least --requests-per-user per concurrent user)")
     ap.add_argument("--requests-per-user", type=int, default=2, metavar="N",
                     help="a window's least requests per concurrent user (a c8 window of 2 each lasted 0.6 s)")
+    ap.add_argument("--passes", type=int, default=1, metavar="K",
+                    help="split each round's window into K passes over the arms (order reversed pass by pass; "
+                         "each at least one request per concurrent user), so that host drift within a round "
+                         "reaches every arm alike; a round's figure pools its passes' requests")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--prompt-kind", choices=PROMPT_KINDS, default="random",
@@ -158,8 +162,8 @@ def tokens_needed(args) -> int:
 def plan(args) -> tuple[list[matrix.Config], list[matrix.Arm], matrix.Options]:
     configs = matrix.parse_configs(args.configs)
     arms = matrix.parse_arms(args.arms, args.slots)
-    if args.rounds < 1 or min(args.concurrency) < 1 or args.requests < 1 or args.requests_per_user < 1:
-        raise ValueError("--rounds, --concurrency, --requests and --requests-per-user must be positive")
+    if min(args.rounds, *args.concurrency, args.requests, args.requests_per_user, args.passes) < 1:
+        raise ValueError("--rounds, --concurrency, --requests, --requests-per-user and --passes must be positive")
     if args.max_total_tokens < tokens_needed(args):
         raise ValueError(f"--max-total-tokens {args.max_total_tokens} is fewer than the {tokens_needed(args)} "
                          "KV tokens the run's largest load holds (the highest --concurrency x (--prompt-len + "
@@ -375,6 +379,15 @@ def window_requests(args, conc: int) -> int:
     return max(args.requests, args.requests_per_user * conc)
 
 
+def round_passes(args, conc: int, rnd: int, order: list) -> list[tuple[int, list, range]]:
+    """A round as (pass, arm order, the window's request indices): ``--passes`` slices of the window, each
+    at least ``conc`` requests (a pass fewer where the window has too few), arms reversed pass by pass."""
+    n = window_requests(args, conc)
+    k = max(1, min(args.passes, n // conc))
+    cuts = [n * p // k for p in range(k + 1)]
+    return [(p, order if (rnd * k + p) % 2 == 0 else order[::-1], range(cuts[p], cuts[p + 1])) for p in range(k)]
+
+
 class Budget:
     def __init__(self, seconds: float | None):
         self.deadline = None if seconds is None else time.perf_counter() + seconds
@@ -472,26 +485,30 @@ def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, res
                     result["meta"]["stopped"] = "time budget spent"
                     say(f"{config.name}: time budget spent, stopping before c{conc} round {rnd}")
                     break
-                for arm in (order if rnd % 2 == 0 else order[::-1]):
-                    if arm.name not in live:
-                        continue
-                    batch = [prompt_pool[(rnd * n + k) % len(prompt_pool)] for k in range(n)]
-                    fresh_trie(config, live[arm.name], f"{config.name}/{arm.name}")  # each arm's round from an empty trie
-                    pgids = [srv.proc.pid for srv in live.values()]
-                    t0, before = time.perf_counter(), procs.groups(pgids)  # outside the timed window
-                    load = client.run_load(live[arm.name].base, batch, conc, args.max_new_tokens)
-                    after = procs.groups(pgids)
-                    cpu = procs.arm_window(before, after, live[arm.name].proc.pid, load.wall, time.perf_counter() - t0)
-                    result["rows"].append({
-                        "config": config.name, "concurrency": conc, "arm": arm.name, "round": rnd,
-                        "t_start": load.t_start, "t_end": load.t_end, "errors": list(load.errors),
-                        "load": stats.load_figures(load.results, load.wall), "cpu": cpu,
-                    })
-                    f = result["rows"][-1]["load"]
-                    say(f"{config.name} c{conc} r{rnd} {arm.name}: {stats.fmt(f['tok_s_user_median'], '.1f')} tok/s/user"
-                        + (f", {len(load.errors)} errors" if load.errors else ""))
-                    if load.errors and live[arm.name].exited_within(5.0):
-                        _died(live.pop(arm.name), f"{config.name}/{arm.name}", f"c{conc} round {rnd}")
+                for pss, arms_order, idx in round_passes(args, conc, rnd, order):
+                    batch = [prompt_pool[(rnd * n + k) % len(prompt_pool)] for k in idx]
+                    for arm in arms_order:
+                        if arm.name not in live:
+                            continue
+                        # each arm's window (each pass) from an empty trie
+                        fresh_trie(config, live[arm.name], f"{config.name}/{arm.name}")
+                        pgids = [srv.proc.pid for srv in live.values()]
+                        t0, before = time.perf_counter(), procs.groups(pgids)  # outside the timed window
+                        load = client.run_load(live[arm.name].base, batch, conc, args.max_new_tokens)
+                        after = procs.groups(pgids)
+                        cpu = procs.arm_window(before, after, live[arm.name].proc.pid, load.wall,
+                                               time.perf_counter() - t0)
+                        result["rows"].append({
+                            "config": config.name, "concurrency": conc, "arm": arm.name, "round": rnd, "pass": pss,
+                            "t_start": load.t_start, "t_end": load.t_end, "errors": list(load.errors),
+                            "load": stats.load_figures(load.results, load.wall), "cpu": cpu,
+                        })
+                        f = result["rows"][-1]["load"]
+                        say(f"{config.name} c{conc} r{rnd}{f'.{pss}' if args.passes > 1 else ''} {arm.name}: "
+                            f"{stats.fmt(f['tok_s_user_median'], '.1f')} tok/s/user"
+                            + (f", {len(load.errors)} errors" if load.errors else ""))
+                        if load.errors and live[arm.name].exited_within(5.0):
+                            _died(live.pop(arm.name), f"{config.name}/{arm.name}", f"c{conc} round {rnd}")
                 save(result, out_dir)  # every finished round survives a kill
         for name, srv in list(live.items()):  # the trace is written in batches: a last request flushes it
             try:
@@ -714,10 +731,12 @@ def _header(metas: list[dict]) -> str:
     only = sorted({why for m in metas for why in m.get("benchmark_only", [])})
     caveat = ("**Benchmark-only run**: " + "; ".join(only) + ". Its outputs and their identity prove nothing about "
               "the verify path.\n\n") if only else ""
+    passes = "".join(sorted({f" (each round in {k} passes, order reversed pass by pass; a round's figure pools them)"
+                             for m in metas if (k := m.get("options", {}).get("passes", 1)) > 1}))
     return (f"# hostsync e2e\n\n{runs}\n\n{caveat}"
             f"Rounds {', '.join(str(m['rounds']) for m in metas)}; {metas[0]['max_new_tokens']} new tokens per request; "
             "the arms of a configuration start together on one GPU (ready times include that contention) and "
-            "are driven one at a time, arm order reversed every other round.\n\n" + _named_arm_slots(metas))
+            f"are driven one at a time, arm order reversed every other round{passes}.\n\n" + _named_arm_slots(metas))
 
 
 def _named_arm_slots(metas: list[dict]) -> str:

@@ -288,15 +288,18 @@ def cells(rows: list[dict], windows: dict[tuple, list[list[TraceStep]]] | None =
     out = []
     for (config, conc, arm), rs in grouped.items():
         per_user = [v for r in rs for v in r["load"]["tok_s_user_all"]]
+        by_round: dict[int, list[float]] = collections.defaultdict(list)  # a round's passes pooled (--passes)
+        for r in rs:
+            by_round[r["round"]] += r["load"]["tok_s_user_all"]
         accept = [r["load"]["accept_length"] for r in rs if r["load"]["accept_length"] is not None]
         cpu = [r["cpu"] for r in rs if r.get("cpu")]  # .get: rows from before 2026-12-07 21:30 UTC have none
         out.append({
-            "config": config, "concurrency": conc, "arm": arm, "rounds": len(rs),
+            "config": config, "concurrency": conc, "arm": arm, "rounds": len(by_round),
             "requests": sum(r["load"]["requests"] for r in rs),
             "errors": sum(len(r.get("errors", ())) for r in rs),
             "tok_s_user_median": median(per_user),
             "tok_s_user_p10": percentile(per_user, 10.0),
-            "tok_s_user_by_round": {r["round"]: r["load"]["tok_s_user_median"] for r in rs},
+            "tok_s_user_by_round": {k: median(v) for k, v in by_round.items()},
             "tok_s_total_median": median([r["load"]["tok_s_total"] for r in rs]),
             "accept_length": statistics.fmean(accept) if accept else None,
             "scheduler_wait_share": median([x["scheduler_wait_share"] for x in cpu]),
