@@ -1094,11 +1094,17 @@ def test_a_killed_run_stops_its_servers_and_reports_the_rounds_that_finished(tmp
         assert not client.health(f"http://127.0.0.1:{port + k}", timeout=0.5)
 
 
-def test_each_finished_round_is_saved_and_a_budget_stop_is_named(tmp_path, monkeypatch):
+def fake_servers_saving(monkeypatch) -> list[int]:
+    """Fake servers on the path; the row count at each ``run.save``, in order."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
     saved = []
     real = run.save
     monkeypatch.setattr(run, "save", lambda result, out_dir: saved.append(len(result["rows"])) or real(result, out_dir))
+    return saved
+
+
+def test_each_finished_round_is_saved_and_a_budget_stop_is_named(tmp_path, monkeypatch):
+    saved = fake_servers_saving(monkeypatch)
     out = tmp_path / "run"
     argv = ["--server-module", "fake_sglang_server", "--weights", "dummy", "--configs", "standalone-t4-p16", "--arms", "stock,plugin",
             "--concurrency", "1", "--rounds", "3", "--requests", "1", "--max-new-tokens", "16",
@@ -1148,10 +1154,7 @@ def test_a_rounds_figure_pools_its_passes():
 
 
 def test_passes_against_fake_servers(tmp_path, monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
-    saved = []
-    real = run.save
-    monkeypatch.setattr(run, "save", lambda result, out_dir: saved.append(len(result["rows"])) or real(result, out_dir))
+    saved = fake_servers_saving(monkeypatch)
     out = tmp_path / "run"
     argv = ["--server-module", "fake_sglang_server", "--weights", "dummy", "--configs", "standalone-t4-p16",
             "--arms", "stock,plugin", "--concurrency", "1", "2", "--rounds", "2", "--requests", "4",
