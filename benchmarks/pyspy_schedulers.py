@@ -212,6 +212,9 @@ def windows(e2e_json: str, concurrency: int | None) -> dict[tuple[str, str], lis
     """(config, arm) -> its timed windows (t_start, t_end, decode step µs at concurrency 1: accept
     length over tok/s/user)."""
     rows = json.load(open(e2e_json))["rows"]
+    if any(r.get("pass", 0) for r in rows):
+        print(f"warning: {e2e_json} timed its rounds in passes (e2e --passes): a chunk counts only inside one "
+              "window, and a pass may be shorter than a chunk", file=sys.stderr)
     out = collections.defaultdict(list)
     for r in rows:
         if concurrency is None or r["concurrency"] == concurrency:

@@ -65,9 +65,9 @@
 #   CALL=19 bash scripts/device_pending.sh  # issue 64's run-ahead: py-spy on a FlashInfer topk-4 page-16 8B-shaped
 #                                           # server (auto's set + the prefill slot, audited), c1: where the host's
 #                                           # 6 ms per step goes; carry [".device-bundle-fi", ".devwheels"]
-#   CALL=21 bash scripts/device_pending.sh  # issue 64's must-show row: FlashInfer topk 4 page 16 on the 8B-shaped target with
-#                                           # SGLang's default prefill CUDA graphs (every e2e before disabled them): stock,
-#                                           # the former FlashInfer set and auto (both audited), 6 rounds c1/c8
+#   CALL=21 bash scripts/device_pending.sh  # issue 64's row, FlashInfer topk 4 page 16, 8B-shaped, with SGLang's
+#                                           # default prefill CUDA graphs (every e2e before disabled them): stock, auto,
+#                                           # auto + flashinfer_prefill_host_indptr (audited), 6 rounds c1/c8
 #   CALL=16 bash scripts/device_pending.sh  # issue 63's triton STANDALONE topk 1 / 4 page 1 rows with an `auto` arm
 #                                           # (stock, default, auto, default,eagle_host; at topk 4 the last is auto's pick)
 #   CALL=17 bash scripts/device_pending.sh  # issue 63's FlashInfer STANDALONE topk 1 page 16 row again, 8 requests a c1
@@ -105,8 +105,8 @@
 # 15q ran on a fresh machine and ended in FlashInfer's JIT, no verdict (benchmarks/results/2026-12-07-h100-g/).
 # 2026-12-07 20:12-20:45 UTC: no machine lent (seven tries refused, then no machine lent for the rest of that session);
 # 22:36-23:44 UTC the same (six refused, then too little device time left).
-# 2026-12-08 01:20-01:42 UTC: 20, 17s, 15q and 19 ran (benchmarks/results/2026-12-08-h100/); 7c was cut (machine taken back).
-# First on the next machine: 21 (issue 64's row with prefill CUDA graphs on; `auto` now holds both FlashInfer slots);
+# 2026-12-08 01:20-01:42 UTC: 20, 17s, 15q and 19 ran (benchmarks/results/2026-12-08-h100/); 7c was cut.
+# First on the next machine: 21 (issue 64's row with prefill CUDA graphs on; the prefill slot joins auto if identical);
 # for issue 63 (each has an auto arm; `python benchmarks/auto_verdicts.py --matrix benchmarks/results/2026-12-0*`
 # says which cells have no run of today's pick): 16, 18, 17, 11, 11b, 10f;
 # 6b only if the certified plan is still wanted (the device plan supersedes it); 12 and 4 (67's extra evidence).
@@ -120,8 +120,8 @@
 set -u
 cd "$(dirname "$0")/.."
 [ -n "${DRY_RUN:-}" ] || bash scripts/stop_stray_servers.sh  # before CALL=3's step_graph_weights, which starts servers too
-# Issue 63's matrix rows time each round in 4 passes (e2e --passes): with the idle neighbours asleep the same code
-# still moved 0.62-1.14x by round (2026-12-08-h100, 17s), the host's own drift within a ~6 s round.
+# Issue 63's matrix rows time each round in passes (e2e --passes 4: c1 4 of 2 requests, c8 2 bursts of 8); the same
+# code moved 0.62-1.14x by round with idle neighbours asleep (2026-12-08-h100, 17s). NGRAM calls keep one (its trie).
 PASSES="--passes 4"
 COMMON="--concurrency 1 8 --rounds 6 --requests 8 --max-new-tokens 64 --traffic-requests 48 --traffic-aborts 8 \
 --server-arg=--disable-prefill-cuda-graph --ready-timeout 420"
@@ -288,11 +288,10 @@ $COMMON $PASSES --time-budget 525" bash scripts/device_call.sh ;;
 --concurrency 1 --rounds 4 --requests 8 --max-new-tokens 64 --traffic-requests 16 --traffic-aborts 4 \
 --server-arg=--disable-prefill-cuda-graph --ready-timeout 420 --time-budget 450" \
       GPU_TESTS="tests/test_gpu_triton_replay_launch.py" TESTS_TIMEOUT=60 bash scripts/device_call.sh ;;
-  21)  # issue 64's bar on the servers users run: no --disable-prefill-cuda-graph (SGLang's breakable prefill graphs,
-        # ~45 s more start): do the first decode steps after a prefill still miss (2026-12-08-h100's fi_profile: all 15
-        # misses at steps 1-3, the eager prefill's GPU work ending with its launches)? auto = both FlashInfer slots
+  21)  # issue 64's bar with SGLang's default breakable prefill graphs (~45 s more start): is the prefill slot identical
+        # there (what auto waits on), and do steps 1-3 after a prefill still miss (2026-12-08-h100: all 15 misses)?
     NAME=fi_bar E2E_TIMEOUT=540 E2E_ARGS="--configs standalone-t4-p16 --attention-backend flashinfer \
---checkpoint-shape llama-8b-bigram --arms stock --slots default,flashinfer,eagle_host,-metadata_glue_graph --slots auto \
+--checkpoint-shape llama-8b-bigram --arms stock --slots auto --slots auto,flashinfer_prefill_host_indptr \
 --concurrency 1 8 --rounds 6 --requests 8 --max-new-tokens 64 --traffic-requests 48 --traffic-aborts 8 \
 $PASSES --ready-timeout 420 --time-budget 520" bash scripts/device_call.sh ;;
   16)  # issue 63's triton page-1 rows as `auto` arms (auto picks the step graph at topk 1, eagle_host at topk 4)

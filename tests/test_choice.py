@@ -23,7 +23,7 @@ def acting(plan):
     return {v.name for v in plan.verdicts if v.selected and v.status in (Status.WOULD_APPLY, Status.UPSTREAM)}
 
 
-FI_TREE = "default,flashinfer,eagle_host,-metadata_glue_graph,flashinfer_device_plan,flashinfer_prefill_host_indptr"
+FI_TREE = "default,flashinfer,eagle_host,-metadata_glue_graph,flashinfer_device_plan"
 CLASSES = [
     (facts("EAGLE3", 1), "default,eagle_step_graph"),
     (facts("STANDALONE", 1), "default,eagle_step_graph"),

@@ -1144,34 +1144,59 @@ def test_a_rounds_figure_pools_its_passes():
     """Two passes of a round: the round's tok/s/user is the median of both passes' requests, and the
     cell counts rounds, not passes."""
     rows = [{**load_row("c", 1, "stock", r, v, 100), "pass": p}
-            for r, p, v in ((0, 0, [100, 100]), (0, 1, [80, 80]), (1, 0, [90, 90]), (1, 1, [90, 90]))]
+            for r, p, v in ((0, 0, [100, 100, 100]), (0, 1, [80]), (1, 0, [90, 90]), (1, 1, [90, 90]))]
     rows += [{**load_row("c", 1, "plugin", r, v, 100), "pass": p}
-             for r, p, v in ((0, 0, [120, 120]), (0, 1, [88, 88]), (1, 0, [99, 99]), (1, 1, [99, 99]))]
+             for r, p, v in ((0, 0, [120, 120, 120]), (0, 1, [88]), (1, 0, [99, 99]), (1, 1, [99, 99]))]
     cells = {c["arm"]: c for c in stats.cells(rows)}
-    assert cells["stock"]["tok_s_user_by_round"] == {0: 90, 1: 90} and cells["stock"]["rounds"] == 2
-    assert cells["plugin"]["ratio_by_round"] == pytest.approx([104 / 90, 99 / 90])
+    # pooled, not the mean of the passes' medians (90 and 104 there)
+    assert cells["stock"]["tok_s_user_by_round"] == {0: 100, 1: 90} and cells["stock"]["rounds"] == 2
+    assert cells["plugin"]["ratio_by_round"] == pytest.approx([120 / 100, 99 / 90])
     assert cells["plugin"]["requests"] == 8
+    # A round an arm did not run whole (its second pass missing, or without a finished request) has no ratio.
+    cut = [r for r in rows if not (r["arm"] == "plugin" and r["round"] == 0 and r["pass"] == 1)]
+    assert {c["arm"]: c for c in stats.cells(cut)}["plugin"]["ratio_by_round"] == pytest.approx([99 / 90])
+    failed = [r if (r["arm"], r["round"], r["pass"]) != ("plugin", 1, 1) else
+              {**r, "load": {**r["load"], "tok_s_user_all": [], "requests": 0}} for r in rows]
+    assert {c["arm"]: c for c in stats.cells(failed)}["plugin"]["ratio_by_round"] == pytest.approx([120 / 100])
 
 
 def test_passes_against_fake_servers(tmp_path, monkeypatch):
     saved = fake_servers_saving(monkeypatch)
+    sent = []  # each timed window's prompts, in the order of the rows
+    real_load = run.client.run_load
+    monkeypatch.setattr(run.client, "run_load", lambda base, batch, conc, n: sent.append(batch) or real_load(
+        base, batch, conc, n))
     out = tmp_path / "run"
     argv = ["--server-module", "fake_sglang_server", "--weights", "dummy", "--configs", "standalone-t4-p16",
             "--arms", "stock,plugin", "--concurrency", "1", "2", "--rounds", "2", "--requests", "4",
-            "--requests-per-user", "2", "--passes", "2", "--max-new-tokens", "16", "--identity-tokens", "8",
+            "--requests-per-user", "1", "--passes", "4", "--max-new-tokens", "16", "--identity-tokens", "8",
             "--traffic", "off", "--port", str(free_port_base(2)), "--out", str(out)]
     assert run.main(argv) == 0
-    rows = json.load(open(out / "e2e.json"))["rows"]
-    for conc in (1, 2):
+    result = json.load(open(out / "e2e.json"))
+    rows = result["rows"]
+    sent = sent[len(sent) - len(rows):]  # the warm-ups come first
+    assert result["meta"]["passes"] == {"1": 4, "2": 2}
+    windows = {}
+    for conc, k in ((1, 4), (2, 2)):
+        first = None
         for rnd in (0, 1):
-            these = [(r["arm"], r["pass"], r["load"]["requests"]) for r in rows
+            these = [(r["arm"], r["pass"], tuple(map(tuple, b))) for r, b in zip(rows, sent)
                      if r["concurrency"] == conc and r["round"] == rnd]
-            first = these[0][0]
+            first = first or these[0][0]
             other = "plugin" if first == "stock" else "stock"
-            assert these == [(first, 0, 2), (other, 0, 2), (other, 1, 2), (first, 1, 2)], (conc, rnd, these)
-    assert [n for n in saved if n][:4] == [4, 8, 12, 16]  # saved after every round (two passes over two arms)
+            # even k: every round starts with the same arm, the order reversed pass by pass
+            assert [a for a, _, _ in these] == [first, other, other, first] * (k // 2), (conc, rnd, these)
+            assert [p for _, p, _ in these] == [p for p in range(k) for _ in (0, 1)]
+            by_pass = {p: {b for _, q, b in these if q == p} for p in range(k)}
+            assert all(len(b) == 1 for b in by_pass.values())  # both arms got the pass's prompts
+            # the passes together are the round's window of 4 distinct prompts, each pass its own slice
+            windows[conc, rnd] = [p for q in range(k) for p in next(iter(by_pass[q]))]
+            assert len(set(windows[conc, rnd])) == 4
+    # c1 and c2 windows hold the same 4 prompts (4 requests either way), in the same order; rounds differ
+    assert windows[1, 0] == windows[2, 0] and windows[1, 1] == windows[2, 1] and windows[1, 0] != windows[1, 1]
+    assert [n for n in saved if n][:4] == [8, 16, 20, 24]  # saved after every round, all its passes
     md = (out / "e2e.md").read_text()
-    assert "each round in 2 passes, order reversed pass by pass" in md
+    assert "each round in passes (c1 4, c2 2), the arm order reversed pass by pass" in md
     assert re.search(r"\| standalone-t4-p16 \| 1 \| plugin \| [^|]+ \| [0-9.]+ \([0-9.]+-[0-9.]+\) \|", md)
 
 

@@ -383,9 +383,14 @@ def round_passes(args, conc: int, rnd: int, order: list) -> list[tuple[int, list
     """A round as (pass, arm order, the window's request indices): ``--passes`` slices of the window, each
     at least ``conc`` requests (a pass fewer where the window has too few), arms reversed pass by pass."""
     n = window_requests(args, conc)
-    k = max(1, min(args.passes, n // conc))
+    k = min(args.passes, n // conc)  # n >= conc: at least one pass
     cuts = [n * p // k for p in range(k + 1)]
     return [(p, order if (rnd * k + p) % 2 == 0 else order[::-1], range(cuts[p], cuts[p + 1])) for p in range(k)]
+
+
+def passes_by_concurrency(args) -> dict[int, int]:
+    """The passes each concurrency's rounds get (``--passes``, fewer where a window is too short)."""
+    return {conc: len(round_passes(args, conc, 0, [])) for conc in args.concurrency}
 
 
 class Budget:
@@ -478,6 +483,7 @@ def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, res
                 "first loaded while serving can fail with CUDA OOM (SGLang warns 'device-loaded after serving "
                 "started'); run fewer arms at a time or lower --max-total-tokens")
         order = [a for a in arms if a.name in live]
+        passes = passes_by_concurrency(args)
         for conc in args.concurrency:
             n = window_requests(args, conc)
             for rnd in range(args.rounds):
@@ -504,11 +510,12 @@ def run_config(config, arms, opts, args, out_dir, models, port, prompt_pool, res
                             "load": stats.load_figures(load.results, load.wall), "cpu": cpu,
                         })
                         f = result["rows"][-1]["load"]
-                        say(f"{config.name} c{conc} r{rnd}{f'.{pss}' if args.passes > 1 else ''} {arm.name}: "
+                        at = f"c{conc} round {rnd}" + (f" pass {pss}" if passes[conc] > 1 else "")
+                        say(f"{config.name} c{conc} r{rnd}{f'.{pss}' if passes[conc] > 1 else ''} {arm.name}: "
                             f"{stats.fmt(f['tok_s_user_median'], '.1f')} tok/s/user"
                             + (f", {len(load.errors)} errors" if load.errors else ""))
                         if load.errors and live[arm.name].exited_within(5.0):
-                            _died(live.pop(arm.name), f"{config.name}/{arm.name}", f"c{conc} round {rnd}")
+                            _died(live.pop(arm.name), f"{config.name}/{arm.name}", at)
                 save(result, out_dir)  # every finished round survives a kill
         for name, srv in list(live.items()):  # the trace is written in batches: a last request flushes it
             try:
@@ -731,12 +738,16 @@ def _header(metas: list[dict]) -> str:
     only = sorted({why for m in metas for why in m.get("benchmark_only", [])})
     caveat = ("**Benchmark-only run**: " + "; ".join(only) + ". Its outputs and their identity prove nothing about "
               "the verify path.\n\n") if only else ""
-    passes = "".join(sorted({f" (each round in {k} passes, order reversed pass by pass; a round's figure pools them)"
-                             for m in metas if (k := m.get("options", {}).get("passes", 1)) > 1}))
+    # .get: runs from before 2026-12-08 have one pass; JSON keys are strings
+    counts = {(c, k) for m in metas for c, k in (m.get("passes") or {}).items()}
+    split = ", ".join(f"c{c} {k}" for c, k in sorted(counts, key=lambda ck: int(ck[0])) if k > 1)
+    one = "; one at the other concurrencies" if any(k == 1 for _, k in counts) else ""
+    order = (f"each round in passes ({split}{one}), the arm order reversed pass by pass, a round's figure pooling "
+             "its passes" if split else "arm order reversed every other round")
     return (f"# hostsync e2e\n\n{runs}\n\n{caveat}"
             f"Rounds {', '.join(str(m['rounds']) for m in metas)}; {metas[0]['max_new_tokens']} new tokens per request; "
             "the arms of a configuration start together on one GPU (ready times include that contention) and "
-            f"are driven one at a time, arm order reversed every other round{passes}.\n\n" + _named_arm_slots(metas))
+            f"are driven one at a time, {order}.\n\n" + _named_arm_slots(metas))
 
 
 def _named_arm_slots(metas: list[dict]) -> str:
@@ -834,6 +845,7 @@ def main(argv: list[str] | None = None) -> int:
                  "configs": [c.name for c in configs], "arms": [a.name for a in arms],
                  "arm_slots": {a.name: a.slots for a in arms}, "concurrency": args.concurrency,
                  "rounds": args.rounds, "max_new_tokens": args.max_new_tokens, "options": vars(args),
+                 "passes": passes_by_concurrency(args),
                  "vocab": vocab, "benchmark_only": opts.benchmark_only},
         "servers": {}, "identity": {}, "traffic": {}, "rows": [], "gpu_free_gib_after_warmup": {},
     }

@@ -283,14 +283,19 @@ def cells(rows: list[dict], windows: dict[tuple, list[list[TraceStep]]] | None =
     """One row per (configuration, concurrency, arm): rounds pooled, ratio to stock.
     ``windows[(config, concurrency, arm)]``: that cell's trace window per round."""
     grouped: dict[tuple, list[dict]] = collections.defaultdict(list)
+    ran: dict[tuple, set] = collections.defaultdict(set)  # (config, concurrency, round) -> the passes any arm ran
     for r in rows:
         grouped[(r["config"], r["concurrency"], r["arm"])].append(r)
+        ran[(r["config"], r["concurrency"], r["round"])].add(r.get("pass", 0))  # .get: one pass before 2026-12-08
     out = []
     for (config, conc, arm), rs in grouped.items():
         per_user = [v for r in rs for v in r["load"]["tok_s_user_all"]]
         by_round: dict[int, list[float]] = collections.defaultdict(list)  # a round's passes pooled (--passes)
+        whole: dict[int, set] = collections.defaultdict(set)
         for r in rs:
             by_round[r["round"]] += r["load"]["tok_s_user_all"]
+            if r["load"]["tok_s_user_all"]:
+                whole[r["round"]].add(r.get("pass", 0))
         accept = [r["load"]["accept_length"] for r in rs if r["load"]["accept_length"] is not None]
         cpu = [r["cpu"] for r in rs if r.get("cpu")]  # .get: rows from before 2026-12-07 21:30 UTC have none
         out.append({
@@ -299,7 +304,8 @@ def cells(rows: list[dict], windows: dict[tuple, list[list[TraceStep]]] | None =
             "errors": sum(len(r.get("errors", ())) for r in rs),
             "tok_s_user_median": median(per_user),
             "tok_s_user_p10": percentile(per_user, 10.0),
-            "tok_s_user_by_round": {k: median(v) for k, v in by_round.items()},
+            # a round the arm did not run whole (a pass missing or without a finished request) is left out
+            "tok_s_user_by_round": {k: median(v) for k, v in by_round.items() if whole[k] == ran[(config, conc, k)]},
             "tok_s_total_median": median([r["load"]["tok_s_total"] for r in rs]),
             "accept_length": statistics.fmean(accept) if accept else None,
             "scheduler_wait_share": median([x["scheduler_wait_share"] for x in cpu]),

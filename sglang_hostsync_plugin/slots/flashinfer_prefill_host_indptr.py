@@ -1,6 +1,6 @@
-"""Slot ``flashinfer_prefill_host_indptr`` (opt-in; in ``auto``'s FlashInfer topk > 1 pick; GPU test passed
-2026-12-08): FlashInfer's plans of a prefill (extend) batch get their indptrs from the host lengths SGLang already
-holds, so FlashInfer's ``plan()`` no longer reads them back from the device.
+"""Slot ``flashinfer_prefill_host_indptr`` (opt-in; GPU test passed 2026-12-08 with prefill CUDA graphs off, not yet
+run with them on): FlashInfer's plans of a prefill (extend) batch get their indptrs from the host lengths SGLang
+already holds, so FlashInfer's ``plan()`` no longer reads them back from the device.
 
 SGLang 0.5.23's FlashInfer extend path (``FlashInferAttnBackend.init_forward_metadata``'s extend branch ->
 ``update_single_wrapper`` -> ``call_begin_forward``, ``spec_info`` None; the eager draft extend takes it too)
