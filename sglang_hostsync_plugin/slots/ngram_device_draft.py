@@ -538,7 +538,7 @@ SLOT = Slot(
             "to verify numerics (2 of 25 requests differed on a random model, near-ties likely)",
     default=False,
     seq_lens_read=("gone where every attention backend is triton (ngram_full_mask sizes the verify mask without "
-                   "host lengths), but with two-batch overlap, pipeline parallelism or forward-pass metrics; "
+                   "host lengths), except under two-batch overlap, pipeline parallelism or forward-pass metrics; "
                    "FlashInfer and other backends keep it"),
     requires=(ngram_full_mask.NAME,),  # its part of the site builds the full mask from the device tree
     conflicts=tuple(CONFLICTS),
